@@ -1,0 +1,3 @@
+from claude_bottle.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""The gate: holds the credential, serves the API route and the egress proxy, audits every decision."""

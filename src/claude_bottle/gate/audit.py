@@ -1,0 +1,67 @@
+"""One JSON line per gate decision, with fixed field names (see docs/gate.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TextIO
+
+REDACTED = "[redacted]"
+
+
+@dataclass
+class AuditRecord:
+    """A decision and what came of it. ``path`` is set on the API listener only, never with a query."""
+
+    listener: str  # "api" or "proxy"
+    client: str  # peer host:port
+    method: str
+    target: str  # host:port
+    decision: str = "deny"  # "allow", "deny", or "error" (allowed, then the upstream failed)
+    reason: str = ""
+    status: int = 0  # HTTP status sent to the client; 0 if the connection closed before one was sent
+    path: str | None = None
+    bytes_up: int = 0  # client -> upstream, body or tunnel bytes
+    bytes_down: int = 0  # upstream -> client
+    started: float = field(default_factory=time.time)
+
+    def allow(self, reason: str) -> None:
+        self.decision, self.reason = "allow", reason
+
+    def deny(self, reason: str, status: int) -> None:
+        self.decision, self.reason, self.status = "deny", reason, status
+
+    def fail(self, reason: str, status: int) -> None:
+        """Allowed, then failed. A status already sent to the client stays: it is what the client saw."""
+        self.decision, self.reason = "error", f"{self.reason}; then {reason}"
+        self.status = self.status or status
+
+
+class AuditLog:
+    """Writes records to a text stream. Any occurrence of a secret is replaced before writing: the audit
+    never carries one, whatever a caller passes in."""
+
+    def __init__(self, stream: TextIO | None, secrets: tuple[str, ...] = ()) -> None:
+        self._stream = stream
+        self._secrets = tuple(s for s in secrets if s)
+
+    def write(self, record: AuditRecord) -> None:
+        if self._stream is None:
+            return
+        fields = asdict(record)
+        started = fields.pop("started")
+        if fields["path"] is None:
+            del fields["path"]
+        line = json.dumps(
+            {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)) + f".{int(started % 1 * 1000):03d}Z",
+                **fields,
+                "duration_ms": round((time.time() - started) * 1000, 1),
+            },
+            ensure_ascii=False,
+        )
+        for secret in self._secrets:
+            line = line.replace(secret, REDACTED)
+        self._stream.write(line + "\n")
+        self._stream.flush()

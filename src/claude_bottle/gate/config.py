@@ -1,0 +1,145 @@
+"""The gate's settings: parsed once from flags, validated, frozen."""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from claude_bottle.credentials import Credential
+from claude_bottle.errors import ConfigError
+from claude_bottle.policy.addresses import AddressGuard, IPNetwork, parse_network
+from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy
+from claude_bottle.policy.hosts import Allowlist, InvalidHost, normalize_host, parse_port, split_host_port
+
+DEFAULT_UPSTREAM = "https://api.anthropic.com"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Upstream:
+    scheme: str  # "https", or "http" for local test upstreams
+    host: str
+    port: int
+    base_path: str  # "" or a prefix such as "/anthropic", without a trailing slash
+
+    @property
+    def authority(self) -> bytes:
+        default = 443 if self.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return (host if self.port == default else f"{host}:{self.port}").encode()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Timeouts in seconds and caps. Defaults suit interactive use; tests shorten them."""
+
+    header_timeout: float = 30.0  # to receive a request head (also the keep-alive idle time)
+    idle_timeout: float = 600.0  # no byte either way on a body, stream or tunnel
+    connect_timeout: float = 10.0  # DNS plus TCP (and TLS) connect, per upstream
+    max_tunnels: int = 256  # concurrent CONNECT tunnels and forwarded requests on the proxy listener
+    max_header_bytes: int = 32 * 1024
+    drain_seconds: float = 10.0  # after SIGTERM, how long in-flight exchanges may finish
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    api_listen: Endpoint
+    proxy_listen: Endpoint
+    credential: Credential
+    upstream: Upstream
+    allowlist: Allowlist = Allowlist()
+    allow_private: tuple[IPNetwork, ...] = ()
+    api_policy: ApiPolicy = ApiPolicy()
+    extra_ca_files: tuple[Path, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def guard(self) -> AddressGuard:
+        return AddressGuard(self.allow_private)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """System trust plus the extra CA files (corporate TLS inspection)."""
+        context = ssl.create_default_context()
+        for path in self.extra_ca_files:
+            try:
+                context.load_verify_locations(cafile=str(path))
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"--extra-ca {path}: cannot load CA certificates ({exc})") from None
+        return context
+
+
+def parse_listen(text: str, flag: str) -> Endpoint:
+    """``HOST:PORT`` or ``[V6]:PORT``; port 0 picks a free port. Wildcard addresses are refused: the gate
+    must listen only where its clients are."""
+    try:
+        host, port = split_host_port(text.strip())
+        if port is None:
+            raise InvalidHost("a port is required")
+        name, ip = normalize_host(host)
+        number = 0 if port == "0" else parse_port(port, "listen")
+    except InvalidHost as exc:
+        raise ConfigError(f"{flag} {text!r}: {exc}; write HOST:PORT such as 127.0.0.1:8080") from None
+    if ip is not None and ip.is_unspecified:
+        raise ConfigError(
+            f"{flag} {text!r}: refusing to listen on every interface; give the one address clients use "
+            "(the gate would otherwise be an open proxy for anything that can reach this machine)"
+        )
+    return Endpoint(name, number)
+
+
+def parse_upstream(text: str) -> Upstream:
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ConfigError(f"--upstream {text!r}: expected an http(s) URL such as {DEFAULT_UPSTREAM}")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ConfigError(f"--upstream {text!r}: credentials, query and fragment are not allowed in the URL")
+    try:
+        name, _ = normalize_host(parts.hostname)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except (InvalidHost, ValueError) as exc:
+        raise ConfigError(f"--upstream {text!r}: {exc}") from None
+    return Upstream(parts.scheme, name, port, parts.path.rstrip("/"))
+
+
+def parse_api_paths(texts: tuple[str, ...] | list[str]) -> ApiPolicy:
+    """``--allow-api-path`` entries: ``/path`` (GET and POST) or ``METHOD /path``, added to the defaults."""
+    allowed = set(CLAUDE_CODE_API_PATHS)
+    for text in texts:
+        words = text.split()
+        methods, path = (("GET", "POST"), words[0]) if len(words) == 1 else ((words[0].upper(),), words[-1])
+        if len(words) > 2 or not path.startswith("/") or "?" in path:
+            raise ConfigError(f"--allow-api-path {text!r}: expected /path or 'METHOD /path', no query")
+        allowed.update((m, path) for m in methods)
+    return ApiPolicy(frozenset(allowed))
+
+
+def parse_networks(texts: tuple[str, ...] | list[str]) -> tuple[IPNetwork, ...]:
+    try:
+        return tuple(parse_network(t) for t in texts)
+    except ValueError as exc:
+        raise ConfigError(f"--allow-private: {exc}") from None
+
+
+def parse_allowlist(texts: tuple[str, ...] | list[str]) -> Allowlist:
+    try:
+        return Allowlist.parse(texts)
+    except InvalidHost as exc:
+        raise ConfigError(f"--allow: {exc}") from None
+
+
+def loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

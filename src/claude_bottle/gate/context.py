@@ -1,0 +1,22 @@
+"""What every connection handler shares: settings, policy, audit, upstream pools and counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpcore
+
+from claude_bottle.gate.audit import AuditLog
+from claude_bottle.gate.config import GateConfig
+from claude_bottle.gate.resolver import Resolver
+from claude_bottle.policy.decide import EgressPolicy
+
+
+@dataclass
+class GateContext:
+    config: GateConfig
+    audit: AuditLog
+    resolver: Resolver
+    egress: EgressPolicy
+    api_pool: httpcore.AsyncConnectionPool
+    active_tunnels: int = 0

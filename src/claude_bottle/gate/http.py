@@ -1,0 +1,171 @@
+"""HTTP/1.1 on an asyncio stream, parsed by h11; shared by both listeners (and the stub upstream).
+
+Errors are translated here: a peer that breaks the protocol raises ``ClientProtocolError`` carrying the
+status to answer with (400, or 431 for oversized headers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from http import HTTPStatus
+
+import h11
+
+Headers = list[tuple[bytes, bytes]]
+
+# RFC 9110 7.6.1 plus the proxy-era names clients still send.
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding",
+    b"upgrade", b"proxy-authenticate", b"proxy-authorization",
+})
+MAX_HEADER_BYTES = 32 * 1024
+READ_SIZE = 64 * 1024
+
+
+class ClientProtocolError(Exception):
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class ClientGone(Exception):
+    """The peer closed or reset the connection."""
+
+
+def end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """Drop hop-by-hop headers, including every name the Connection header lists."""
+    headers = list(headers)
+    listed = {
+        token.strip().lower()
+        for name, value in headers if name.lower() == b"connection"
+        for token in value.split(b",")
+    }
+    return [(n, v) for n, v in headers if n.lower() not in HOP_BY_HOP and n.lower() not in listed]
+
+
+def header_values(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> list[bytes]:
+    return [v for n, v in headers if n.lower() == name]
+
+
+class HttpConnection:
+    """One server-side HTTP/1.1 connection: read requests and body chunks, send responses."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        client: bool = False,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.h11 = h11.Connection(h11.CLIENT if client else h11.SERVER, max_incomplete_event_size=max_header_bytes)
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unknown"
+
+    async def next_event(self, timeout: float | None = None) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
+        """The next h11 event, reading from the socket as needed; ``timeout`` bounds each read."""
+        while True:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise ClientProtocolError(str(exc), exc.error_status_hint) from None
+            if event is not h11.NEED_DATA:
+                return event
+            try:
+                async with asyncio.timeout(timeout):
+                    data = await self.reader.read(READ_SIZE)
+            except (ConnectionError, OSError) as exc:
+                raise ClientGone(str(exc)) from None
+            self.h11.receive_data(data)
+
+    async def read_request(self, timeout: float | None) -> h11.Request | None:
+        """The next request head, or None when the client closed cleanly between requests."""
+        event = await self.next_event(timeout)
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        if not isinstance(event, h11.Request):
+            raise ClientProtocolError(f"unexpected {type(event).__name__} before a request")
+        return event
+
+    async def body(self, timeout: float | None) -> AsyncIterator[bytes]:
+        """The current message's body chunks as they arrive."""
+        while True:
+            event = await self.next_event(timeout)
+            if isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ClientGone("connection closed in the middle of a body")
+            else:
+                raise ClientProtocolError(f"unexpected {type(event).__name__} in a body")
+
+    async def drain_body(self, timeout: float | None) -> None:
+        async for _ in self.body(timeout):
+            pass
+
+    async def send(self, event: h11.Event) -> None:
+        if isinstance(event, h11.Response | h11.InformationalResponse) and not event.reason:
+            with contextlib.suppress(ValueError):
+                event = type(event)(status_code=event.status_code, headers=event.headers,
+                                    reason=HTTPStatus(event.status_code).phrase.encode())
+        data = self.h11.send(event)
+        if data:
+            self.writer.write(data)
+            try:
+                await self.writer.drain()
+            except (ConnectionError, OSError) as exc:
+                raise ClientGone(str(exc)) from None
+
+    async def send_simple(self, status: int, reason: str, headers: Headers | None = None) -> None:
+        """A complete small text response, e.g. a refusal. ``reason`` also goes in X-Deny-Reason."""
+        body = (reason + "\n").encode()
+        head = [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-deny-reason", "".join(c if " " <= c <= "~" else "?" for c in reason).encode()),
+            *(headers or []),
+        ]
+        await self.send(h11.Response(status_code=status, headers=head))
+        await self.send(h11.Data(data=body))
+        await self.send(h11.EndOfMessage())
+
+    async def refuse(self, status: int, reason: str, timeout: float, max_body: int = 1 << 20) -> None:
+        """Answer a refused request. A small body is read first so the connection stays usable; past
+        ``max_body`` the connection is closed after the answer."""
+        if self.h11.their_state is h11.SEND_BODY:
+            seen = 0
+            async for chunk in self.body(timeout):
+                seen += len(chunk)
+                if seen > max_body:
+                    await self.send_simple(status, reason, [(b"connection", b"close")])
+                    return
+        await self.send_simple(status, reason)
+
+    async def fail(self, status: int, reason: str) -> None:
+        """Report a failure: as a response if none has started, else by resetting the connection."""
+        if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            await self.send_simple(status, reason, [(b"connection", b"close")])
+        else:
+            self.abort()
+
+    def can_reuse(self) -> bool:
+        """Both sides finished the exchange and keep-alive holds: ready for the next request."""
+        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
+            self.h11.start_next_cycle()
+            return True
+        return False
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.writer.wait_closed()
+
+    def abort(self) -> None:
+        """Reset the connection: the client sees a broken response, never a truncated one that looks whole."""
+        transport = self.writer.transport
+        transport.abort()

@@ -1,0 +1,185 @@
+"""The proxy listener: what HTTPS_PROXY / HTTP_PROXY point at.
+
+CONNECT tunnels and absolute-form plain-HTTP requests, each decided twice: the name against the allowlist,
+then every resolved address against the address guard. The gate dials exactly an address it vetted. No
+credential is ever added to this traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import h11
+
+from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.context import GateContext
+from claude_bottle.gate.http import ClientGone, ClientProtocolError, HttpConnection, end_to_end
+from claude_bottle.gate.resolver import ResolveError
+from claude_bottle.gate.tunnel import Traffic, relay
+from claude_bottle.gate.upstream import UpstreamError, dial, translate
+from claude_bottle.policy.addresses import IPAddress
+from claude_bottle.policy.hosts import (
+    InvalidHost,
+    Target,
+    normalize_host,
+    parse_authority,
+    parse_port,
+    split_host_port,
+)
+
+T = TypeVar("T")
+
+
+def parse_proxy_target(method: str, target: str) -> tuple[Target, str]:
+    """The destination and, for plain HTTP, the origin-form path to send. Raises ClientProtocolError."""
+    try:
+        if method == "CONNECT":
+            return parse_authority(target), ""
+        if not target.lower().startswith("http://"):
+            if target.lower().startswith("https://"):
+                raise ClientProtocolError("use CONNECT for https:// URLs")
+            raise ClientProtocolError("this is a forward proxy: send CONNECT host:port or an absolute http:// URL")
+        parts = urlsplit(target)
+        if parts.username is not None or parts.password is not None:
+            raise ClientProtocolError("credentials in the URL are not allowed")
+        host, port = split_host_port(parts.netloc)
+        name, ip = normalize_host(host)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        return Target(name, parse_port(port, "target") if port else 80, ip), path
+    except InvalidHost as exc:
+        raise ClientProtocolError(str(exc)) from None
+
+
+async def vetted_addresses(target: Target, record: AuditRecord, ctx: GateContext) -> list[IPAddress] | None:
+    """Resolve (unless an IP literal) and keep the addresses the policy allows. None means refused; the
+    record and the client have been told why."""
+    if target.ip is not None:
+        candidates = [target.ip]
+    else:
+        async with asyncio.timeout(ctx.config.limits.connect_timeout):
+            candidates = await ctx.resolver.resolve(target.host, target.port)
+    allowed: list[tuple[IPAddress, str]] = []
+    refusals: list[tuple[IPAddress, str]] = []
+    for address in candidates:
+        decision = ctx.egress.decide_address(address, target.port)
+        (allowed if decision.allow else refusals).append((address, decision.reason))
+    if not allowed:
+        record.deny(refusals[0][1], 403)
+        return None
+    record.allow(f"{record.reason}; {allowed[0][1]}")
+    return [address for address, _ in allowed]
+
+
+async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: AuditRecord, ctx: GateContext) -> None:
+    limits = ctx.config.limits
+    method = request.method.decode("ascii")
+    try:
+        target, path = parse_proxy_target(method, request.target.decode("ascii"))
+    except ClientProtocolError as exc:
+        record.deny(str(exc), 400)
+        await conn.refuse(400, str(exc), limits.idle_timeout)
+        return
+    record.target = str(target)
+
+    decision = ctx.egress.decide_target(target)
+    if not decision.allow:
+        record.deny(decision.reason, decision.status)
+        await conn.refuse(decision.status, decision.reason, limits.idle_timeout)
+        return
+    record.allow(decision.reason)
+    if ctx.active_tunnels >= limits.max_tunnels:
+        record.deny(f"too many concurrent tunnels (limit {limits.max_tunnels})", 503)
+        await conn.refuse(503, record.reason, limits.idle_timeout)
+        return
+
+    ctx.active_tunnels += 1
+    try:
+        addresses = await vetted_addresses(target, record, ctx)
+        if addresses is None:
+            await conn.refuse(record.status, record.reason, limits.idle_timeout)
+            return
+        upstream = await dial(addresses, target.port, limits.connect_timeout)
+        if method == "CONNECT":
+            await _tunnel(conn, upstream, record, ctx)
+        else:
+            await _forward(conn, request, target, path, upstream, record, ctx)
+    except (UpstreamError, ResolveError, OSError, TimeoutError) as exc:
+        failure = translate(exc)
+        record.fail(failure.reason, failure.status)
+        await conn.fail(failure.status, failure.reason)
+    finally:
+        ctx.active_tunnels -= 1
+
+
+async def _tunnel(
+    conn: HttpConnection,
+    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    record: AuditRecord,
+    ctx: GateContext,
+) -> None:
+    try:
+        await conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
+        record.status = 200
+        early, _ = conn.h11.trailing_data
+        traffic = Traffic()
+        if early:
+            upstream[1].write(early)
+            traffic.up += len(early)
+        try:
+            await relay((conn.reader, conn.writer), upstream, traffic, ctx.config.limits.idle_timeout)
+        except* (ConnectionError, OSError):
+            pass
+        except* TimeoutError:
+            record.reason += "; closed idle tunnel"
+        finally:
+            record.bytes_up, record.bytes_down = traffic.up, traffic.down
+    finally:
+        upstream[1].close()
+
+
+async def _forward(
+    conn: HttpConnection,
+    request: h11.Request,
+    target: Target,
+    path: str,
+    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    record: AuditRecord,
+    ctx: GateContext,
+) -> None:
+    """One plain-HTTP request over a fresh connection to the vetted address, streamed both ways."""
+    idle = ctx.config.limits.idle_timeout
+    origin = HttpConnection(*upstream, client=True)
+    host = str(target) if target.port != 80 else (f"[{target.host}]" if ":" in target.host else target.host)
+    headers = [(b"host", host.encode()),
+               *[(n, v) for n, v in end_to_end(request.headers) if n.lower() != b"host"],
+               (b"connection", b"close")]
+    try:
+        await _from_origin(origin.send(h11.Request(method=request.method, target=path.encode(), headers=headers)))
+        async for chunk in conn.body(idle):
+            record.bytes_up += len(chunk)
+            await _from_origin(origin.send(h11.Data(data=chunk)))
+        await _from_origin(origin.send(h11.EndOfMessage()))
+        response = await _from_origin(origin.next_event(idle))
+        if not isinstance(response, h11.Response):
+            raise UpstreamError(502, "upstream closed without a response")
+        await conn.send(h11.Response(status_code=response.status_code, headers=end_to_end(response.headers)))
+        record.status = response.status_code
+        while isinstance(event := await _from_origin(origin.next_event(idle)), h11.Data):
+            record.bytes_down += len(event.data)
+            await conn.send(h11.Data(data=event.data))
+        if not isinstance(event, h11.EndOfMessage):
+            raise UpstreamError(502, "upstream closed in the middle of the response")
+        await conn.send(h11.EndOfMessage())
+    finally:
+        await origin.close()
+
+
+async def _from_origin(step: Awaitable[T]) -> T:
+    """Run one step on the origin connection; its protocol errors are the upstream's fault, not the client's."""
+    try:
+        return await step
+    except (ClientProtocolError, ClientGone) as exc:
+        raise UpstreamError(502, f"upstream broke HTTP/1.1: {exc}") from None

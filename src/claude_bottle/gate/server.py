@@ -1,0 +1,190 @@
+"""The gate service: two listeners, one connection loop, graceful drain.
+
+A connection is served request by request; each request gets exactly one audit record, written when the
+exchange ends, whatever way it ends. Protocol errors from the client are answered (400/431) and close that
+connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Self
+
+import h11
+
+from claude_bottle.errors import GateError
+from claude_bottle.gate.api import api_exchange
+from claude_bottle.gate.audit import AuditLog, AuditRecord
+from claude_bottle.gate.config import Endpoint, GateConfig
+from claude_bottle.gate.context import GateContext
+from claude_bottle.gate.http import ClientGone, ClientProtocolError, HttpConnection
+from claude_bottle.gate.proxy import proxy_exchange
+from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
+from claude_bottle.gate.upstream import STREAM_LIMIT, api_pool
+from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
+from claude_bottle.policy.decide import EgressPolicy
+
+Exchange = Callable[[HttpConnection, h11.Request, AuditRecord, GateContext], Awaitable[None]]
+UPSTREAM_ADDRESS_TTL = 300.0
+
+
+class Gate:
+    """Serves from ``start()`` (or entering ``async with``) until ``stop()``. The bound addresses are in
+    ``api_address`` and ``proxy_address`` (useful with port 0)."""
+
+    def __init__(self, config: GateConfig, audit: AuditLog, resolver: Resolver | None = None) -> None:
+        self.config = config
+        self.audit = audit
+        self.resolver = resolver or SystemResolver()
+        self.api_address = config.api_listen
+        self.proxy_address = config.proxy_listen
+        self._servers: list[asyncio.Server] = []
+        self._connections: dict[asyncio.Task[None], HttpConnection] = {}
+        self._busy: set[HttpConnection] = set()
+        self._ctx: GateContext | None = None
+        self._upstream_resolved_at = -UPSTREAM_ADDRESS_TTL
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop(self.config.limits.drain_seconds)
+
+    async def start(self) -> None:
+        limits = self.config.limits
+        self._ctx = GateContext(
+            config=self.config,
+            audit=self.audit,
+            resolver=self.resolver,
+            egress=EgressPolicy(self.config.allowlist, self.config.guard, frozenset({self.config.upstream.host})),
+            api_pool=api_pool(self.config.ssl_context(), max_connections=max(limits.max_tunnels, 1024)),
+        )
+        try:
+            for endpoint, listener in ((self.config.api_listen, "api"), (self.config.proxy_listen, "proxy")):
+                server = await asyncio.start_server(
+                    lambda r, w, name=listener: self._accept(name, r, w),  # type: ignore[misc]
+                    endpoint.host, endpoint.port, limit=STREAM_LIMIT,
+                )
+                self._servers.append(server)
+        except OSError as exc:
+            await self.stop(0)
+            raise GateError(f"cannot listen on {endpoint}: {exc.strerror or exc}") from None
+        self.api_address, self.proxy_address = (Endpoint(*s.sockets[0].getsockname()[:2]) for s in self._servers)
+        await self._refresh_protected()
+
+    async def stop(self, drain_seconds: float) -> None:
+        """Stop accepting; close idle connections now; let busy ones finish up to the deadline."""
+        for server in self._servers:
+            server.close()
+        for task, conn in list(self._connections.items()):
+            if conn not in self._busy:
+                task.cancel()
+        if self._connections:
+            _, pending = await asyncio.wait(list(self._connections), timeout=drain_seconds)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        for server in self._servers:
+            await server.wait_closed()
+        if self._ctx is not None:
+            await self._ctx.api_pool.aclose()
+
+    async def _refresh_protected(self) -> None:
+        """The gate's own listeners and the upstream's current addresses are never proxy targets."""
+        assert self._ctx is not None
+        now = time.monotonic()
+        if now - self._upstream_resolved_at < UPSTREAM_ADDRESS_TTL:
+            return
+        self._upstream_resolved_at = now
+        upstream = self.config.upstream
+        endpoints: set[tuple[IPAddress, int]] = set()
+        for endpoint in (self.api_address, self.proxy_address):
+            ip = parse_ip_literal(endpoint.host)
+            if ip is not None:
+                endpoints.add((ip, endpoint.port))
+        try:
+            async with asyncio.timeout(self.config.limits.connect_timeout):
+                addresses = await self.resolver.resolve(upstream.host, upstream.port)
+            endpoints.update((ip, upstream.port) for ip in addresses)
+        except (ResolveError, TimeoutError):
+            pass  # the name itself stays protected; addresses are added once they resolve
+        egress = self._ctx.egress
+        self._ctx.egress = EgressPolicy(egress.allowlist, egress.guard, egress.protected_hosts, frozenset(endpoints))
+
+    async def _accept(self, listener: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None and self._ctx is not None
+        conn = HttpConnection(reader, writer, max_header_bytes=self.config.limits.max_header_bytes)
+        self._connections[task] = conn
+        try:
+            if listener == "proxy":
+                await self._refresh_protected()
+            await self._serve(conn, listener, api_exchange if listener == "api" else proxy_exchange)
+        except asyncio.CancelledError:
+            pass  # shutdown: the connection closes below
+        finally:
+            self._connections.pop(task, None)
+            self._busy.discard(conn)
+            if conn.h11.our_state is h11.SEND_BODY:
+                conn.abort()  # a response cut short must not look complete
+            else:
+                await conn.close()
+
+    async def _serve(self, conn: HttpConnection, listener: str, exchange: Exchange) -> None:
+        assert self._ctx is not None
+        limits = self.config.limits
+        while True:
+            try:
+                request = await conn.read_request(limits.header_timeout)
+            except ClientProtocolError as exc:
+                record = AuditRecord(listener, conn.peer, "-", "-")
+                record.deny(f"malformed request: {exc}", exc.status)
+                self.audit.write(record)
+                with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+                    await conn.fail(exc.status, record.reason)
+                return
+            except (TimeoutError, ClientGone):
+                return  # idle keep-alive or a client that left: nothing was asked, nothing to audit
+            if request is None:
+                return
+            record = AuditRecord(listener, conn.peer, request.method.decode("ascii", "replace"), "-")
+            self._busy.add(conn)
+            try:
+                await exchange(conn, request, record, self._ctx)
+            except ClientProtocolError as exc:
+                record.fail(f"client broke HTTP/1.1: {exc}", exc.status)
+                with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+                    await conn.fail(exc.status, str(exc))
+                return
+            except ClientGone:
+                record.fail("client went away", record.status)
+                return
+            except TimeoutError:
+                record.fail("client idle too long", record.status or 408)
+                return
+            finally:
+                self._busy.discard(conn)
+                self.audit.write(record)
+            if not conn.can_reuse():
+                return
+
+
+async def run(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate``."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with Gate(config, audit) as gate:
+        (announce or (lambda m: print(m, file=sys.stderr, flush=True)))(
+            f"claude-bottle gate: API on {gate.api_address}, proxy on {gate.proxy_address}, "
+            f"upstream {config.upstream.scheme}://{config.upstream.authority.decode()}"
+        )
+        await stop.wait()

@@ -1,0 +1,208 @@
+"""A stand-in for the Anthropic Messages API: the one thing tests, benchmarks and ``verify`` cannot have.
+
+It speaks enough of the API for real Claude Code (SSE streaming and JSON) and records every request. A
+request may steer it with a top-level ``"stub"`` object in its JSON body (Claude Code never sends one):
+
+- ``{"events": N, "interval": S}``: stream N text deltas, S seconds apart, each preceded by an SSE comment
+  ``: sent_ns=<time.time_ns()>`` so a client can measure delivery delay.
+- ``{"mode": "echo"}``: answer with the request headers as JSON (a reflecting endpoint).
+- ``{"mode": "echo-header"}``: put the received credential headers in response headers.
+- ``{"mode": "echo-split"}``: stream the received credential split across chunks, slowly.
+- ``{"mode": "gzip"}``: answer with a gzip-encoded body.
+- ``{"mode": "vanish"}``: start a stream, then drop the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+import h11
+
+from claude_bottle.gate.http import ClientGone, ClientProtocolError, Headers, HttpConnection
+
+DEFAULT_TEXT = "Hello from the stub upstream."
+SSE_HEADERS: Headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                        (b"request-id", b"req_stub"), (b"anthropic-organization-id", b"stub-org")]
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    target: str
+    headers: Headers
+    body: bytes
+
+    def header(self, name: str) -> list[str]:
+        return [v.decode() for n, v in self.headers if n.decode().lower() == name.lower()]
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def message_events(text: str, model: str, parts: int) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """The SSE frames of one text answer: (head, deltas, tail). ``parts`` splits the text into deltas."""
+    head = [
+        sse("message_start", {"type": "message_start", "message": {
+            "id": "msg_stub", "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+        sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                    "content_block": {"type": "text", "text": ""}}),
+    ]
+    size = max(1, -(-len(text) // parts))
+    pieces = [text[i: i + size] for i in range(0, len(text), size)] or [""]
+    pieces += ["."] * (parts - len(pieces))
+    deltas = [sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                          "delta": {"type": "text_delta", "text": p}}) for p in pieces]
+    tail = [
+        sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                              "usage": {"output_tokens": len(pieces)}}),
+        sse("message_stop", {"type": "message_stop"}),
+    ]
+    return head, deltas, tail
+
+
+def message_json(text: str, model: str) -> dict[str, Any]:
+    return {"id": "msg_stub", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 5}}
+
+
+@dataclass
+class StubUpstream:
+    """Serve on ``host:port`` (0 picks a port; see ``.port``) until stopped."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    text: str = DEFAULT_TEXT
+    requests: list[RecordedRequest] = field(default_factory=list)
+    _server: asyncio.Server | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def __aenter__(self) -> Self:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+        await self._server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        conn = HttpConnection(reader, writer)
+        try:
+            while (request := await conn.read_request(None)) is not None:
+                body = b"".join([chunk async for chunk in conn.body(None)])
+                recorded = RecordedRequest(request.method.decode(), request.target.decode(),
+                                           list(request.headers), body)
+                self.requests.append(recorded)
+                if not await self._answer(conn, recorded) or not conn.can_reuse():
+                    break
+        except (ClientGone, ClientProtocolError, asyncio.CancelledError):
+            pass
+        finally:
+            self._tasks.discard(task)
+            await conn.close()
+
+    async def _answer(self, conn: HttpConnection, request: RecordedRequest) -> bool:
+        """Answer one request; False when the connection must end (the stub vanished on purpose)."""
+        path = request.target.split("?", 1)[0]
+        if (request.method, path) == ("POST", "/v1/messages/count_tokens"):
+            await self._json(conn, 200, {"input_tokens": 12})
+            return True
+        if (request.method, path) != ("POST", "/v1/messages"):
+            await self._json(conn, 404, {"type": "error", "error": {"type": "not_found_error",
+                                                                    "message": f"stub: no route {path}"}})
+            return True
+        try:
+            payload = request.json() or {}
+        except ValueError:
+            await self._json(conn, 400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                                    "message": "body is not JSON"}})
+            return True
+        steer = payload.get("stub") or {}
+        model = str(payload.get("model", "stub-model"))
+        credentials = [(n, v) for n, v in request.headers if n.lower() in (b"authorization", b"x-api-key")]
+        mode = steer.get("mode")
+        if mode == "echo":
+            await self._json(conn, 200, {"headers": [[n.decode(), v.decode()] for n, v in request.headers]})
+        elif mode == "echo-header":
+            await self._json(conn, 200, message_json(self.text, model),
+                             [(b"x-echo-" + n.lower(), v) for n, v in credentials])
+        elif mode == "echo-split":
+            await conn.send(h11.Response(status_code=200, headers=SSE_HEADERS))
+            secret = b"".join(v for _, v in credentials)
+            for piece in (b"data: {\"leak\": \"", secret[:7], secret[7:20], secret[20:], b"\"}\n\n"):
+                await conn.send(h11.Data(data=piece))
+                await asyncio.sleep(0.05)
+            await conn.send(h11.EndOfMessage())
+        elif mode == "gzip":
+            body = gzip.compress(json.dumps(message_json(self.text, model)).encode())
+            await conn.send(h11.Response(status_code=200, headers=[
+                (b"content-type", b"application/json"), (b"content-encoding", b"gzip"),
+                (b"content-length", str(len(body)).encode())]))
+            await conn.send(h11.Data(data=body))
+            await conn.send(h11.EndOfMessage())
+        elif payload.get("stream"):
+            return await self._stream(conn, model, int(steer.get("events", 1)), float(steer.get("interval", 0)),
+                                      vanish=mode == "vanish")
+        else:
+            await self._json(conn, 200, message_json(self.text, model))
+        return True
+
+    async def _stream(self, conn: HttpConnection, model: str, events: int, interval: float, vanish: bool) -> bool:
+        head, deltas, tail = message_events(self.text, model, max(1, events))
+        await conn.send(h11.Response(status_code=200, headers=SSE_HEADERS))
+        for frame in head:
+            await conn.send(h11.Data(data=frame))
+        for i, frame in enumerate(deltas):
+            if interval and i:
+                await asyncio.sleep(interval)
+            if vanish and i == len(deltas) // 2:
+                conn.abort()
+                return False
+            stamp = f": sent_ns={time.time_ns()}\n".encode() if events > 1 else b""
+            await conn.send(h11.Data(data=stamp + frame))
+        for frame in tail:
+            await conn.send(h11.Data(data=frame))
+        await conn.send(h11.EndOfMessage())
+        return True
+
+    @staticmethod
+    async def _json(conn: HttpConnection, status: int, payload: Any, extra: Headers | None = None) -> None:
+        body = json.dumps(payload).encode()
+        await conn.send(h11.Response(status_code=status, headers=[
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"request-id", b"req_stub"), *(extra or [])]))
+        await conn.send(h11.Data(data=body))
+        await conn.send(h11.EndOfMessage())
+
+
+async def serve(host: str, port: int, text: str = DEFAULT_TEXT) -> None:
+    """Run a stub until cancelled (the ``stub-upstream`` command)."""
+    async with StubUpstream(host, port, text) as stub:
+        print(f"stub upstream on {stub.url}", flush=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
