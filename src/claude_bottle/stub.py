@@ -37,6 +37,7 @@ class RecordedRequest:
     target: str
     headers: Headers
     body: bytes
+    peer: str  # the client's host:port, telling connections apart
 
     def header(self, name: str) -> list[str]:
         return [v.decode() for n, v in self.headers if n.decode().lower() == name.lower()]
@@ -116,7 +117,7 @@ class StubUpstream:
             while (request := await conn.read_request(None)) is not None:
                 body = b"".join([chunk async for chunk in conn.body(None)])
                 recorded = RecordedRequest(request.method.decode(), request.target.decode(),
-                                           list(request.headers), body)
+                                           list(request.headers), body, conn.peer)
                 self.requests.append(recorded)
                 if not await self._answer(conn, recorded) or not conn.can_reuse():
                     break

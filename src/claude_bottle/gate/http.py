@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterable
 from http import HTTPStatus
 
@@ -22,6 +23,21 @@ HOP_BY_HOP = frozenset({
 })
 MAX_HEADER_BYTES = 32 * 1024
 READ_SIZE = 64 * 1024
+
+
+# Framing tricks used for request smuggling. h11 would tolerate them (and the gate re-frames every message
+# anyway), but a client that sends them is refused outright.
+_BARE_LF = re.compile(rb"(?<!\r)\n")
+_OBS_FOLD = re.compile(rb"\r\n[ \t]")
+
+
+def framing_problem(head: bytes) -> str | None:
+    """Why a raw message head is refused, or None. ``head`` ends at the blank line."""
+    if _BARE_LF.search(head):
+        return "bare LF line ending in the message head"
+    if _OBS_FOLD.search(head):
+        return "obsolete line folding in a header"
+    return None
 
 
 class ClientProtocolError(Exception):
@@ -63,6 +79,8 @@ class HttpConnection:
         self.reader = reader
         self.writer = writer
         self.h11 = h11.Connection(h11.CLIENT if client else h11.SERVER, max_incomplete_event_size=max_header_bytes)
+        self._max_header_bytes = max_header_bytes
+        self._head = b""  # raw bytes of a request head still being received, for framing_problem()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unknown"
 
@@ -73,6 +91,8 @@ class HttpConnection:
                 event = self.h11.next_event()
             except h11.RemoteProtocolError as exc:
                 raise ClientProtocolError(str(exc), exc.error_status_hint) from None
+            if isinstance(event, h11.Request | h11.Response):
+                self._check_head(event)
             if event is not h11.NEED_DATA:
                 return event
             try:
@@ -80,7 +100,27 @@ class HttpConnection:
                     data = await self.reader.read(READ_SIZE)
             except (ConnectionError, OSError) as exc:
                 raise ClientGone(str(exc)) from None
+            if self.h11.their_state in (h11.IDLE, h11.SEND_RESPONSE) and data:
+                self._head = (self._head + data)[: self._max_header_bytes + 4]
             self.h11.receive_data(data)
+
+    def _check_head(self, event: h11.Request | h11.Response) -> None:
+        """Refuse what h11 tolerates but a smuggler relies on. Checks the head of the first message read
+        from a fresh buffer; pipelined heads are not seen raw, which is safe because the gate re-frames."""
+        head, self._head = self._head, b""
+        end = re.search(rb"\r?\n\r?\n", head)
+        head = head[: end.end()] if end else head
+        if len(head) > self._max_header_bytes:  # h11 only limits heads that arrive in pieces
+            raise ClientProtocolError(f"message head larger than {self._max_header_bytes} bytes", 431)
+        if event.http_version not in (b"1.0", b"1.1"):
+            raise ClientProtocolError(f"HTTP/{event.http_version.decode()} is not supported", 505)
+        problem = framing_problem(head)
+        if problem is None and header_values(event.headers, b"transfer-encoding") and header_values(
+            event.headers, b"content-length"
+        ):
+            problem = "both Content-Length and Transfer-Encoding"
+        if problem:
+            raise ClientProtocolError(problem)
 
     async def read_request(self, timeout: float | None) -> h11.Request | None:
         """The next request head, or None when the client closed cleanly between requests."""

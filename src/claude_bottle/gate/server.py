@@ -109,9 +109,10 @@ class Gate:
             ip = parse_ip_literal(endpoint.host)
             if ip is not None:
                 endpoints.add((ip, endpoint.port))
+        literal = parse_ip_literal(upstream.host)
         try:
             async with asyncio.timeout(self.config.limits.connect_timeout):
-                addresses = await self.resolver.resolve(upstream.host, upstream.port)
+                addresses = [literal] if literal else await self.resolver.resolve(upstream.host, upstream.port)
             endpoints.update((ip, upstream.port) for ip in addresses)
         except (ResolveError, TimeoutError):
             pass  # the name itself stays protected; addresses are added once they resolve

@@ -1,0 +1,111 @@
+"""Clients and servers for gate tests: raw sockets where the bytes matter, on loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from claude_bottle.gate.config import Endpoint
+
+
+def make_token(kind: str = "oat") -> str:
+    return f"sk-ant-{kind}01-" + secrets.token_urlsafe(60)
+
+
+async def exchange(endpoint: Endpoint, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send ``data`` and read until the server closes or ``timeout`` passes."""
+    reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await read_all(reader, timeout)
+    finally:
+        writer.close()
+
+
+async def read_all(reader: asyncio.StreamReader, timeout: float = 5.0) -> bytes:
+    chunks = []
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(timeout):
+            while chunk := await reader.read(65536):
+                chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_head(reader: asyncio.StreamReader, timeout: float = 5.0) -> tuple[int, dict[str, str]]:
+    async with asyncio.timeout(timeout):
+        head = await reader.readuntil(b"\r\n\r\n")
+    return parse_head(head)
+
+
+def parse_head(data: bytes) -> tuple[int, dict[str, str]]:
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    status = int(head[0].split()[1])
+    headers = {}
+    for line in head[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+def messages_request(payload: dict[str, object], extra_headers: str = "", host: str = "gate",
+                     keep_alive: bool = False) -> bytes:
+    body = json.dumps(payload).encode()
+    connection = "" if keep_alive else "Connection: close\r\n"
+    return (
+        f"POST /v1/messages HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{connection}"
+        f"Content-Length: {len(body)}\r\n{extra_headers}\r\n"
+    ).encode() + body
+
+
+async def connect_via(proxy: Endpoint, target: str) -> tuple[int, dict[str, str], asyncio.StreamReader,
+                                                             asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    await writer.drain()
+    status, headers = await read_head(reader)
+    return status, headers, reader, writer
+
+
+@dataclass
+class EchoServer:
+    """A TCP echo server that records who connected."""
+
+    host: str = "127.0.0.2"
+    port: int = 0
+    peers: list[str] = field(default_factory=list)
+    _server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.peers.append(str(writer.get_extra_info("peername")))
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def __aenter__(self) -> EchoServer:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2):
+                await self._server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def raw_server(handler, host: str = "127.0.0.2") -> AsyncIterator[Endpoint]:  # type: ignore[no-untyped-def]
+    """A one-off TCP server whose behaviour the test writes (silent, garbage, slow...)."""
+    server = await asyncio.start_server(handler, host, 0)
+    try:
+        yield Endpoint(host, server.sockets[0].getsockname()[1])
+    finally:
+        server.close()

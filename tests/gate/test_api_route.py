@@ -1,0 +1,277 @@
+"""The API listener on loopback, against the stub Messages API: every promise of the route, and the attacks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from claude_bottle.stub import StubUpstream
+from tests.gate.conftest import GateFactory
+from tests.gate.helpers import exchange, make_token, messages_request, parse_head, raw_server, read_all, read_head
+
+pytestmark = pytest.mark.asyncio
+
+STREAM = {"model": "claude-test", "stream": True, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_oauth_token_injected_as_bearer_and_every_client_credential_stripped(
+    make_gate: GateFactory, stub: StubUpstream
+) -> None:
+    client_credentials = (
+        "Authorization: Bearer sk-ant-oat01-client-placeholder\r\n"
+        "authorization: Basic YWRtaW46YWRtaW4=\r\n"
+        "X-Api-Key: sk-ant-api03-attacker-own-key\r\n"
+        "x-API-KEY: second\r\n"
+        "Proxy-Authorization: Basic Zm9vOmJhcg==\r\n"
+        "Cookie: session=stolen\r\n"
+        "COOKIE: more=1\r\n"
+    )
+    async with make_gate() as gate:
+        response = await exchange(gate.api, messages_request({"model": "m"}, client_credentials), timeout=2)
+    assert parse_head(response)[0] == 200
+    (seen,) = stub.requests
+    assert seen.header("authorization") == [f"Bearer {gate.token}"]
+    for name in ("x-api-key", "proxy-authorization", "cookie"):
+        assert seen.header(name) == [], name
+    assert b"attacker" not in b"".join(v for _, v in seen.headers)
+
+
+async def test_api_key_injected_as_x_api_key(make_gate: GateFactory, stub: StubUpstream) -> None:
+    key = make_token("api")
+    async with make_gate(token=key) as gate:
+        await exchange(gate.api, messages_request({"model": "m"}, "x-api-key: sk-ant-api03-placeholder\r\n"), 2)
+    (seen,) = stub.requests
+    assert seen.header("x-api-key") == [key]
+    assert seen.header("authorization") == []
+
+
+async def test_end_to_end_headers_pass_untouched_and_hop_by_hop_removed(
+    make_gate: GateFactory, stub: StubUpstream
+) -> None:
+    end_to_end = {
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "claude-code-20250219,oauth-2025-04-20,interleaved-thinking-2025-05-14",
+        "X-Claude-Code-Session-Id": "7d3c5a8e-0f4e-4a51-9d5b-2b8f6f7c1e90",
+        "User-Agent": "claude-cli/2.1.126 (external, cli)",
+        "x-stainless-retry-count": "0",
+        "anthropic-dangerous-direct-browser-access": "true",
+    }
+    hop = "Connection: keep-alive, X-Hop-Secret\r\nX-Hop-Secret: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n" \
+          "Upgrade: h2c\r\nProxy-Connection: keep-alive\r\n"
+    extra = "".join(f"{k}: {v}\r\n" for k, v in end_to_end.items()) + hop
+    async with make_gate() as gate:
+        await exchange(gate.api, messages_request({"model": "m"}, extra, host="evil.example", keep_alive=True), 1)
+    (seen,) = stub.requests
+    for name, value in end_to_end.items():
+        assert seen.header(name) == [value], name
+    assert seen.header("host") == [f"127.0.0.1:{stub.port}"]
+    for name in ("connection", "x-hop-secret", "keep-alive", "te", "upgrade", "proxy-connection"):
+        assert seen.header(name) == [], name
+
+
+async def test_sse_events_reach_the_client_as_the_upstream_sends_them(make_gate: GateFactory) -> None:
+    """Buffering would deliver the events together at the end; each must arrive close to when it was sent."""
+    events, interval = 6, 0.3
+    payload = {**STREAM, "stub": {"events": events, "interval": interval}}
+    async with make_gate() as gate:
+        reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
+        writer.write(messages_request(payload))
+        status, headers = await read_head(reader)
+        assert status == 200 and headers["content-type"] == "text/event-stream"
+        delays = []
+        async with asyncio.timeout(10):
+            while len(delays) < events:
+                line = await reader.readline()
+                if line.startswith(b": sent_ns="):
+                    delays.append((time.time_ns() - int(line.split(b"=")[1])) / 1e9)
+        writer.close()
+    assert max(delays) < interval / 2, f"events were held back: delays {delays}"
+
+
+async def test_request_body_streams_to_the_upstream_before_the_client_finishes(make_gate: GateFactory) -> None:
+    first_chunk_seen = asyncio.Event()
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        data = await reader.readuntil(b"first-part")
+        assert data.endswith(b"first-part")
+        first_chunk_seen.set()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async with raw_server(upstream, "127.0.0.1") as origin, make_gate(upstream=f"http://{origin}") as gate:
+        reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
+        writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"a\r\nfirst-part\r\n")
+        await writer.drain()
+        await asyncio.wait_for(first_chunk_seen.wait(), 3)  # the rest of the body is not even sent yet
+        writer.write(b"0\r\n\r\n")
+        status, _ = await read_head(reader)
+        writer.close()
+    assert status == 200
+
+
+async def test_upstream_connections_are_reused(make_gate: GateFactory, stub: StubUpstream) -> None:
+    async with make_gate() as gate:
+        for _ in range(5):
+            assert parse_head(await exchange(gate.api, messages_request({"model": "m"}), 1))[0] == 200
+    assert len(stub.requests) == 5
+    assert len({r.peer for r in stub.requests}) == 1, "each request opened a new upstream connection"
+
+
+@pytest.mark.parametrize("method", ["TRACE", "CONNECT"])
+async def test_trace_and_connect_refused(make_gate: GateFactory, stub: StubUpstream, method: str) -> None:
+    target = "api.anthropic.com:443" if method == "CONNECT" else "/v1/messages"
+    async with make_gate() as gate:
+        response = await exchange(gate.api, f"{method} {target} HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n".encode(), 2)
+    status, headers = parse_head(response)
+    assert status == 405 and method in headers["x-deny-reason"]
+    assert stub.requests == []
+
+
+async def test_paths_claude_code_does_not_use_are_refused(make_gate: GateFactory, stub: StubUpstream) -> None:
+    async with make_gate() as gate:
+        response = await exchange(gate.api, b"GET /v1/organizations/me HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n", 2)
+        status, headers = parse_head(response)
+        assert status == 403 and "--allow-api-path" in headers["x-deny-reason"]
+        assert gate.records()[-1]["decision"] == "deny"
+    assert stub.requests == []
+    async with make_gate(api_paths=("GET /v1/organizations/me",)) as gate:
+        response = await exchange(gate.api, b"GET /v1/organizations/me HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n", 2)
+    assert parse_head(response)[0] == 404  # forwarded: the stub itself has no such route
+    assert [r.target for r in stub.requests] == ["/v1/organizations/me"]
+
+
+@pytest.mark.parametrize("target", ["/v1/messages/../admin", "/v1/%2e%2e/admin", "/v1//messages",
+                                    "http://evil.example/v1/messages", "/v1/messages%2Fcount_tokens"])
+async def test_non_canonical_paths_refused(make_gate: GateFactory, stub: StubUpstream, target: str) -> None:
+    async with make_gate() as gate:
+        response = await exchange(gate.api, f"POST {target} HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n".encode(), 2)
+    assert parse_head(response)[0] == 400
+    assert stub.requests == []
+
+
+@pytest.mark.parametrize("mode", ["echo", "echo-header", "echo-split"])
+async def test_reflected_credential_is_never_delivered(make_gate: GateFactory, stub: StubUpstream, mode: str) -> None:
+    async with make_gate() as gate:
+        response = await exchange(gate.api, messages_request({"model": "m", "stub": {"mode": mode}}), 3)
+        record = gate.records()[-1]
+    assert stub.requests, "the request reached the upstream"
+    assert gate.token.encode() not in response
+    assert gate.token[:12].encode() not in response, "a prefix of the credential leaked"
+    assert "credential" in record["reason"] and record["decision"] == "error"
+
+
+async def test_encoded_response_refused_because_it_cannot_be_scanned(make_gate: GateFactory, stub: StubUpstream) -> None:
+    async with make_gate() as gate:
+        response = await exchange(gate.api, messages_request({"model": "m", "stub": {"mode": "gzip"}}), 2)
+    status, headers = parse_head(response)
+    assert status == 502 and "encoded" in headers["x-deny-reason"]
+    assert stub.requests[0].header("accept-encoding") == ["identity"]
+
+
+async def test_upstream_refusing_connections_gives_502_and_the_gate_stays_up(make_gate: GateFactory) -> None:
+    async with raw_server(lambda r, w: w.close(), "127.0.0.1") as closed:
+        pass  # the port is free again: nothing listens there now
+    async with make_gate(upstream=f"http://{closed}") as gate:
+        for _ in range(2):
+            status, headers = parse_head(await exchange(gate.api, messages_request({"model": "m"}), 3))
+            assert status == 502 and "connect" in headers["x-deny-reason"]
+
+
+async def test_silent_upstream_gives_504(make_gate: GateFactory) -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(10)
+
+    async with raw_server(silent, "127.0.0.1") as origin, make_gate(upstream=f"http://{origin}", idle_timeout=0.5) as gate:
+        status, headers = parse_head(await exchange(gate.api, messages_request({"model": "m"}), 5))
+    assert status == 504 and "responding" in headers["x-deny-reason"]
+
+
+async def test_garbage_from_upstream_gives_502(make_gate: GateFactory) -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"\x00\x01 not http at all\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async with raw_server(garbage, "127.0.0.1") as origin, make_gate(upstream=f"http://{origin}") as gate:
+        status, _ = parse_head(await exchange(gate.api, messages_request({"model": "m"}), 3))
+    assert status == 502
+
+
+async def test_upstream_vanishing_mid_stream_cuts_the_client_and_the_gate_keeps_serving(
+    make_gate: GateFactory,
+) -> None:
+    payload = {**STREAM, "stub": {"events": 6, "mode": "vanish"}}
+    async with make_gate() as gate:
+        response = await exchange(gate.api, messages_request(payload), 3)
+        assert parse_head(response)[0] == 200
+        assert not response.endswith(b"0\r\n\r\n"), "a cut stream must not look complete"
+        assert b"message_stop" not in response
+        assert parse_head(await exchange(gate.api, messages_request({"model": "m"}), 2))[0] == 200
+        assert gate.records()[0]["decision"] == "error"
+
+
+async def test_client_vanishing_mid_stream_is_audited_and_cleaned_up(make_gate: GateFactory) -> None:
+    payload = {**STREAM, "stub": {"events": 20, "interval": 0.1}}
+    async with make_gate() as gate:
+        reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
+        writer.write(messages_request(payload))
+        await read_head(reader)
+        writer.transport.abort()
+        async with asyncio.timeout(5):
+            while gate.gate._connections or not gate.records():
+                await asyncio.sleep(0.05)
+        (record,) = gate.records()
+    assert record["decision"] == "error" and "went away" in record["reason"]
+
+
+async def test_keep_alive_serves_several_requests_on_one_client_connection(make_gate: GateFactory) -> None:
+    async with make_gate() as gate:
+        reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
+        for _ in range(3):
+            writer.write(messages_request({"model": "m"}, keep_alive=True))
+            status, headers = await read_head(reader)
+            await reader.readexactly(int(headers["content-length"]))
+            assert status == 200
+        writer.close()
+        assert len(gate.records()) == 3
+
+
+async def test_audit_has_one_complete_line_per_request(make_gate: GateFactory) -> None:
+    async with make_gate() as gate:
+        await exchange(gate.api, messages_request({**STREAM, "stub": {"events": 3}}), 2)
+        await exchange(gate.api, b"GET /nope?key=sk-ant-secret HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n", 2)
+        allowed, denied = gate.records()
+    for record in (allowed, denied):
+        assert set(record) == {"time", "listener", "client", "method", "target", "path", "decision", "reason",
+                               "status", "bytes_up", "bytes_down", "duration_ms"}
+        assert record["listener"] == "api"
+    assert allowed["decision"] == "allow" and allowed["status"] == 200 and allowed["bytes_down"] > 300
+    assert allowed["bytes_up"] == len(json.dumps({**STREAM, "stub": {"events": 3}}))
+    assert denied["path"] == "/nope", "the query string is never audited"
+
+
+async def test_streams_in_flight_survive_many_parallel_clients(make_gate: GateFactory) -> None:
+    payload = {**STREAM, "stub": {"events": 5, "interval": 0.02}}
+    async with make_gate() as gate:
+        responses = await asyncio.gather(*(exchange(gate.api, messages_request(payload), 5) for _ in range(40)))
+    assert all(parse_head(r)[0] == 200 and b"message_stop" in r for r in responses)
+
+
+async def test_response_read_after_body_is_complete(make_gate: GateFactory) -> None:
+    """A chunked client body is re-framed for the upstream and arrives whole."""
+    async with make_gate() as gate:
+        reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
+        body = json.dumps({"model": "m"}).encode()
+        writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+        status, _ = await read_head(reader)
+        writer.close()
+        await read_all(reader, 0.1)
+    assert status == 200

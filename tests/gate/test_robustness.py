@@ -1,0 +1,99 @@
+"""Hostile and broken clients: the gate answers or closes that one connection and keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from claude_bottle.stub import StubUpstream
+from tests.gate.conftest import GateFactory, RunningGate
+from tests.gate.helpers import exchange, messages_request, parse_head, read_all
+
+pytestmark = pytest.mark.asyncio
+
+TLS_CLIENT_HELLO = bytes.fromhex("16030100f8010000f40303") + os.urandom(32) + b"\x00\x02\x13\x01\x01\x00"
+
+
+async def still_serving(gate: RunningGate) -> None:
+    response = await exchange(gate.api, messages_request({"model": "m"}), 2)
+    assert parse_head(response)[0] == 200, "the gate stopped serving"
+
+
+@pytest.mark.parametrize("listener", ["api", "proxy"])
+@pytest.mark.parametrize(("data", "status"), [
+    (b"\x00\xff garbage \x13\x37\r\n\r\n", 400),
+    (TLS_CLIENT_HELLO, 400),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n", 431),
+    (b"GET / HTTP/9.9\r\nHost: x\r\n\r\n", 505),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+])
+async def test_bad_bytes_are_answered_and_the_gate_keeps_serving(
+    make_gate: GateFactory, listener: str, data: bytes, status: int
+) -> None:
+    async with make_gate() as gate:
+        response = await exchange(getattr(gate, listener), data, 3)
+        assert parse_head(response)[0] == status
+        assert gate.records()[-1]["decision"] == "deny"
+        await still_serving(gate)
+
+
+@pytest.mark.parametrize(("smuggle", "words"), [
+    (b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+     "both Content-Length and Transfer-Encoding"),
+    (b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\nabcd",
+     "Content-Length"),
+    (b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nX-Fold: a\r\n b\r\nContent-Length: 0\r\n\r\n", "folding"),
+    (b"POST /v1/messages HTTP/1.1\nHost: g\nContent-Length: 0\n\n", "bare LF"),
+    (b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+     "Transfer-Encoding"),
+])
+async def test_request_smuggling_framings_are_refused(
+    make_gate: GateFactory, stub: StubUpstream, smuggle: bytes, words: str
+) -> None:
+    async with make_gate() as gate:
+        response = await exchange(gate.api, smuggle, 2)
+        status, headers = parse_head(response)
+        await still_serving(gate)
+    assert status in (400, 501) and words in headers["x-deny-reason"]
+    assert len(stub.requests) == 1, "only the follow-up request may reach the upstream"
+
+
+async def test_slow_client_is_cut_off_after_the_header_timeout(make_gate: GateFactory) -> None:
+    async with make_gate(header_timeout=0.5) as gate:
+        reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
+        writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: g\r\n")  # and then nothing more
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await read_all(reader, 5) == b""
+        assert loop.time() - started < 3, "the gate waited far beyond its header timeout"
+        writer.close()
+        await still_serving(gate)
+
+
+async def test_slow_body_is_cut_off_after_the_idle_timeout(make_gate: GateFactory, stub: StubUpstream) -> None:
+    async with make_gate(idle_timeout=0.5) as gate:
+        reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
+        writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nContent-Length: 100\r\n\r\n{")
+        assert b"message_stop" not in await read_all(reader, 5)
+        writer.close()
+        await still_serving(gate)
+
+
+async def test_many_requests_leave_no_tasks_or_sockets_behind(make_gate: GateFactory) -> None:
+    """Bounded: 150 rounds of an allowed, a refused and a broken exchange."""
+    async with make_gate() as gate:
+        await still_serving(gate)
+        fds_before = len(os.listdir("/proc/self/fd"))
+        tasks_before = len(asyncio.all_tasks())
+        async with asyncio.timeout(60):
+            for _ in range(150):
+                await exchange(gate.api, messages_request({"model": "m", "stream": True}), 2)
+                await exchange(gate.proxy, b"CONNECT nope.example:443 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 2)
+                await exchange(gate.api, b"\x16\x03\x01 not http\r\n\r\n", 2)
+            while gate.gate._connections:
+                await asyncio.sleep(0.02)
+        assert len(asyncio.all_tasks()) <= tasks_before
+        assert len(os.listdir("/proc/self/fd")) <= fds_before + 4  # keep-alive upstream connections may stay
+        assert len(gate.records()) == 1 + 450
