@@ -1,6 +1,23 @@
+"""Fixtures for every test: a clean environment, the stub upstream, and gates in front of it."""
+
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
 import pytest
+
+from claude_bottle.credentials import Credential
+from claude_bottle.gate import config as gc
+from claude_bottle.gate.audit import AuditLog
+from claude_bottle.gate.resolver import Resolver
+from claude_bottle.gate.server import Gate
+from claude_bottle.stub import StubUpstream
+from tests.helpers import make_token
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
@@ -11,3 +28,68 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.lower(), raising=False)
+
+
+@dataclass
+class RunningGate:
+    gate: Gate
+    token: str
+    audit_stream: io.StringIO
+
+    @property
+    def api(self) -> gc.Endpoint:
+        return self.gate.api_address
+
+    @property
+    def proxy(self) -> gc.Endpoint:
+        return self.gate.proxy_address
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.audit_stream.getvalue().splitlines()]
+
+
+GateFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningGate]]
+
+
+@pytest.fixture
+async def stub() -> AsyncIterator[StubUpstream]:
+    async with StubUpstream() as server:
+        yield server
+
+
+@pytest.fixture
+def make_gate(stub: StubUpstream) -> GateFactory:
+    """Start a gate in this event loop, in front of the stub unless ``upstream`` says otherwise."""
+
+    @contextlib.asynccontextmanager
+    async def factory(
+        *,
+        token: str | None = None,
+        allow: tuple[str, ...] = (),
+        allow_private: tuple[str, ...] = (),
+        upstream: str | None = None,
+        resolver: Resolver | None = None,
+        api_paths: tuple[str, ...] = (),
+        api_port: int = 0,
+        proxy_port: int = 0,
+        **limits: float,
+    ) -> AsyncIterator[RunningGate]:
+        token = token or make_token()
+        config = gc.GateConfig(
+            api_listen=gc.Endpoint("127.0.0.1", api_port),
+            proxy_listen=gc.Endpoint("127.0.0.1", proxy_port),
+            credential=Credential.parse(token, "test token"),
+            upstream=gc.parse_upstream(upstream or stub.url),
+            allowlist=gc.parse_allowlist(allow),
+            allow_private=gc.parse_networks(allow_private),
+            api_policy=gc.parse_api_paths(api_paths),
+            limits=replace(gc.Limits(header_timeout=5, idle_timeout=5, connect_timeout=2, drain_seconds=2),
+                           **limits),
+        )
+        stream = io.StringIO()
+        async with Gate(config, AuditLog(stream, secrets=(token,)), resolver) as gate:
+            running = RunningGate(gate, token, stream)
+            yield running
+        assert token not in stream.getvalue(), "the audit log must never hold the credential"
+
+    return factory

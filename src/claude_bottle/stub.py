@@ -125,7 +125,7 @@ class StubUpstream:
             pass
         finally:
             self._tasks.discard(task)
-            await conn.close()
+            conn.writer.close()
 
     async def _answer(self, conn: HttpConnection, request: RecordedRequest) -> bool:
         """Answer one request; False when the connection must end (the stub vanished on purpose)."""

@@ -9,8 +9,17 @@ import time
 import pytest
 
 from claude_bottle.stub import StubUpstream
-from tests.gate.conftest import GateFactory
-from tests.gate.helpers import exchange, make_token, messages_request, parse_head, raw_server, read_all, read_head
+from tests.conftest import GateFactory
+from tests.helpers import (
+    eventually,
+    exchange,
+    make_token,
+    messages_request,
+    parse_head,
+    raw_server,
+    read_all,
+    read_head,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -224,9 +233,7 @@ async def test_client_vanishing_mid_stream_is_audited_and_cleaned_up(make_gate: 
         writer.write(messages_request(payload))
         await read_head(reader)
         writer.transport.abort()
-        async with asyncio.timeout(5):
-            while gate.gate._connections or not gate.records():
-                await asyncio.sleep(0.05)
+        await eventually(lambda: not gate.gate._connections and gate.records(), what="the connection to end")
         (record,) = gate.records()
     assert record["decision"] == "error" and "went away" in record["reason"]
 

@@ -15,8 +15,8 @@ import pytest
 
 from claude_bottle.gate.resolver import StaticResolver
 from claude_bottle.stub import StubUpstream
-from tests.gate.conftest import GateFactory
-from tests.gate.helpers import EchoServer, connect_via, exchange, parse_head, read_all
+from tests.conftest import GateFactory
+from tests.helpers import EchoServer, connect_via, eventually, exchange, parse_head, read_all
 
 pytestmark = pytest.mark.asyncio
 LOOPBACK = ("127.0.0.0/8",)
@@ -33,9 +33,7 @@ async def test_connect_to_an_allowlisted_host_tunnels_bytes_both_ways(make_gate:
         writer.write(b"ping through the tunnel")
         assert await reader.readexactly(23) == b"ping through the tunnel"
         writer.close()
-        async with asyncio.timeout(5):
-            while not gate.records():
-                await asyncio.sleep(0.02)
+        await eventually(gate.records, what="the audit record")
         (record,) = gate.records()
     assert record["decision"] == "allow" and record["bytes_up"] == 23 and record["bytes_down"] == 23
     assert "matches allow pattern" in record["reason"]
@@ -256,9 +254,7 @@ async def test_concurrent_tunnels_are_capped(make_gate: GateFactory) -> None:
         assert third == 503 and "limit 2" in headers["x-deny-reason"]
         for *_, w in open_tunnels:
             w.close()
-        async with asyncio.timeout(5):
-            while gate.gate._ctx.active_tunnels:  # type: ignore[union-attr]
-                await asyncio.sleep(0.02)
+        await eventually(lambda: gate.gate._ctx.active_tunnels == 0, what="tunnels to close")  # type: ignore[union-attr]
         again, _, _, writer = await connect_via(gate.proxy, f"127.0.0.2:{echo.port}")
         writer.close()
     assert again == 200
@@ -271,7 +267,5 @@ async def test_idle_tunnel_is_closed(make_gate: GateFactory) -> None:
         assert status == 200
         assert await read_all(reader, 8) == b""  # closed by the gate well before 8 s
         writer.close()
-        async with asyncio.timeout(5):
-            while not gate.records():
-                await asyncio.sleep(0.02)
+        await eventually(gate.records, what="the audit record")
     assert "idle" in gate.records()[0]["reason"]

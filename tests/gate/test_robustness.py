@@ -8,8 +8,8 @@ import os
 import pytest
 
 from claude_bottle.stub import StubUpstream
-from tests.gate.conftest import GateFactory, RunningGate
-from tests.gate.helpers import exchange, messages_request, parse_head, read_all
+from tests.conftest import GateFactory, RunningGate
+from tests.helpers import eventually, exchange, messages_request, parse_head, read_all
 
 pytestmark = pytest.mark.asyncio
 
@@ -92,8 +92,7 @@ async def test_many_requests_leave_no_tasks_or_sockets_behind(make_gate: GateFac
                 await exchange(gate.api, messages_request({"model": "m", "stream": True}), 2)
                 await exchange(gate.proxy, b"CONNECT nope.example:443 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 2)
                 await exchange(gate.api, b"\x16\x03\x01 not http\r\n\r\n", 2)
-            while gate.gate._connections:
-                await asyncio.sleep(0.02)
+            await eventually(lambda: not gate.gate._connections, what="connections to close")
         assert len(asyncio.all_tasks()) <= tasks_before
         assert len(os.listdir("/proc/self/fd")) <= fds_before + 4  # keep-alive upstream connections may stay
         assert len(gate.records()) == 1 + 450

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from claude_bottle.gate.config import Endpoint
@@ -109,3 +109,13 @@ async def raw_server(handler, host: str = "127.0.0.2") -> AsyncIterator[Endpoint
         yield Endpoint(host, server.sockets[0].getsockname()[1])
     finally:
         server.close()
+
+
+async def eventually(condition: Callable[[], object], timeout: float = 5.0, what: str = "condition") -> None:
+    """Wait until ``condition()`` is true; the gate finishes its bookkeeping just after a connection ends."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
