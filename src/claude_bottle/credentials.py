@@ -66,13 +66,14 @@ def read_token_file(path: str) -> Credential:
     if path == "-":
         return Credential.parse(sys.stdin.read(), "the token on standard input")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO with no writer must not hang the start; it is refused below as not regular.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise CredentialError(f"token file {path} does not exist") from None
     except OSError as exc:
         raise CredentialError(f"cannot open token file {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise CredentialError(f"token file {path} is not a regular file")
         if st.st_mode & 0o077:
@@ -82,4 +83,6 @@ def read_token_file(path: str) -> Credential:
             )
         if st.st_uid not in (os.getuid(), 0):
             raise CredentialError(f"token file {path} is owned by another user (uid {st.st_uid})")
-        return Credential.parse(f.read(1 << 16), f"token file {path}")
+        return Credential.parse(os.read(fd, 1 << 16).decode("utf-8", "replace"), f"token file {path}")
+    finally:
+        os.close(fd)

@@ -90,7 +90,7 @@ def parse_listen(text: str, flag: str) -> Endpoint:
         number = 0 if port == "0" else parse_port(port, "listen")
     except InvalidHost as exc:
         raise ConfigError(f"{flag} {text!r}: {exc}; write HOST:PORT such as 127.0.0.1:8080") from None
-    if ip is not None and ip.is_unspecified:
+    if ip is not None and (ip.is_unspecified or getattr(ip, "ipv4_mapped", None) == ipaddress.IPv4Address(0)):
         raise ConfigError(
             f"{flag} {text!r}: refusing to listen on every interface; give the one address clients use "
             "(the gate would otherwise be an open proxy for anything that can reach this machine)"
@@ -106,10 +106,15 @@ def parse_upstream(text: str) -> Upstream:
         raise ConfigError(f"--upstream {text!r}: credentials, query and fragment are not allowed in the URL")
     try:
         name, _ = normalize_host(parts.hostname)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port if parts.port is not None else (443 if parts.scheme == "https" else 80)
     except (InvalidHost, ValueError) as exc:
         raise ConfigError(f"--upstream {text!r}: {exc}") from None
-    return Upstream(parts.scheme, name, port, parts.path.rstrip("/"))
+    base_path = parts.path.rstrip("/")
+    if port == 0:
+        raise ConfigError(f"--upstream {text!r}: port 0 is not a port to connect to")
+    if base_path and not ApiPolicy().canonical(base_path):
+        raise ConfigError(f"--upstream {text!r}: the path must be plain, without spaces, dot segments or escapes")
+    return Upstream(parts.scheme, name, port, base_path)
 
 
 def parse_api_paths(texts: tuple[str, ...] | list[str]) -> ApiPolicy:
@@ -117,6 +122,8 @@ def parse_api_paths(texts: tuple[str, ...] | list[str]) -> ApiPolicy:
     allowed = set(CLAUDE_CODE_API_PATHS)
     for text in texts:
         words = text.split()
+        if not words:
+            raise ConfigError(f"--allow-api-path {text!r}: expected /path or 'METHOD /path'")
         methods, path = (("GET", "POST"), words[0]) if len(words) == 1 else ((words[0].upper(),), words[-1])
         if len(words) > 2 or not path.startswith("/") or "?" in path:
             raise ConfigError(f"--allow-api-path {text!r}: expected /path or 'METHOD /path', no query")

@@ -123,7 +123,8 @@ def parse_ipv4_literal(text: str) -> ipaddress.IPv4Address | None:
 
 def parse_ip_literal(text: str) -> IPAddress | None:
     """An IP address written as a host (IPv6 with or without brackets), or None if ``text`` is a name."""
-    if text.startswith("[") and text.endswith("]"):
+    bracketed = text.startswith("[") and text.endswith("]")
+    if bracketed:
         text = text[1:-1]
     if ":" in text:
         if "%" in text:
@@ -132,5 +133,5 @@ def parse_ip_literal(text: str) -> IPAddress | None:
             return ipaddress.IPv6Address(text)
         except ValueError:
             return None
-    return parse_ipv4_literal(text)
+    return None if bracketed else parse_ipv4_literal(text)
 

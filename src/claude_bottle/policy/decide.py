@@ -56,7 +56,7 @@ CLAUDE_CODE_API_PATHS: frozenset[tuple[str, str]] = frozenset({
 
 # Origin-form paths only, no dot segments, no encoded '/', '.', '\' or '%' that an upstream could decode
 # into a different path than the one we decided on.
-_CANONICAL_PATH = re.compile(r"/(?:[A-Za-z0-9\-_~!$&'()*+,;=:@]+/?)*")
+_CANONICAL_PATH = re.compile(r"/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]+/?)*")
 
 
 @dataclass(frozen=True)
@@ -65,11 +65,15 @@ class ApiPolicy:
 
     allowed: frozenset[tuple[str, str]] = CLAUDE_CODE_API_PATHS
 
+    @staticmethod
+    def canonical(path: str) -> bool:
+        return bool(_CANONICAL_PATH.fullmatch(path)) and not any(s in (".", "..") for s in path.split("/"))
+
     def decide(self, method: str, target: str) -> Decision:
         if method in ("TRACE", "CONNECT"):
             return Decision(False, f"{method} is not allowed on the API listener", 405)
         path = target.split("?", 1)[0]
-        if not _CANONICAL_PATH.fullmatch(path) or any(seg in (".", "..") for seg in path.split("/")):
+        if not self.canonical(path):
             return Decision(False, "request path is not in canonical form", 400)
         if (method, path) in self.allowed:
             return Decision(True, f"{method} {path} is an allowed API path")

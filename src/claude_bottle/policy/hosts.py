@@ -59,10 +59,15 @@ def normalize_host(raw: str) -> tuple[str, IPAddress | None]:
     if not text:
         raise InvalidHost("empty host")
     try:
-        name = idna.encode(text, uts46=True, std3_rules=False).decode("ascii")
-    except idna.IDNAError as exc:
+        if text.isascii():
+            # ASCII needs no IDNA mapping (which would refuse the '_' some hosts use); punycode must decode.
+            name = text.lower()
+            if any(label.startswith("xn--") for label in name.split(".")):
+                idna.decode(name)
+        else:
+            name = idna.encode(text, uts46=True, std3_rules=False).decode("ascii")
+    except (idna.IDNAError, UnicodeError) as exc:
         raise InvalidHost(f"{raw!r} is not a valid host name ({exc})") from None
-    name = name.lower()
     labels = name.split(".")
     if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
         raise InvalidHost(f"{raw!r} is not a valid host name")
@@ -73,7 +78,7 @@ def normalize_host(raw: str) -> tuple[str, IPAddress | None]:
 
 
 def parse_port(text: str, what: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
         raise InvalidHost(f"{what} port {text!r} is not a number from 1 to 65535")
     return int(text)
 

@@ -1,0 +1,170 @@
+"""The audit log: one JSON line per record, fixed fields, and no secret ever written."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+
+from claude_bottle.gate.audit import REDACTED, AuditLog, AuditRecord
+
+SECRET = "sk-ant-oat01-Qw3rTy_uIoP-aSdFgHjKl0123456789"
+FIELDS = ["time", "listener", "client", "method", "target", "decision", "reason", "status", "bytes_up",
+          "bytes_down", "duration_ms"]
+FIELDS_WITH_PATH = [*FIELDS[:8], "path", *FIELDS[8:]]
+TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def _lines(stream: io.StringIO) -> list[dict[str, object]]:
+    text = stream.getvalue()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _record(**changes: object) -> AuditRecord:
+    record = AuditRecord("proxy", "127.0.0.1:50000", "CONNECT", "example.com:443")
+    for name, value in changes.items():
+        setattr(record, name, value)
+    return record
+
+
+def test_one_line_with_fixed_fields() -> None:
+    stream = io.StringIO()
+    record = _record(bytes_up=10, bytes_down=20)
+    record.allow("example.com:443 matches allow pattern example.com")
+    record.status = 200
+    AuditLog(stream).write(record)
+    assert stream.getvalue().count("\n") == 1
+    [entry] = _lines(stream)
+    assert list(entry) == FIELDS
+    assert TIME.fullmatch(str(entry["time"]))
+    assert {k: v for k, v in entry.items() if k not in ("time", "duration_ms")} == {
+        "listener": "proxy",
+        "client": "127.0.0.1:50000",
+        "method": "CONNECT",
+        "target": "example.com:443",
+        "decision": "allow",
+        "reason": "example.com:443 matches allow pattern example.com",
+        "status": 200,
+        "bytes_up": 10,
+        "bytes_down": 20,
+    }
+    assert isinstance(entry["duration_ms"], float)
+    assert 0 <= entry["duration_ms"] < 60_000
+
+
+def test_path_only_when_set() -> None:
+    stream = io.StringIO()
+    log = AuditLog(stream)
+    log.write(_record(listener="api", method="POST", target="api.anthropic.com:443", path="/v1/messages"))
+    log.write(_record())
+    with_path, without_path = _lines(stream)
+    assert list(with_path) == FIELDS_WITH_PATH
+    assert with_path["path"] == "/v1/messages"
+    assert list(without_path) == FIELDS
+    assert "path" not in without_path
+
+
+def test_defaults_are_deny_with_status_zero() -> None:
+    stream = io.StringIO()
+    AuditLog(stream).write(_record())
+    [entry] = _lines(stream)
+    assert (entry["decision"], entry["reason"], entry["status"], entry["bytes_up"], entry["bytes_down"]) == (
+        "deny", "", 0, 0, 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("started", "time"),
+    [(0.5, "1970-01-01T00:00:00.500Z"), (1_700_000_000.25, "2023-11-14T22:13:20.250Z"),
+     (86_400.0, "1970-01-02T00:00:00.000Z")],
+    ids=["epoch", "2023", "day"],
+)
+def test_time_format(started: float, time: str) -> None:
+    stream = io.StringIO()
+    AuditLog(stream).write(_record(started=started))
+    [entry] = _lines(stream)
+    assert entry["time"] == time
+    assert entry["duration_ms"] > 0
+
+
+def test_lines_accumulate_one_per_record() -> None:
+    stream = io.StringIO()
+    log = AuditLog(stream)
+    for i in range(5):
+        log.write(_record(status=i))
+    entries = _lines(stream)
+    assert [e["status"] for e in entries] == [0, 1, 2, 3, 4]
+
+
+def test_reason_with_newline_stays_one_line() -> None:
+    stream = io.StringIO()
+    AuditLog(stream).write(_record(reason="line one\nline two\r\n", target="évil.example:443"))
+    assert stream.getvalue().count("\n") == 1
+    [entry] = _lines(stream)
+    assert entry["reason"] == "line one\nline two\r\n"
+    assert entry["target"] == "évil.example:443"
+
+
+REDACT_CASES = [
+    ("reason", f"upstream said {SECRET} back", f"upstream said {REDACTED} back"),
+    ("reason", f"{SECRET}{SECRET}", REDACTED * 2),
+    ("target", f"{SECRET}.example.com:443", f"{REDACTED}.example.com:443"),
+    ("path", f"/v1/messages/{SECRET}", f"/v1/messages/{REDACTED}"),
+    ("client", f"{SECRET}:1", f"{REDACTED}:1"),
+    ("method", SECRET, REDACTED),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), REDACT_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(REDACT_CASES)])
+def test_secret_redacted_everywhere(name: str, value: str, expected: str) -> None:
+    stream = io.StringIO()
+    AuditLog(stream, secrets=(SECRET,)).write(_record(**{name: value}))
+    assert SECRET not in stream.getvalue()
+    [entry] = _lines(stream)
+    assert entry[name] == expected
+
+
+def test_every_secret_redacted() -> None:
+    other = "sk-ant-api03-" + "x" * 30
+    stream = io.StringIO()
+    AuditLog(stream, secrets=(SECRET, other)).write(_record(reason=f"{other} and {SECRET}"))
+    [entry] = _lines(stream)
+    assert entry["reason"] == f"{REDACTED} and {REDACTED}"
+
+
+def test_empty_secret_is_ignored() -> None:
+    stream = io.StringIO()
+    AuditLog(stream, secrets=("",)).write(_record(reason="plain"))
+    [entry] = _lines(stream)
+    assert entry["reason"] == "plain"
+    assert REDACTED not in stream.getvalue()
+
+
+def test_no_stream_writes_nothing() -> None:
+    AuditLog(None, secrets=(SECRET,)).write(_record(reason=SECRET))  # must not raise
+
+
+def test_allow_and_deny() -> None:
+    record = _record()
+    record.allow("ok")
+    assert (record.decision, record.reason, record.status) == ("allow", "ok", 0)
+    record.deny("no", 403)
+    assert (record.decision, record.reason, record.status) == ("deny", "no", 403)
+
+
+@pytest.mark.parametrize(
+    ("status_before", "status_arg", "status_after"),
+    [(0, 502, 502), (200, 502, 200), (101, 504, 101)],
+    ids=["unsent-takes-new", "sent-200-kept", "sent-101-kept"],
+)
+def test_fail_keeps_sent_status(status_before: int, status_arg: int, status_after: int) -> None:
+    record = _record()
+    record.allow("example.com:443 matches allow pattern example.com")
+    record.status = status_before
+    record.fail("upstream reset the connection", status_arg)
+    assert record.decision == "error"
+    assert record.status == status_after
+    assert record.reason == "example.com:443 matches allow pattern example.com; then upstream reset the connection"
