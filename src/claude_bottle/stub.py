@@ -133,6 +133,11 @@ class StubUpstream:
         if (request.method, path) == ("POST", "/v1/messages/count_tokens"):
             await self._json(conn, 200, {"input_tokens": 12})
             return True
+        if (request.method, path) == ("GET", "/v1/models"):
+            await self._json(conn, 200, {"data": [{"type": "model", "id": "stub-model", "display_name": "Stub",
+                                                   "created_at": "2025-01-01T00:00:00Z"}],
+                                         "has_more": False, "first_id": "stub-model", "last_id": "stub-model"})
+            return True
         if (request.method, path) != ("POST", "/v1/messages"):
             await self._json(conn, 404, {"type": "error", "error": {"type": "not_found_error",
                                                                     "message": f"stub: no route {path}"}})

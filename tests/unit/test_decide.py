@@ -95,7 +95,8 @@ def test_decide_address(address: str, port: int, networks: tuple[str, ...], allo
 
 
 def test_default_api_paths() -> None:
-    assert frozenset({("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")}) == CLAUDE_CODE_API_PATHS
+    assert frozenset({("HEAD", "/"), ("GET", "/v1/models"), ("POST", "/v1/messages"),
+                      ("POST", "/v1/messages/count_tokens")}) == CLAUDE_CODE_API_PATHS
     assert ApiPolicy().allowed == CLAUDE_CODE_API_PATHS
 
 
@@ -113,10 +114,12 @@ API_CASES = [
     ("PUT", "/v1/messages/count_tokens", False, 405, ["method PUT is not allowed"]),
     ("post", "/v1/messages", False, 405, ["method post"]),
     ("POST", "/v1/other", False, 403, ["/v1/other is not an allowed API path", "--allow-api-path"]),
-    ("GET", "/v1/models", False, 403, ["/v1/models", "--allow-api-path"]),
+    ("GET", "/v1/models?limit=1000", True, None, ["GET /v1/models is an allowed API path"]),
+    ("HEAD", "/", True, None, ["HEAD / is an allowed API path"]),
+    ("GET", "/v1/organizations", False, 403, ["/v1/organizations", "--allow-api-path"]),
     ("POST", "/v1/messages/", False, 403, ["--allow-api-path"]),
     ("POST", "/V1/messages", False, 403, ["--allow-api-path"]),
-    ("POST", "/", False, 403, ["--allow-api-path"]),
+    ("POST", "/", False, 405, ["method POST is not allowed for /"]),
     ("POST", "/v1/messages;x", False, 403, ["--allow-api-path"]),
     ("POST", "/v1/messages/../x", False, 400, ["not in canonical form"]),
     ("POST", "/v1/messages/..", False, 400, ["not in canonical form"]),
@@ -152,16 +155,16 @@ def test_api_policy_decide(method: str, target: str, allow: bool, status: int | 
 
 def test_api_policy_exact_reasons() -> None:
     policy = ApiPolicy()
-    assert policy.decide("GET", "/v1/models") == Decision(
-        False, "/v1/models is not an allowed API path (add it with --allow-api-path)", 403
+    assert policy.decide("GET", "/v1/files") == Decision(
+        False, "/v1/files is not an allowed API path (add it with --allow-api-path)", 403
     )
     assert policy.decide("POST", "/v1/%2e%2e/x") == Decision(False, "request path is not in canonical form", 400)
 
 
 def test_api_policy_extra_path() -> None:
-    policy = ApiPolicy(CLAUDE_CODE_API_PATHS | {("GET", "/v1/models")})
-    assert policy.decide("GET", "/v1/models?limit=5").allow is True
-    assert policy.decide("POST", "/v1/models").status == 405
+    policy = ApiPolicy(CLAUDE_CODE_API_PATHS | {("GET", "/v1/files")})
+    assert policy.decide("GET", "/v1/files?limit=5").allow is True
+    assert policy.decide("POST", "/v1/files").status == 405
     assert policy.decide("POST", "/v1/messages").allow is True
 
 

@@ -48,8 +48,11 @@ class EgressPolicy:
         return Decision(allowed, reason)
 
 
-# The paths Claude Code calls on ANTHROPIC_BASE_URL (measured with the real binary; see docs/gate.md).
+# The paths Claude Code 2.1.126 calls on ANTHROPIC_BASE_URL, measured with the real binary (docs/gate.md):
+# a HEAD / reachability probe, the model list (API-key mode), messages and token counting.
 CLAUDE_CODE_API_PATHS: frozenset[tuple[str, str]] = frozenset({
+    ("HEAD", "/"),
+    ("GET", "/v1/models"),
     ("POST", "/v1/messages"),
     ("POST", "/v1/messages/count_tokens"),
 })
