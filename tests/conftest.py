@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,6 +71,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         upstream: str | None = None,
         resolver: Resolver | None = None,
         api_paths: tuple[str, ...] = (),
+        extra_ca: tuple[str, ...] = (),
         api_port: int = 0,
         proxy_port: int = 0,
         **limits: float,
@@ -83,6 +85,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             allowlist=gc.parse_allowlist(allow),
             allow_private=gc.parse_networks(allow_private),
             api_policy=gc.parse_api_paths(api_paths),
+            extra_ca_files=tuple(Path(p) for p in extra_ca),
             limits=replace(gc.Limits(header_timeout=5, idle_timeout=5, connect_timeout=2, drain_seconds=2),
                            **limits),
         )

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -86,12 +87,13 @@ class StubUpstream:
     host: str = "127.0.0.1"
     port: int = 0
     text: str = DEFAULT_TEXT
+    tls: ssl.SSLContext | None = None  # serve HTTPS with this server context
     requests: list[RecordedRequest] = field(default_factory=list)
     _server: asyncio.Server | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -106,7 +108,7 @@ class StubUpstream:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
+from pathlib import Path
 
 import pytest
+import trustme
 
 from claude_bottle.stub import StubUpstream
 from tests.conftest import GateFactory
@@ -282,3 +285,24 @@ async def test_response_read_after_body_is_complete(make_gate: GateFactory) -> N
         writer.close()
         await read_all(reader, 0.1)
     assert status == 200
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+async def test_https_upstream_is_verified_against_system_and_extra_cas(
+    make_gate: GateFactory, tmp_path: Path, trusted: bool
+) -> None:
+    """An upstream behind a private CA (corporate TLS inspection) works once --extra-ca names that CA."""
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_context)
+    ca_file = tmp_path / "corporate-ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    async with StubUpstream("localhost", tls=server_context) as tls_stub, make_gate(
+        upstream=tls_stub.url, extra_ca=(str(ca_file),) if trusted else ()
+    ) as gate:
+        status, headers = parse_head(await exchange(gate.api, messages_request({"model": "m"}), 3))
+    if trusted:
+        assert status == 200 and tls_stub.requests[0].header("authorization") == [f"Bearer {gate.token}"]
+    else:
+        assert status == 502 and "TLS" in headers["x-deny-reason"]
+        assert tls_stub.requests == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import TypeVar
 
 import httpcore
 
@@ -11,6 +12,7 @@ from claude_bottle.gate.resolver import ResolveError
 from claude_bottle.gate.scan import SecretReflected
 from claude_bottle.policy.addresses import IPAddress
 
+E = TypeVar("E", bound=BaseException)
 STREAM_LIMIT = 256 * 1024  # asyncio stream buffer: larger reads, fewer wake-ups on tunnels
 
 
@@ -37,11 +39,23 @@ def translate(exc: BaseException) -> UpstreamError:
         return UpstreamError(502, f"DNS failure: {exc}")
     if isinstance(exc, SecretReflected):
         return UpstreamError(502, "upstream response carried the injected credential; not delivered")
+    tls = _cause(exc, ssl.SSLError)  # httpcore wraps it in ConnectError, sometimes twice
+    if tls is not None:
+        hint = " (a private CA? see --extra-ca)" if isinstance(tls, ssl.SSLCertVerificationError) else ""
+        return UpstreamError(502, f"TLS failure with upstream: {tls.reason or tls}{hint}")
     if isinstance(exc, httpcore.ConnectError | ConnectionRefusedError):
         return UpstreamError(502, f"cannot connect to upstream: {exc or type(exc).__name__}")
-    if isinstance(exc, ssl.SSLError):
-        return UpstreamError(502, f"TLS failure with upstream: {exc.reason or exc}")
     return UpstreamError(502, f"upstream connection failed: {type(exc).__name__} {exc}".strip())
+
+
+def _cause(exc: BaseException, kind: type[E]) -> E | None:
+    """``exc`` or the first exception of type ``kind`` it was raised from."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def api_pool(ssl_context: ssl.SSLContext, max_connections: int) -> httpcore.AsyncConnectionPool:
