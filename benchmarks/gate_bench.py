@@ -132,7 +132,7 @@ def machine_info() -> dict[str, Any]:
             if line.startswith("MemTotal:"):
                 ram_gb = round(int(line.split()[1]) * 1024 / 1e9, 1)
     versions = {}
-    for mod in ("h11", "httpcore"):
+    for mod in ("h11",):
         with contextlib.suppress(Exception):
             from importlib.metadata import version
 
@@ -826,8 +826,7 @@ def write_results(doc: dict[str, Any]) -> None:
         f"Date: {m['date']}  ",
         f"Command: `{doc['command']}`{' (quick)' if doc['quick'] else ''}  ",
         f"Machine: {m['cpu_model']}, {m['cores']} cores ({m['cores_usable']} usable), {m['ram_gb']} GB RAM, "
-        f"{m['kernel']}, {m['python']}, h11 {m['libraries'].get('h11', '?')}, httpcore "
-        f"{m['libraries'].get('httpcore', '?')}, commit {m['commit'] or '?'}"
+        f"{m['kernel']}, {m['python']}, h11 {m['libraries'].get('h11', '?')}, commit {m['commit'] or '?'}"
         f"{' + uncommitted changes in src' if m['src_modified_since_commit'] else ''}  ",
         f"Load average (1 min) at start: {m['loadavg_at_start']:.2f}  ",
         f"Status: {'complete' if doc['complete'] else 'INCOMPLETE: ' + str(doc.get('error'))}  ",

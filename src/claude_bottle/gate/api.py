@@ -6,45 +6,35 @@ ways; a response that would carry the credential back is never delivered.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
-
 import h11
-import httpcore
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.http import Headers, HttpConnection, end_to_end, header_values
 from claude_bottle.gate.scan import SecretReflected, SecretScanner
-from claude_bottle.gate.upstream import UpstreamError, translate
+from claude_bottle.gate.upstream import UpstreamError, from_upstream, translate
 
 # Every way a client can present a credential. Names arrive lower-cased from h11, once per occurrence.
 CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie"})
-# Replaced by the gate: the upstream's own Host, and identity encoding so the reflection scan sees plain bytes.
-GATE_SET_HEADERS = frozenset({b"host", b"accept-encoding"})
+# Replaced by the gate: the upstream's own Host, identity encoding so the reflection scan sees plain bytes,
+# and Expect, since the gate streams the body anyway.
+GATE_SET_HEADERS = frozenset({b"host", b"accept-encoding", b"expect"})
 
 
-def upstream_request_headers(client_headers: Iterable[tuple[bytes, bytes]], ctx: GateContext) -> Headers:
+def upstream_request_headers(request: h11.Request, ctx: GateContext) -> Headers:
     kept = [
-        (n, v) for n, v in end_to_end(client_headers)
+        (n, v) for n, v in end_to_end(request.headers)
         if n.lower() not in CLIENT_CREDENTIAL_HEADERS and n.lower() not in GATE_SET_HEADERS
     ]
+    # Transfer-Encoding is hop-by-hop: a chunked client body is sent on chunked again.
+    framing = [(b"transfer-encoding", b"chunked")] if header_values(request.headers, b"transfer-encoding") else []
     return [
         (b"host", ctx.config.upstream.authority),
         *kept,
+        *framing,
         ctx.config.credential.header(),
         (b"accept-encoding", b"identity"),
     ]
-
-
-def _has_body(request: h11.Request) -> bool:
-    lengths = header_values(request.headers, b"content-length")
-    return bool(header_values(request.headers, b"transfer-encoding")) or (bool(lengths) and lengths[0] != b"0")
-
-
-async def _counted(body: AsyncIterator[bytes], record: AuditRecord) -> AsyncIterator[bytes]:
-    async for chunk in body:
-        record.bytes_up += len(chunk)
-        yield chunk
 
 
 async def api_exchange(conn: HttpConnection, request: h11.Request, record: AuditRecord, ctx: GateContext) -> None:
@@ -62,37 +52,55 @@ async def api_exchange(conn: HttpConnection, request: h11.Request, record: Audit
         return
     record.allow(decision.reason)
 
-    url = httpcore.URL(scheme=upstream.scheme.encode(), host=upstream.host.encode(), port=upstream.port,
-                       target=(upstream.base_path + target).encode())
-    timeouts = {"connect": limits.connect_timeout, "pool": limits.connect_timeout,
-                "read": limits.idle_timeout, "write": limits.idle_timeout}
-    secret = ctx.config.credential.secret.encode()
+    origin: HttpConnection | None = None
     try:
-        async with ctx.api_pool.stream(
-            method.encode(), url,
-            headers=upstream_request_headers(request.headers, ctx),
-            content=_counted(conn.body(limits.idle_timeout), record) if _has_body(request) else None,
-            extensions={"timeout": timeouts},
-        ) as response:
-            if any(secret in value for _, value in response.headers):
-                raise SecretReflected("credential in a response header")
-            encodings = {v.strip().lower() for v in header_values(response.headers, b"content-encoding")}
-            if encodings - {b"identity", b""}:
-                raise UpstreamError(502, "upstream sent an encoded body although the gate asked for identity")
-            await conn.send(h11.Response(status_code=response.status, headers=end_to_end(response.headers)))
-            record.status = response.status
-            scanner = SecretScanner(secret)
-            async for chunk in response.aiter_stream():
-                safe = scanner.feed(chunk)
-                record.bytes_down += len(safe)
-                if safe:
-                    await conn.send(h11.Data(data=safe))
-            if tail := scanner.finish():
-                record.bytes_down += len(tail)
-                await conn.send(h11.Data(data=tail))
-            await conn.send(h11.EndOfMessage())
-    except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError, UpstreamError,
-            SecretReflected, OSError) as exc:
+        origin = await ctx.api_pool.acquire()
+        await _relay(conn, origin, request, (upstream.base_path + target).encode(), record, ctx)
+    except (UpstreamError, SecretReflected, OSError, TimeoutError) as exc:
         failure = translate(exc)
         record.fail(failure.reason, failure.status)
         await conn.fail(failure.status, failure.reason)
+    finally:
+        if origin is not None:
+            ctx.api_pool.release(origin)
+
+
+async def _relay(
+    conn: HttpConnection, origin: HttpConnection, request: h11.Request, target: bytes, record: AuditRecord,
+    ctx: GateContext,
+) -> None:
+    """One exchange: the request and its body up as they arrive, the response down chunk by chunk."""
+    idle = ctx.config.limits.idle_timeout
+    await from_upstream(origin.send(h11.Request(method=request.method, target=target,
+                                                headers=upstream_request_headers(request, ctx))))
+    async for chunk in conn.body(idle):
+        record.bytes_up += len(chunk)
+        await from_upstream(origin.send(h11.Data(data=chunk)))
+    await from_upstream(origin.send(h11.EndOfMessage()))
+
+    response = await from_upstream(origin.next_event(idle))
+    while isinstance(response, h11.InformationalResponse):  # 100 Continue and the like are hop-by-hop
+        response = await from_upstream(origin.next_event(idle))
+    if not isinstance(response, h11.Response):
+        raise UpstreamError(502, "upstream closed without a response")
+    secret = ctx.config.credential.secret.encode()
+    if any(secret in value for _, value in response.headers):
+        raise SecretReflected("credential in a response header")
+    encodings = {v.strip().lower() for v in header_values(response.headers, b"content-encoding")}
+    if encodings - {b"identity", b""}:
+        raise UpstreamError(502, "upstream sent an encoded body although the gate asked for identity")
+
+    await conn.send(h11.Response(status_code=response.status_code, headers=end_to_end(response.headers),
+                                 reason=response.reason))
+    record.status = response.status_code
+    scanner = SecretScanner(secret)
+    while isinstance(event := await from_upstream(origin.next_event(idle)), h11.Data):
+        if safe := scanner.feed(bytes(event.data)):
+            record.bytes_down += len(safe)
+            await conn.send(h11.Data(data=safe))
+    if not isinstance(event, h11.EndOfMessage):
+        raise UpstreamError(502, "upstream closed in the middle of the response")
+    if tail := scanner.finish():
+        record.bytes_down += len(tail)
+        await conn.send(h11.Data(data=tail))
+    await conn.send(h11.EndOfMessage())

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import httpcore
-
 from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.config import GateConfig
 from claude_bottle.gate.resolver import Resolver
+from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.decide import EgressPolicy
 
 
@@ -18,5 +17,5 @@ class GateContext:
     audit: AuditLog
     resolver: Resolver
     egress: EgressPolicy
-    api_pool: httpcore.AsyncConnectionPool
+    api_pool: UpstreamPool
     active_tunnels: int = 0

@@ -98,8 +98,10 @@ class HttpConnection:
             try:
                 async with asyncio.timeout(timeout):
                     data = await self.reader.read(READ_SIZE)
-            except (ConnectionError, OSError) as exc:
-                raise ClientGone(str(exc)) from None
+            except TimeoutError:
+                raise  # an OSError too, but the caller must tell a silent peer from a vanished one
+            except OSError as exc:
+                raise ClientGone(str(exc) or type(exc).__name__) from None
             if self.h11.their_state in (h11.IDLE, h11.SEND_RESPONSE) and data:
                 self._head = (self._head + data)[: self._max_header_bytes + 4]
             self.h11.receive_data(data)
@@ -167,7 +169,7 @@ class HttpConnection:
         head = [
             (b"content-type", b"text/plain; charset=utf-8"),
             (b"content-length", str(len(body)).encode()),
-            (b"x-deny-reason", "".join(c if " " <= c <= "~" else "?" for c in reason).encode()),
+            (b"x-deny-reason", "".join(c if " " <= c <= "~" else "?" for c in reason).strip().encode()),
             *(headers or []),
         ]
         await self.send(h11.Response(status_code=status, headers=head))

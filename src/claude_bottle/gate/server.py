@@ -25,7 +25,7 @@ from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.http import ClientGone, ClientProtocolError, HttpConnection
 from claude_bottle.gate.proxy import proxy_exchange
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
-from claude_bottle.gate.upstream import STREAM_LIMIT, api_pool
+from claude_bottle.gate.upstream import STREAM_LIMIT, UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
 from claude_bottle.policy.decide import EgressPolicy
 
@@ -57,13 +57,14 @@ class Gate:
         await self.stop(self.config.limits.drain_seconds)
 
     async def start(self) -> None:
-        limits = self.config.limits
+        limits, upstream = self.config.limits, self.config.upstream
         self._ctx = GateContext(
             config=self.config,
             audit=self.audit,
             resolver=self.resolver,
             egress=EgressPolicy(self.config.allowlist, self.config.guard, frozenset({self.config.upstream.host})),
-            api_pool=api_pool(self.config.ssl_context(), max_connections=max(limits.max_tunnels, 1024)),
+            api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
+                                  limits.connect_timeout),
         )
         try:
             for endpoint, listener in ((self.config.api_listen, "api"), (self.config.proxy_listen, "proxy")):
