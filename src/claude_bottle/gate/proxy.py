@@ -8,18 +8,16 @@ credential is ever added to this traffic.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
 from urllib.parse import urlsplit
 
 import h11
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.http import ClientGone, ClientProtocolError, HttpConnection, end_to_end
+from claude_bottle.gate.http import ClientProtocolError, HttpConnection, end_to_end
 from claude_bottle.gate.resolver import ResolveError
-from claude_bottle.gate.tunnel import Traffic, relay
-from claude_bottle.gate.upstream import UpstreamError, dial, translate
+from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
+from claude_bottle.gate.upstream import UpstreamError, dial, from_upstream, translate
 from claude_bottle.policy.addresses import IPAddress
 from claude_bottle.policy.hosts import (
     InvalidHost,
@@ -29,8 +27,6 @@ from claude_bottle.policy.hosts import (
     parse_port,
     split_host_port,
 )
-
-T = TypeVar("T")
 
 
 def parse_proxy_target(method: str, target: str) -> tuple[Target, str]:
@@ -130,9 +126,9 @@ async def _tunnel(
             traffic.up += len(early)
         try:
             await relay((conn.reader, conn.writer), upstream, traffic, ctx.config.limits.idle_timeout)
-        except* TimeoutError:  # before OSError, of which it is a subclass
+        except TunnelIdle:
             record.reason += "; closed idle tunnel"
-        except* OSError:
+        except OSError:
             pass  # a reset on either side ends the tunnel
         finally:
             record.bytes_up, record.bytes_down = traffic.up, traffic.down
@@ -157,17 +153,17 @@ async def _forward(
                *[(n, v) for n, v in end_to_end(request.headers) if n.lower() != b"host"],
                (b"connection", b"close")]
     try:
-        await _from_origin(origin.send(h11.Request(method=request.method, target=path.encode(), headers=headers)))
+        await from_upstream(origin.send(h11.Request(method=request.method, target=path.encode(), headers=headers)))
         async for chunk in conn.body(idle):
             record.bytes_up += len(chunk)
-            await _from_origin(origin.send(h11.Data(data=chunk)))
-        await _from_origin(origin.send(h11.EndOfMessage()))
-        response = await _from_origin(origin.next_event(idle))
+            await from_upstream(origin.send(h11.Data(data=chunk)))
+        await from_upstream(origin.send(h11.EndOfMessage()))
+        response = await from_upstream(origin.next_event(idle))
         if not isinstance(response, h11.Response):
             raise UpstreamError(502, "upstream closed without a response")
         await conn.send(h11.Response(status_code=response.status_code, headers=end_to_end(response.headers)))
         record.status = response.status_code
-        while isinstance(event := await _from_origin(origin.next_event(idle)), h11.Data):
+        while isinstance(event := await from_upstream(origin.next_event(idle)), h11.Data):
             record.bytes_down += len(event.data)
             await conn.send(h11.Data(data=event.data))
         if not isinstance(event, h11.EndOfMessage):
@@ -176,10 +172,3 @@ async def _forward(
     finally:
         await origin.close()
 
-
-async def _from_origin(step: Awaitable[T]) -> T:
-    """Run one step on the origin connection; its protocol errors are the upstream's fault, not the client's."""
-    try:
-        return await step
-    except (ClientProtocolError, ClientGone) as exc:
-        raise UpstreamError(502, f"upstream broke HTTP/1.1: {exc}") from None

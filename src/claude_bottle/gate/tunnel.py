@@ -1,12 +1,24 @@
-"""Relay bytes both ways between two streams until both sides are done or the pair goes idle."""
+"""Relay bytes both ways between two connections until both sides are done or the pair goes idle.
+
+A CONNECT tunnel carries whole downloads and uploads, so this is the gate's hottest loop. Pumping through
+StreamReader.read() / StreamWriter.write() / drain() costs a task wake-up and two extra copies per chunk
+(into the reader's buffer, out of it again) and kept one core busy at well under half of loopback speed.
+Instead, for the tunnel's lifetime each transport gets a ``_Side`` protocol: the transport receives straight
+into a buffer (recv_into) and the side hands those bytes to the other transport's write() in the same
+callback. No task runs per chunk; ``relay`` just waits for the outcome and watches for idleness. Reads are
+large (1 MiB) because per-chunk overhead (wake-ups, system calls, Python calls) dominates what is left.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 
-READ_SIZE = 256 * 1024
+READ_SIZE = 1024 * 1024  # one recv_into: 1 MiB measured ~25% faster than 256 KiB on loopback
+HIGH_WATER = 256 * 1024  # stop reading a side while the other side has more than this queued to send
+LOW_WATER = 64 * 1024  # and read it again once the queue is down to this
 
 
 @dataclass
@@ -20,29 +32,114 @@ class TunnelIdle(TimeoutError):
     pass
 
 
-async def _pump(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, traffic: Traffic, upward: bool
-) -> None:
-    while data := await reader.read(READ_SIZE):
-        writer.write(data)
-        if upward:
-            traffic.up += len(data)
+class _Scratch(threading.local):
+    """The receive buffer, one per thread (so per event loop), shared by every side of every tunnel: a
+    transport fills it and calls buffer_updated(), which hands the bytes on before anything else runs. So
+    one buffer serves all, and an idle tunnel holds none."""
+
+    view: memoryview | None = None
+
+
+_scratch = _Scratch()
+
+
+class _Side(asyncio.BufferedProtocol):
+    """Installed on one transport while the tunnel lasts: what it receives is written to the peer's."""
+
+    def __init__(self, transport: asyncio.Transport, traffic: Traffic, upward: bool,
+                 outcome: asyncio.Future[None]) -> None:
+        self.transport = transport
+        self.original = transport.get_protocol()  # the stream's protocol: told when the connection goes
+        self.traffic = traffic
+        self.upward = upward  # client -> upstream
+        self.outcome = outcome  # shared by both sides: done when both reached EOF, or failed
+        self.peer = self
+        self.held = False  # reading paused: the peer has too much queued to send
+        self.ended = False  # this side sent EOF, and it was passed on
+
+    def install(self) -> None:
+        # Quiet until relay() has handed on what the stream already buffered, so that goes out first.
+        self.transport.pause_reading()
+        self.transport.set_protocol(self)
+        self.transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
+
+    def start(self) -> None:
+        if not self.held:
+            # Resuming re-arms the read callback even if the stream had already seen EOF (which made the
+            # transport stop polling): a socket past EOF reads as EOF again, and eof_received() hears it.
+            self.transport.resume_reading()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if _scratch.view is None:
+            _scratch.view = memoryview(bytearray(READ_SIZE))
+        return _scratch.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        view = _scratch.view
+        assert view is not None  # get_buffer() just returned it
+        if self.peer.transport.get_write_buffer_size():
+            # Behind a queue write() only appends, and may append a view of the buffer rather than a copy
+            # (3.12+ does): hand it a copy of just these bytes, so the buffer stays free for the next read
+            # and a slow peer pins no more memory than what it has not taken yet.
+            self.forward(bytes(view[:nbytes]))
+        elif self.forward(view[:nbytes]):
+            # Sent at once, but not all of it, and the rest may be queued as a view of the buffer: leave the
+            # buffer to the transport; the next read gets a new one.
+            _scratch.view = None
+
+    def forward(self, data: memoryview | bytes) -> bool:
+        """Write ``data`` to the peer; True if some of it is still queued there."""
+        out = self.peer.transport
+        out.write(data)
+        if self.upward:
+            self.traffic.up += len(data)
         else:
-            traffic.down += len(data)
-        traffic.last_activity = time.monotonic()
-        await writer.drain()
-    # Pass the half-close on: the other direction may still have bytes to deliver.
-    if writer.can_write_eof() and not writer.is_closing():
-        writer.write_eof()
+            self.traffic.down += len(data)
+        self.traffic.last_activity = time.monotonic()
+        queued = out.get_write_buffer_size()
+        if queued > HIGH_WATER:
+            # pause_writing() covers this too, except when the stream's protocol got it before the swap.
+            self.hold()
+        return queued > 0
+
+    def eof_received(self) -> bool:
+        if not self.ended:
+            self.ended = True
+            # Pass the half-close on (after what is still queued): the other direction may still have bytes.
+            out = self.peer.transport
+            if out.can_write_eof() and not out.is_closing():
+                out.write_eof()
+            if self.peer.ended and not self.outcome.done():
+                self.outcome.set_result(None)
+        return True  # keep the transport open for the other direction
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.original.connection_lost(exc)  # StreamWriter.wait_closed() waits for this
+        if not self.outcome.done():  # a reset, or closed under us: either way the tunnel is over
+            self.outcome.set_exception(exc or ConnectionResetError("connection lost"))
+
+    def hold(self) -> None:
+        if not self.held:
+            self.held = True
+            self.transport.pause_reading()
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.peer.hold()
+
+    def resume_writing(self) -> None:
+        self.peer.release()
 
 
-async def _watch(pumps: tuple[asyncio.Task[None], asyncio.Task[None]], traffic: Traffic, idle: float) -> None:
-    while True:
-        await asyncio.wait(pumps, timeout=min(idle, 5.0))
-        if all(p.done() for p in pumps):
-            return
-        if time.monotonic() - traffic.last_activity > idle:
-            raise TunnelIdle(f"no traffic for {idle:g}s")
+def _transport(writer: asyncio.StreamWriter) -> asyncio.Transport:
+    transport = writer.transport
+    if not isinstance(transport, asyncio.Transport):
+        raise TypeError(f"cannot relay over {type(transport).__name__}")
+    return transport
 
 
 async def relay(
@@ -51,8 +148,34 @@ async def relay(
     traffic: Traffic,
     idle_timeout: float,
 ) -> None:
-    """Run until both directions reach EOF. A reset or idle timeout on either side ends both."""
-    async with asyncio.TaskGroup() as tg:
-        up = tg.create_task(_pump(client[0], upstream[1], traffic, upward=True))
-        down = tg.create_task(_pump(upstream[0], client[1], traffic, upward=False))
-        tg.create_task(_watch((up, down), traffic, idle_timeout))
+    """Run until both directions reach EOF. A reset or idle timeout on either side ends both (TunnelIdle
+    for the timeout). Both transports are closed on the way out; the streams are not usable afterwards."""
+    outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    up = _Side(_transport(client[1]), traffic, True, outcome)
+    down = _Side(_transport(upstream[1]), traffic, False, outcome)
+    up.peer, down.peer = down, up
+    try:
+        up.install()
+        down.install()
+        for side, reader in ((up, client[0]), (down, upstream[0])):
+            # The stream may hold bytes already received (sent right after the CONNECT head, or by a server
+            # that speaks first). It gets nothing more now; with EOF fed, read() returns what it holds
+            # without waiting (or raises the error it saw), so these go out before anything newer.
+            reader.feed_eof()
+            if early := await reader.read():
+                side.forward(early)
+        for side in (up, down):
+            if side.transport.is_closing():  # lost before the swap: its connection_lost went to the stream
+                raise ConnectionResetError("connection lost")
+            side.start()
+        while not outcome.done():
+            left = traffic.last_activity + idle_timeout - time.monotonic()
+            if left <= 0:
+                raise TunnelIdle(f"no traffic for {idle_timeout:g}s")
+            await asyncio.wait((outcome,), timeout=left)
+        outcome.result()
+    finally:
+        if not outcome.done():
+            outcome.cancel()  # so a late connection_lost() leaves no unretrieved exception behind
+        up.transport.close()
+        down.transport.close()
