@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
 import sys
 import traceback
 from collections.abc import Iterator
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import click
 
 from claude_bottle import __version__
 from claude_bottle.credentials import read_token_file
 from claude_bottle.errors import EXIT_FAILURE, BottleError, ConfigError
+
+if TYPE_CHECKING:  # the gate image runs this module without the Docker SDK: import the bottle side lazily
+    from claude_bottle.launch import Launch
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -105,7 +110,8 @@ def gate(
 @cli.command("stub-upstream", context_settings=CONTEXT)
 @click.option("--listen", default="127.0.0.1:0", show_default=True, metavar="HOST:PORT")
 @click.option("--text", default=None, help="The answer text.")
-def stub_upstream(listen: str, text: str | None) -> None:
+@click.option("--log", is_flag=True, help="Print each request (with its headers) as a JSON line.")
+def stub_upstream(listen: str, text: str | None, log: bool) -> None:
     """Serve a stand-in for the Anthropic Messages API (for tests, benchmarks and verify).
 
     It answers /v1/messages with a fixed text, streaming or not, and spends no tokens.
@@ -115,7 +121,215 @@ def stub_upstream(listen: str, text: str | None) -> None:
 
     endpoint = parse_listen(listen, "--listen")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(endpoint.host, endpoint.port, text or DEFAULT_TEXT))
+        asyncio.run(serve(endpoint.host, endpoint.port, text or DEFAULT_TEXT, log))
+
+
+# ---- the bottle -------------------------------------------------------------------------------------------
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _launch(agent_name: str | None, workspace: str | None, upstream: str | None,
+            upstream_network: tuple[str, ...]) -> Launch:
+    from claude_bottle import tokens
+    from claude_bottle.config import load_agent
+    from claude_bottle.gate.config import parse_upstream
+    from claude_bottle.launch import Launch, workspace_of
+
+    path = workspace_of(workspace)
+    agent = load_agent(agent_name, path)
+    if upstream is not None:
+        parse_upstream(upstream)
+    credential, _ = tokens.find()
+    return Launch(agent, path, credential, upstream, upstream_network)
+
+
+_agent_argument = click.argument("agent", required=False)
+_workspace_option = click.option("--workspace", metavar="DIR", help="Mount DIR at /workspace (default: here).")
+_upstream_option = click.option("--upstream", metavar="URL", default=None,
+                                help="Advanced: point the gate at another Anthropic-compatible API.")
+_upstream_network_option = click.option(
+    "--upstream-network", multiple=True, metavar="NETWORK", hidden=True,
+    help="Join the gate to this Docker network, to reach an upstream running there.")
+
+
+@cli.command(context_settings=CONTEXT)
+@_agent_argument
+@_workspace_option
+@_upstream_option
+@_upstream_network_option
+@click.option("--keep", is_flag=True, help="Keep the stopped containers and networks for inspection.")
+def start(agent: str | None, workspace: str | None, upstream: str | None, upstream_network: tuple[str, ...],
+          keep: bool) -> None:
+    """Start Claude Code interactively in a bottle, in this terminal.
+
+    AGENT names a config in the user's agents folder; without it the project's .claude-bottle.toml is used,
+    or the defaults. On exit or Ctrl-C everything of the run is removed (unless --keep).
+    """
+    from claude_bottle.launch import run_interactive
+
+    sys.exit(run_interactive(_launch(agent, workspace, upstream, upstream_network), _progress, keep))
+
+
+@cli.command(context_settings=CONTEXT)
+@_agent_argument
+@click.option("-p", "--prompt", required=True, help="The prompt for claude -p.")
+@_workspace_option
+@_upstream_option
+@_upstream_network_option
+def run(agent: str | None, prompt: str, workspace: str | None, upstream: str | None,
+        upstream_network: tuple[str, ...]) -> None:
+    """Run Claude Code headless (claude -p) in a bottle; prints its output and exits with its code."""
+    from claude_bottle.launch import run_headless
+
+    sys.exit(run_headless(_launch(agent, workspace, upstream, upstream_network), prompt, _progress))
+
+
+@cli.command(context_settings=CONTEXT)
+@_agent_argument
+@_workspace_option
+def build(agent: str | None, workspace: str | None) -> None:
+    """Build the bottle and gate images (only what changed), showing progress."""
+    from claude_bottle.config import load_agent
+    from claude_bottle.launch import build_images, workspace_of
+    from claude_bottle.runtime import engine
+
+    bottle, gate_image = build_images(engine.connect(), load_agent(agent, workspace_of(workspace)), _progress)
+    click.echo(f"bottle image: {bottle}\ngate image:   {gate_image}")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--stdin", "from_stdin", is_flag=True, help="Read the token from standard input.")
+def login(from_stdin: bool) -> None:
+    """Store your token (from `claude setup-token`, or an API key) in the OS keyring or a 0600 file."""
+    from claude_bottle import tokens
+    from claude_bottle.credentials import Credential
+
+    if from_stdin or not sys.stdin.isatty():
+        text = sys.stdin.read()
+    else:
+        text = click.prompt("Token (from `claude setup-token`)", hide_input=True)
+    where = tokens.store(Credential.parse(text, "the token given"))
+    click.echo(f"stored in {where}")
+
+
+@cli.command(context_settings=CONTEXT)
+def logout() -> None:
+    """Forget the stored token."""
+    from claude_bottle import tokens
+
+    removed = tokens.remove()
+    click.echo(f"removed from {', '.join(removed)}" if removed else "no stored token")
+
+
+@cli.command("ls", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
+def list_runs(as_json: bool) -> None:
+    """List running bottles."""
+    from claude_bottle.runtime import engine
+    from claude_bottle.runtime.bottle import runs
+
+    found = runs(engine.connect())
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+    elif not found:
+        click.echo("no bottles")
+    else:
+        click.echo(f"{'AGENT':16} {'RUN':24} {'STATUS':10} WORKSPACE")
+        for r in found:
+            click.echo(f"{r['agent']:16} {r['run']:24} {r['status']:10} {r['workspace']}")
+
+
+@cli.command(context_settings=CONTEXT)
+@_agent_argument
+@click.option("--all", "stop_all", is_flag=True, help="Stop every bottle.")
+def stop(agent: str | None, stop_all: bool) -> None:
+    """Stop bottles and remove their containers and networks (their Claude state volume stays)."""
+    from claude_bottle.runtime import engine
+    from claude_bottle.runtime.bottle import remove_run, runs
+
+    if not agent and not stop_all:
+        raise ConfigError("name an AGENT to stop, or pass --all")
+    client = engine.connect()
+    stopped = [r["run"] for r in runs(client) if stop_all or r["agent"] == agent]
+    for run_id in stopped:
+        remove_run(client, run_id)
+    click.echo(f"stopped {', '.join(stopped)}" if stopped else "nothing to stop")
+
+
+@cli.command(context_settings=CONTEXT)
+@_agent_argument
+@click.option("--egress", is_flag=True, help="Only the proxy's decisions (not the API route's).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new decisions.")
+@click.option("--json", "as_json", is_flag=True, help="The raw JSON audit lines.")
+def logs(agent: str | None, egress: bool, follow: bool, as_json: bool) -> None:
+    """Show the gate's decisions for a running bottle."""
+    from claude_bottle.runtime import engine
+    from claude_bottle.runtime.bottle import gate_of
+
+    for line in gate_of(engine.connect(), agent).logs(stdout=False, stderr=True, stream=True, follow=follow):
+        text = line.decode("utf-8", "replace").strip()
+        if not text.startswith("{"):
+            continue
+        record = json.loads(text)
+        if egress and record.get("listener") != "proxy":
+            continue
+        click.echo(text if as_json else
+                   f"{record['time']} {record['decision']:5} {record['status']:3} {record['method']:7} "
+                   f"{record['target']}{record.get('path', '')}  {record['reason']}")
+
+
+@cli.command("exec", context_settings=CONTEXT)
+@click.argument("agent", required=False)
+@click.argument("command", nargs=-1, required=True)
+def exec_(agent: str | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND inside a running bottle as the agent user: claude-bottle exec [AGENT] -- CMD..."""
+    from claude_bottle.launch import docker_cli
+    from claude_bottle.runtime import engine
+    from claude_bottle.runtime.bottle import bottle_of
+
+    bottle = bottle_of(engine.connect(), agent)
+    terminal = ["-it"] if sys.stdin.isatty() else ["-i"]
+    sys.exit(subprocess.call([docker_cli(), "exec", *terminal, "-u", "1000:1000", bottle.name, *command]))
+
+
+@cli.command(context_settings=CONTEXT)
+def doctor() -> None:
+    """Check the Docker engine, its DNS caveat, the token and the images."""
+    from claude_bottle import tokens
+    from claude_bottle.config import AgentConfig
+    from claude_bottle.launch import build_inputs
+    from claude_bottle.runtime import engine, images
+
+    problems = 0
+
+    def report(ok: bool, text: str) -> None:
+        nonlocal problems
+        problems += not ok
+        click.echo(f"{'ok ' if ok else 'NO '} {text}")
+
+    try:
+        client = engine.connect()
+        version = engine.version(client)
+        report(True, f"Docker engine {'.'.join(map(str, version))}")
+        report(True, "engine resolves no external names on internal networks" if version >= engine.DNS_FIXED_VERSION
+               else "engine older than 25.0.5 (CVE-2024-29018): bottles get a resolver that answers nothing, so "
+                    "this is covered, but upgrading is wise")
+    except BottleError as exc:
+        report(False, str(exc))
+        client = None
+    try:
+        _, source = tokens.find()
+        report(True, f"token found in {source}")
+    except BottleError as exc:
+        report(False, str(exc))
+    if client is not None:
+        inputs = build_inputs(AgentConfig())
+        for spec in (images.bottle_spec(inputs), images.gate_spec(inputs)):
+            built = images.image_exists(client, spec.tag)
+            report(built, f"{spec.name} image {spec.tag} {'built' if built else 'not built: run claude-bottle build'}")
+    sys.exit(1 if problems else 0)
 
 
 def main() -> None:

@@ -88,6 +88,7 @@ class StubUpstream:
     port: int = 0
     text: str = DEFAULT_TEXT
     tls: ssl.SSLContext | None = None  # serve HTTPS with this server context
+    log: bool = False  # print each request as a JSON line on stdout (when the stub runs in a container)
     requests: list[RecordedRequest] = field(default_factory=list)
     _server: asyncio.Server | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -121,6 +122,10 @@ class StubUpstream:
                 recorded = RecordedRequest(request.method.decode(), request.target.decode(),
                                            list(request.headers), body, conn.peer)
                 self.requests.append(recorded)
+                if self.log:
+                    print(json.dumps({"method": recorded.method, "target": recorded.target, "peer": recorded.peer,
+                                      "headers": [[n.decode(), v.decode()] for n, v in recorded.headers]}),
+                          flush=True)
                 if not await self._answer(conn, recorded) or not conn.can_reuse():
                     break
         except (ClientGone, ClientProtocolError, asyncio.CancelledError):
@@ -208,9 +213,9 @@ class StubUpstream:
         await conn.send(h11.EndOfMessage())
 
 
-async def serve(host: str, port: int, text: str = DEFAULT_TEXT) -> None:
+async def serve(host: str, port: int, text: str = DEFAULT_TEXT, log: bool = False) -> None:
     """Run a stub until cancelled (the ``stub-upstream`` command)."""
-    async with StubUpstream(host, port, text) as stub:
+    async with StubUpstream(host, port, text, log=log) as stub:
         print(f"stub upstream on {stub.url}", flush=True)
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.Event().wait()

@@ -1,0 +1,257 @@
+"""Agents: named TOML configs, parsed once into frozen, validated values.
+
+- ``<config dir>/agents/NAME.toml``: user-level agents (``claude-bottle start NAME``).
+- ``.claude-bottle.toml`` in the workspace: the project's default agent (``claude-bottle start``).
+- Neither: built-in defaults. Every error names the file, the key, what was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import platformdirs
+
+from claude_bottle.errors import ConfigError
+from claude_bottle.gate.config import DEFAULT_UPSTREAM, parse_upstream
+from claude_bottle.policy.addresses import parse_network
+from claude_bottle.policy.hosts import InvalidHost, parse_pattern
+from claude_bottle.runtime.bottle import Resources
+from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION
+
+CONFIG_VERSION = 1
+PROJECT_FILE = ".claude-bottle.toml"
+DEFAULT_AGENT = "default"
+PRESETS: dict[str, tuple[str, ...]] = {
+    "npm": ("registry.npmjs.org",),
+    "pypi": ("pypi.org", "files.pythonhosted.org"),
+    "github": ("github.com", "api.github.com", "codeload.github.com", "raw.githubusercontent.com",
+               "objects.githubusercontent.com"),
+}
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+_MEMORY = re.compile(r"\d+[kmg]?", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """A stdio server (``command``) runs inside the bottle; a remote one (``url``) is reached through the
+    gate, and its host joins the allowlist."""
+
+    name: str
+    command: tuple[str, ...] = ()
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    name: str = DEFAULT_AGENT
+    allow: tuple[str, ...] = ()
+    allow_private: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    resources: Resources = Resources()
+    claude_version: str = DEFAULT_CLAUDE_CODE_VERSION
+    claude_args: tuple[str, ...] = ()
+    model: str = ""
+    extra_ca_certificates: tuple[Path, ...] = ()
+    extra_packages: tuple[str, ...] = ()
+    mcp_servers: tuple[McpServer, ...] = ()
+    upstream: str = DEFAULT_UPSTREAM
+    sources: tuple[str, ...] = ()  # the files this came from, for messages
+
+    @property
+    def egress_allowlist(self) -> tuple[str, ...]:
+        """The allowlist the gate enforces: listed hosts plus the hosts of remote MCP servers."""
+        remote = tuple(urlsplit(s.url).netloc for s in self.mcp_servers if s.url)
+        return tuple(dict.fromkeys(self.allow + remote))
+
+
+def agents_dir() -> Path:
+    return Path(platformdirs.user_config_dir("claude-bottle")) / "agents"
+
+
+def known_agents() -> list[str]:
+    return sorted(p.stem for p in agents_dir().glob("*.toml"))
+
+
+def load_agent(name: str | None, workspace: Path) -> AgentConfig:
+    """The agent ``name`` (user-level), or with no name the project's file, else the defaults."""
+    if name is not None:
+        if not _NAME.fullmatch(name):
+            raise ConfigError(f"agent name {name!r}: use lower-case letters, digits, '-' and '_'")
+        path = agents_dir() / f"{name}.toml"
+        if not path.exists():
+            known = ", ".join(known_agents()) or "none yet"
+            raise ConfigError(f"no agent {name!r}: create {path} (agents: {known}); see docs/agents.md")
+        return parse_agent(name, _read(path), str(path))
+    project = workspace / PROJECT_FILE
+    if project.exists():
+        return parse_agent(DEFAULT_AGENT, _read(project), str(project))
+    return AgentConfig()
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+class _Fields:
+    """Typed access to one table, with errors naming the file and key."""
+
+    def __init__(self, data: dict[str, Any], source: str, prefix: str = "") -> None:
+        self.data, self.source, self.prefix = data, source, prefix
+
+    def fail(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {self.prefix}{key}: {problem}")
+
+    def check_keys(self, allowed: set[str]) -> None:
+        for key in self.data:
+            if key not in allowed:
+                raise self.fail(key, f"unknown key (known: {', '.join(sorted(allowed))})")
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        value = self.data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(key, 'must be a list of strings, like ["a", "b"]')
+        return tuple(value)
+
+    def string(self, key: str, default: str = "") -> str:
+        value = self.data.get(key, default)
+        if not isinstance(value, str):
+            raise self.fail(key, "must be a string")
+        return value
+
+    def table(self, key: str) -> dict[str, Any]:
+        value = self.data.get(key, {})
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a table ([{self.prefix}{key}])")
+        return value
+
+
+def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
+    top = _Fields(data, source)
+    top.check_keys({"version", "allow", "presets", "allow_private", "env", "mounts", "resources", "claude",
+                    "extra_ca_certificates", "extra_packages", "mcp", "upstream"})
+    if data.get("version") != CONFIG_VERSION:
+        raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
+
+    allow = list(top.strings("allow"))
+    for preset in top.strings("presets"):
+        if preset not in PRESETS:
+            raise top.fail("presets", f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
+        allow.extend(PRESETS[preset])
+    for pattern in allow:
+        try:
+            parse_pattern(pattern)
+        except InvalidHost as exc:
+            raise top.fail("allow", str(exc)) from None
+    allow_private = top.strings("allow_private")
+    for cidr in allow_private:
+        try:
+            parse_network(cidr)
+        except ValueError as exc:
+            raise top.fail("allow_private", str(exc)) from None
+
+    env = top.table("env")
+    for key, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or not isinstance(value, str):
+            raise top.fail(f"env.{key}", "variables need a NAME of letters, digits and '_' and a string value")
+
+    upstream = top.string("upstream", DEFAULT_UPSTREAM)
+    try:
+        parse_upstream(upstream)
+    except ConfigError as exc:
+        raise top.fail("upstream", str(exc)) from None
+
+    claude = _Fields(top.table("claude"), source, "claude.")
+    claude.check_keys({"version", "args", "model"})
+    version = claude.string("version", DEFAULT_CLAUDE_CODE_VERSION)
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise claude.fail("version", f"{version!r} is not a Claude Code version such as {DEFAULT_CLAUDE_CODE_VERSION}")
+
+    return AgentConfig(
+        name=name,
+        allow=tuple(dict.fromkeys(allow)),
+        allow_private=allow_private,
+        env=dict(env),
+        mounts=_mounts(data.get("mounts", []), top),
+        resources=_resources(_Fields(top.table("resources"), source, "resources.")),
+        claude_version=version,
+        claude_args=claude.strings("args"),
+        model=claude.string("model"),
+        extra_ca_certificates=tuple(_existing(Path(p).expanduser(), top, "extra_ca_certificates")
+                                    for p in top.strings("extra_ca_certificates")),
+        extra_packages=top.strings("extra_packages"),
+        mcp_servers=_mcp(_Fields(top.table("mcp"), source, "mcp.")),
+        upstream=upstream,
+        sources=(source,),
+    )
+
+
+def _existing(path: Path, fields: _Fields, key: str) -> Path:
+    if not path.exists():
+        raise fields.fail(key, f"{path} does not exist")
+    return path
+
+
+def _mounts(value: Any, top: _Fields) -> tuple[Mount, ...]:
+    if not isinstance(value, list):
+        raise top.fail("mounts", 'must be a list of tables: [[mounts]] source = "~/data" target = "/data"')
+    mounts = []
+    for i, entry in enumerate(value):
+        fields = _Fields(entry if isinstance(entry, dict) else {}, top.source, f"mounts[{i}].")
+        fields.check_keys({"source", "target", "mode"})
+        source = _existing(Path(fields.string("source")).expanduser(), fields, "source")
+        target = fields.string("target")
+        if not target.startswith("/") or target in ("/", "/workspace") or ".." in target.split("/"):
+            raise fields.fail("target", f"{target!r} must be an absolute path other than / and /workspace")
+        mode = fields.string("mode", "ro")
+        if mode not in ("ro", "rw"):
+            raise fields.fail("mode", f"{mode!r} must be 'ro' or 'rw'")
+        mounts.append(Mount(source.resolve(), target, mode == "ro"))
+    return tuple(mounts)
+
+
+def _resources(fields: _Fields) -> Resources:
+    fields.check_keys({"memory", "cpus", "pids"})
+    default = Resources()
+    memory = fields.string("memory", default.memory)
+    if not _MEMORY.fullmatch(memory):
+        raise fields.fail("memory", f"{memory!r} must be a size such as 4g or 512m")
+    cpus, pids = fields.data.get("cpus", default.cpus), fields.data.get("pids", default.pids)
+    if not isinstance(cpus, int | float) or isinstance(cpus, bool) or not 0 < cpus <= 256:
+        raise fields.fail("cpus", "must be a number of CPUs such as 2 or 0.5")
+    if not isinstance(pids, int) or isinstance(pids, bool) or not 16 <= pids <= 1_000_000:
+        raise fields.fail("pids", "must be a whole number of processes, at least 16")
+    return Resources(memory=memory, cpus=float(cpus), pids=pids)
+
+
+def _mcp(fields: _Fields) -> tuple[McpServer, ...]:
+    fields.check_keys({"servers"})
+    servers = []
+    for name, entry in fields.table("servers").items():
+        server = _Fields(entry if isinstance(entry, dict) else {}, fields.source, f"mcp.servers.{name}.")
+        server.check_keys({"command", "url"})
+        command, url = server.strings("command"), server.string("url")
+        if bool(command) == bool(url):
+            raise server.fail("command", "give either command = [...] (stdio, runs in the bottle) or url = ...")
+        if url and (urlsplit(url).scheme not in ("https", "http") or not urlsplit(url).hostname):
+            raise server.fail("url", f"{url!r} is not an http(s) URL")
+        servers.append(McpServer(name, command, url))
+    return tuple(servers)

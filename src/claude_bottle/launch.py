@@ -1,0 +1,163 @@
+"""From an agent config to a running bottle: images, the run, and its removal on every way out."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import docker
+
+from claude_bottle.config import AgentConfig
+from claude_bottle.credentials import Credential
+from claude_bottle.errors import ConfigError, DockerError
+from claude_bottle.runtime import engine, images
+from claude_bottle.runtime.bottle import Run, RunSpec
+
+EXTRA_CA_VARIABLE = "CLAUDE_BOTTLE_EXTRA_CA_CERTS"
+
+Progress = Callable[[str], None]
+
+
+def build_inputs(agent: AgentConfig, environ: dict[str, str] | None = None) -> images.BuildInputs:
+    """Extra CA certificates come from the agent and from $CLAUDE_BOTTLE_EXTRA_CA_CERTS (a path list)."""
+    environ = dict(os.environ) if environ is None else environ
+    from_env = tuple(Path(p) for p in environ.get(EXTRA_CA_VARIABLE, "").split(os.pathsep) if p)
+    for path in from_env:
+        if not path.is_file():
+            raise ConfigError(f"${EXTRA_CA_VARIABLE}: {path} is not a file")
+    return images.BuildInputs(
+        claude_code_version=agent.claude_version,
+        extra_ca_files=tuple(dict.fromkeys(agent.extra_ca_certificates + from_env)),
+        extra_packages=agent.extra_packages,
+    )
+
+
+def build_images(client: docker.DockerClient, agent: AgentConfig, progress: Progress) -> tuple[str, str]:
+    inputs = build_inputs(agent)
+    return images.build(client, images.bottle_spec(inputs), progress), \
+        images.build(client, images.gate_spec(inputs), progress)
+
+
+def workspace_of(path: str | None) -> Path:
+    workspace = Path(path or os.getcwd()).expanduser().resolve()
+    if not workspace.is_dir():
+        raise ConfigError(f"--workspace {workspace}: not a directory")
+    if workspace == Path("/") or workspace == Path.home():
+        raise ConfigError(f"refusing to mount {workspace} as the workspace: run from a project directory "
+                          "or pass --workspace DIR")
+    return workspace
+
+
+@dataclass(frozen=True)
+class Launch:
+    agent: AgentConfig
+    workspace: Path
+    credential: Credential
+    upstream: str | None = None  # overrides the agent's
+    upstream_networks: tuple[str, ...] = ()
+
+
+# The bottle is the sandbox the bypass-mode warning asks for; accepted per run, so the user's own settings
+# in the persistent ~/.claude volume are left alone.
+BOTTLE_SETTINGS = json.dumps({"skipDangerousModePermissionPrompt": True})
+
+
+def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
+    model = ["--model", agent.model] if agent.model else []
+    return ["claude", "--dangerously-skip-permissions", "--settings", BOTTLE_SETTINGS, *model, *agent.claude_args,
+            *extra]
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _removal_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP unwind like Ctrl-C, so the run's finally-block removes what it created."""
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """Removal runs to the end: a second Ctrl-C (or a SIGTERM after a SIGHUP) must not cut it short."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[Run]:
+    """Build what is missing, start the gate, and yield the run; on the way out, remove all of it."""
+    with _removal_on_signals():
+        client = engine.connect()
+        bottle_image, gate_image = build_images(client, launch.agent, progress)
+        agent = launch.agent
+        run = Run(client, RunSpec(
+            agent=agent.name, workspace=launch.workspace, bottle_image=bottle_image, gate_image=gate_image,
+            credential=launch.credential, upstream=launch.upstream or agent.upstream,
+            allow=agent.egress_allowlist, allow_private=agent.allow_private, env=agent.env,
+            resources=agent.resources, upstream_networks=launch.upstream_networks,
+            mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
+            mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
+                                  if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
+        ))
+        try:
+            progress(f"starting gate for agent {agent.name}")
+            run.start_gate()
+            yield run
+        finally:
+            with _shielded():
+                if keep:
+                    progress(f"kept run {run.id}: remove it with `claude-bottle stop {agent.name}`")
+                else:
+                    run.remove()
+
+
+def run_headless(launch: Launch, prompt: str, progress: Progress) -> int:
+    """``claude -p`` in a bottle; its output goes to stdout, its exit code is returned."""
+    with started(launch, progress) as run:
+        bottle = run.create_bottle(claude_command(launch.agent, "-p", prompt), tty=False)
+        bottle.start()
+        for chunk in bottle.logs(stream=True, follow=True, stdout=True, stderr=False):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+        status = bottle.wait()
+        if status.get("StatusCode"):
+            sys.stderr.write(bottle.logs(stdout=False, stderr=True).decode("utf-8", "replace"))
+        return int(status.get("StatusCode", 1))
+
+
+def docker_cli() -> str:
+    cli = shutil.which("docker")
+    if cli is None:
+        raise DockerError("the docker command is needed to attach a terminal; install the Docker CLI")
+    return cli
+
+
+def run_interactive(launch: Launch, progress: Progress, keep: bool) -> int:
+    """Interactive Claude Code in this terminal; the Docker CLI handles the terminal (raw mode, resize)."""
+    with started(launch, progress, keep=keep) as run:
+        bottle = run.create_bottle(claude_command(launch.agent), tty=True)
+        progress(f"starting Claude Code in {launch.workspace}")
+        interactive = ["--interactive"] if sys.stdin.isatty() else []
+        return subprocess.call([docker_cli(), "start", "--attach", *interactive, bottle.name])

@@ -1,0 +1,1 @@
+"""Docker: images, networks and containers for a bottle and its gate."""

@@ -1,0 +1,268 @@
+"""One run of an agent: its internal network, its gate, its bottle, and their removal.
+
+Everything a run creates carries the label ``claude-bottle.run=<id>``; ``Run.remove`` (and ``claude-bottle
+stop``) removes by that label, so an interrupted start leaves nothing behind whatever step it reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import secrets
+import socket
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+from docker.models.networks import Network
+
+from claude_bottle.credentials import Credential, CredentialKind
+from claude_bottle.errors import DockerError, GateError
+
+LABEL = "claude-bottle"
+RUN_LABEL = "claude-bottle.run"
+AGENT_LABEL = "claude-bottle.agent"
+API_PORT = 8080
+PROXY_PORT = 3128
+GATE_READY_SECONDS = 30
+HOME = "/home/agent"
+
+# Claude Code's own calls home that the bottle never needs (see docs/gate.md).
+CLAUDE_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+}
+
+
+@dataclass(frozen=True)
+class Resources:
+    memory: str = "4g"
+    cpus: float = 2.0
+    pids: int = 1024
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a run needs, already validated."""
+
+    agent: str
+    workspace: Path
+    bottle_image: str
+    gate_image: str
+    credential: Credential
+    upstream: str = "https://api.anthropic.com"
+    allow: tuple[str, ...] = ()
+    allow_private: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    resources: Resources = Resources()
+    upstream_networks: tuple[str, ...] = ()  # Docker networks the gate joins to reach an upstream there
+    mounts: tuple[tuple[Path, str, bool], ...] = ()  # (host path, container path, read-only)
+    mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # Claude Code's mcpServers entries
+
+
+def seeded_claude_json(kind: CredentialKind, placeholder: str, mcp_servers: dict[str, Any]) -> bytes:
+    """~/.claude.json that lands an interactive start on the prompt: onboarding done (its connectivity
+    check ignores ANTHROPIC_BASE_URL), /workspace trusted, bypass mode accepted, the placeholder key approved."""
+    state: dict[str, Any] = {
+        "hasCompletedOnboarding": True,
+        "bypassPermissionsModeAccepted": True,
+        "projects": {"/workspace": {"hasTrustDialogAccepted": True}},
+        "mcpServers": mcp_servers,
+    }
+    if kind is CredentialKind.API_KEY:
+        state["customApiKeyResponses"] = {"approved": [placeholder[-20:]], "rejected": []}
+    return json.dumps(state).encode()
+
+
+def _tar(files: dict[str, bytes], uid: int = 1000) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), 0o600, uid, uid, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class Run:
+    """Create with ``Run.start(client, spec)``; always ``remove()`` (it is idempotent)."""
+
+    def __init__(self, client: docker.DockerClient, spec: RunSpec) -> None:
+        self.client = client
+        self.spec = spec
+        self.id = f"{spec.agent}-{secrets.token_hex(4)}"
+        self.labels = {LABEL: "1", RUN_LABEL: self.id, AGENT_LABEL: spec.agent}
+        self.internal: Network | None = None
+        self.egress: Network | None = None
+        self.gate: Container | None = None
+        self.bottle: Container | None = None
+        self.gate_ip = ""
+
+    def _network(self, suffix: str, internal: bool) -> Network:
+        try:
+            return self.client.networks.create(f"claude-bottle-{self.id}-{suffix}", driver="bridge",
+                                               internal=internal, labels=self.labels)
+        except docker.errors.APIError as exc:
+            raise DockerError(f"cannot create the {suffix} network: {exc.explanation or exc}") from None
+
+    def start_gate(self) -> None:
+        """The gate joins the egress network, then the internal one, and listens on its internal address
+        only. The token goes in over the attached stdin: never an argument, a variable or a file."""
+        spec = self.spec
+        self.internal = self._network("internal", internal=True)
+        self.egress = self._network("egress", internal=False)
+        allow_args = [arg for pattern in spec.allow for arg in ("--allow", pattern)]
+        private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
+        try:
+            self.gate = self.client.containers.create(
+                spec.gate_image,
+                command=["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}",
+                         "--upstream", spec.upstream, "--token-file", "-", "--audit-log", "-",
+                         *allow_args, *private_args],
+                name=f"claude-bottle-{self.id}-gate", labels=self.labels, stdin_open=True,
+                network=self.egress.name, read_only=True, tmpfs={"/tmp": "size=16m"},
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=256, mem_limit="256m",
+            )
+            self.internal.connect(self.gate, aliases=["gate"])
+            for name in spec.upstream_networks:
+                self.client.networks.get(name).connect(self.gate)
+            socket_ = self.gate.attach_socket(params={"stdin": 1, "stream": 1})
+            self.gate.start()
+            raw = getattr(socket_, "_sock", socket_)
+            raw.sendall(spec.credential.secret.encode() + b"\n")
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_WR)
+            raw.close()
+        except docker.errors.APIError as exc:
+            raise DockerError(f"cannot start the gate: {exc.explanation or exc}") from None
+        self._wait_for_gate()
+
+    def _wait_for_gate(self) -> None:
+        assert self.gate is not None and self.internal is not None
+        deadline = time.monotonic() + GATE_READY_SECONDS
+        while time.monotonic() < deadline:
+            self.gate.reload()
+            logs = self.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+            if "claude-bottle gate: API on" in logs:
+                self.gate_ip = self.gate.attrs["NetworkSettings"]["Networks"][self.internal.name]["IPAddress"]
+                return
+            if self.gate.status in ("exited", "dead"):
+                raise GateError(f"the gate stopped at start: {logs.strip().splitlines()[-1:] or 'no output'}")
+            time.sleep(0.1)
+        raise GateError(f"the gate did not become ready within {GATE_READY_SECONDS}s")
+
+    def bottle_environment(self) -> dict[str, str]:
+        spec = self.spec
+        api, proxy = f"http://{self.gate_ip}:{API_PORT}", f"http://{self.gate_ip}:{PROXY_PORT}"
+        credential_variable = ("CLAUDE_CODE_OAUTH_TOKEN" if spec.credential.kind is CredentialKind.OAUTH
+                               else "ANTHROPIC_API_KEY")
+        return {
+            **spec.env,
+            **CLAUDE_ENV,
+            "ANTHROPIC_BASE_URL": api,
+            credential_variable: spec.credential.placeholder(),
+            "HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy, "http_proxy": proxy,
+            "NO_PROXY": self.gate_ip, "no_proxy": self.gate_ip,
+            "HOME": HOME,
+        }
+
+    def create_bottle(self, command: list[str], tty: bool) -> Container:
+        """The bottle: internal network only, user 1000, no capabilities, no new privileges, limits, and a
+        resolver that answers nothing (its only peer is the gate, addressed by IP)."""
+        spec = self.spec
+        assert self.internal is not None
+        resources = spec.resources
+        try:
+            self.bottle = self.client.containers.create(
+                spec.bottle_image, command=command, name=f"claude-bottle-{self.id}-bottle", labels=self.labels,
+                user="1000:1000", environment=self.bottle_environment(), network=self.internal.name,
+                dns=[self.gate_ip], dns_search=["."], dns_opt=["timeout:1", "attempts:1"],
+                working_dir="/workspace", tty=tty, stdin_open=tty,
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=resources.pids,
+                mem_limit=resources.memory, nano_cpus=int(resources.cpus * 1e9),
+                volumes={
+                    str(spec.workspace): {"bind": "/workspace", "mode": "rw"},
+                    f"claude-bottle-{spec.agent}-state": {"bind": f"{HOME}/.claude", "mode": "rw"},
+                    **{str(source): {"bind": target, "mode": "ro" if read_only else "rw"}
+                       for source, target, read_only in spec.mounts},
+                    **self._git_protections(),
+                },
+            )
+            seed = seeded_claude_json(spec.credential.kind, spec.credential.placeholder(), spec.mcp_servers)
+            self.bottle.put_archive(HOME, _tar({".claude.json": seed}))
+        except docker.errors.APIError as exc:
+            raise DockerError(f"cannot create the bottle: {exc.explanation or exc}") from None
+        return self.bottle
+
+    def _git_protections(self) -> dict[str, dict[str, str]]:
+        """.git/hooks and .git/config read-only: a bottle must not plant code that later runs on the host."""
+        git = self.spec.workspace / ".git"
+        mounts = {}
+        for part in ("hooks", "config"):
+            if (git / part).exists():
+                mounts[str(git / part)] = {"bind": f"/workspace/.git/{part}", "mode": "ro"}
+        return mounts
+
+    def gate_logs(self) -> str:
+        return self.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace") if self.gate else ""
+
+    def remove(self) -> None:
+        remove_run(self.client, self.id)
+
+
+def run_resources(client: docker.DockerClient, run_id: str | None = None) -> Iterator[Container | Network]:
+    filters = {"label": f"{RUN_LABEL}={run_id}" if run_id else LABEL}
+    yield from client.containers.list(all=True, filters=filters)
+    yield from client.networks.list(filters=filters)
+
+
+def remove_run(client: docker.DockerClient, run_id: str) -> None:
+    """Remove every container, then every network, of a run. Safe to call at any point and more than once."""
+    for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}):
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True)
+    for network in client.networks.list(filters={"label": f"{RUN_LABEL}={run_id}"}):
+        with contextlib.suppress(docker.errors.NotFound):
+            network.remove()
+
+
+def runs(client: docker.DockerClient) -> list[dict[str, str]]:
+    """One entry per run that has a container: agent, run id, the bottle's (or gate's) status, workspace."""
+    found: dict[str, dict[str, str]] = {}
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        run_id = container.labels.get(RUN_LABEL, "")
+        entry = found.setdefault(run_id, {"agent": container.labels.get(AGENT_LABEL, ""), "run": run_id,
+                                          "status": container.status, "workspace": ""})
+        if container.name.endswith("-bottle"):
+            entry["status"] = container.status
+            for mount in container.attrs.get("Mounts", []):
+                if mount.get("Destination") == "/workspace":
+                    entry["workspace"] = mount.get("Source", "")
+    return sorted(found.values(), key=lambda r: (r["agent"], r["run"]))
+
+
+def _container_of(client: docker.DockerClient, agent: str | None, role: str) -> Container:
+    active = [r for r in runs(client) if agent is None or r["agent"] == agent]
+    if not active:
+        raise DockerError(f"no running bottle{f' for agent {agent}' if agent else ''}; see `claude-bottle ls`")
+    if len(active) > 1 and agent is None:
+        raise DockerError("several bottles are running; name the AGENT (see `claude-bottle ls`)")
+    return client.containers.get(f"claude-bottle-{active[-1]['run']}-{role}")
+
+
+def gate_of(client: docker.DockerClient, agent: str | None) -> Container:
+    return _container_of(client, agent, "gate")
+
+
+def bottle_of(client: docker.DockerClient, agent: str | None) -> Container:
+    return _container_of(client, agent, "bottle")

@@ -1,0 +1,29 @@
+# The bottle: Claude Code and the tools an agent uses, as user 1000. No Node at run time: Claude Code ships
+# a native binary, taken from its npm package in a throwaway stage.
+ARG BASE=debian:bookworm-slim
+FROM ${BASE} AS claude-code
+COPY ca/ /usr/local/share/ca-certificates/claude-bottle/
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates nodejs npm \
+ && update-ca-certificates
+ARG CLAUDE_CODE_VERSION
+RUN NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt npm install -g --prefix /opt/npm --no-audit --no-fund \
+      "@anthropic-ai/claude-code@${CLAUDE_CODE_VERSION}" \
+ && cp "$(find /opt/npm -type f -name claude -path '*/claude-code-linux-*' ! -path '*-musl/*')" /claude \
+ && /claude --version
+
+FROM ${BASE}
+COPY ca/ /usr/local/share/ca-certificates/claude-bottle/
+ARG EXTRA_PACKAGES=""
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates git ripgrep curl bash less procps ${EXTRA_PACKAGES} \
+ && update-ca-certificates \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+COPY --from=claude-code /claude /usr/local/bin/claude
+RUN useradd --uid 1000 --create-home --shell /bin/bash agent
+USER agent
+# Where a native install of Claude Code lives; without it Claude Code warns at every start.
+RUN mkdir -p /home/agent/.local/bin && ln -s /usr/local/bin/claude /home/agent/.local/bin/claude
+ENV PATH=/home/agent/.local/bin:/usr/local/bin:/usr/bin:/bin
+WORKDIR /workspace
+CMD ["claude"]

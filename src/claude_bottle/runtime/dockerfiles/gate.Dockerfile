@@ -1,0 +1,17 @@
+# The gate: this package on Debian's Python, run as an unprivileged user.
+ARG BASE=debian:bookworm-slim
+FROM ${BASE}
+COPY ca/ /usr/local/share/ca-certificates/claude-bottle/
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
+ && update-ca-certificates \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+COPY requirements.txt /opt/gate/requirements.txt
+RUN python3 -m venv /opt/gate \
+ && /opt/gate/bin/pip install --no-cache-dir --disable-pip-version-check \
+      --cert /etc/ssl/certs/ca-certificates.crt -r /opt/gate/requirements.txt
+COPY claude_bottle/ /opt/gate/app/claude_bottle/
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin gate
+USER gate
+ENV PYTHONPATH=/opt/gate/app PYTHONDONTWRITEBYTECODE=1
+ENTRYPOINT ["/opt/gate/bin/python", "-m", "claude_bottle", "gate"]

@@ -1,0 +1,102 @@
+"""Fixtures for bottles on a real Docker engine: images built once, and a stub Messages API in a container
+on a network of the tests' own that only a gate joins."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+
+from claude_bottle.config import AgentConfig
+from claude_bottle.errors import DockerError
+from claude_bottle.launch import build_images
+from claude_bottle.runtime import engine
+
+TEST_LABEL = "claude-bottle.test"
+
+
+@pytest.fixture(scope="session")
+def client() -> docker.DockerClient:
+    """The engine; without one the tests are skipped visibly, and under CI (CI=true) they fail."""
+    try:
+        return engine.connect()
+    except DockerError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))
+        pytest.skip(f"no Docker engine: {exc} (scripts/test installs and starts one)")
+
+
+@pytest.fixture(scope="session")
+def built_images(client: docker.DockerClient) -> tuple[str, str]:
+    return build_images(client, AgentConfig(), lambda line: None)
+
+
+@dataclass
+class Upstream:
+    """The stub Messages API and a second stub as an egress target, on the tests' own network."""
+
+    network: str
+    url: str
+    stub: Any
+    target_ip: str
+    subnet: str
+
+    def requests(self) -> list[dict[str, Any]]:
+        lines = self.stub.logs(stdout=True, stderr=False).decode().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+@pytest.fixture(scope="session")
+def upstream(client: docker.DockerClient, built_images: tuple[str, str]) -> Iterator[Upstream]:
+    _, gate_image = built_images
+    name = f"claude-bottle-test-{secrets.token_hex(3)}"
+    network = client.networks.create(name, driver="bridge", labels={TEST_LABEL: "1"})
+    containers = []
+    try:
+        for alias in ("stub", "target"):
+            container = client.containers.run(
+                gate_image, entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle", "stub-upstream",
+                                        "--listen", f"{alias}:8000", "--log"],
+                name=f"{name}-{alias}", network=name, hostname=alias, detach=True, labels={TEST_LABEL: "1"},
+            )
+            containers.append(container)
+        deadline = time.monotonic() + 30
+        while not all(b"stub upstream on" in c.logs() for c in containers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the stub containers did not start")
+            time.sleep(0.1)
+        network.reload()
+        target = containers[1]
+        target.reload()
+        yield Upstream(name, "http://stub:8000", containers[0],
+                       target.attrs["NetworkSettings"]["Networks"][name]["IPAddress"],
+                       network.attrs["IPAM"]["Config"][0]["Subnet"])
+    finally:
+        for container in containers:
+            container.remove(force=True)
+        network.remove()
+
+
+@pytest.fixture
+def token(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """A fresh OAuth token in the environment, and a config home of the test's own."""
+    value = "sk-ant-oat01-" + secrets.token_urlsafe(60)
+    monkeypatch.setenv("CLAUDE_BOTTLE_OAUTH_TOKEN", value)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return value
+
+
+def leftovers(client: docker.DockerClient, agent: str) -> list[str]:
+    """Containers and networks of an agent's runs still present."""
+    flt = {"label": f"claude-bottle.agent={agent}"}
+    return [c.name for c in client.containers.list(all=True, filters=flt)] + \
+        [n.name for n in client.networks.list(filters=flt)]

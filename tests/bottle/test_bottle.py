@@ -1,0 +1,193 @@
+"""Real bottles on a real engine: `run -p` and `start` with real Claude Code, and attacks from inside.
+
+The stub Messages API runs in a container on the tests' own network, which only the gate joins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pexpect
+import pytest
+
+from claude_bottle.config import load_agent
+from claude_bottle.credentials import Credential
+from claude_bottle.launch import Launch, started
+from claude_bottle.runtime.bottle import Run
+from claude_bottle.stub import DEFAULT_TEXT
+from tests.bottle.conftest import Upstream, leftovers
+
+pytestmark = pytest.mark.docker
+CLI = [sys.executable, "-m", "claude_bottle"]
+
+
+def on_screen(text: str) -> str:
+    """A pattern for ``text`` as a terminal program draws it: spaces may be cursor moves (ESC [ n C)."""
+    return r"(?:\s|\x1b\[\d*C)+".join(re.escape(word) for word in text.split())
+
+
+def write_agent(name: str, body: str) -> None:
+    agents = Path(os.environ["XDG_CONFIG_HOME"], "claude-bottle", "agents")
+    agents.mkdir(parents=True, exist_ok=True)
+    (agents / f"{name}.toml").write_text("version = 1\n" + body)
+
+
+def cli(*args: str, upstream: Upstream, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args, "--upstream", upstream.url, "--upstream-network", upstream.network],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    (path / ".git" / "hooks").mkdir(parents=True)
+    (path / ".git" / "config").write_text("[core]\n")
+    path.chmod(0o777)  # the agent user (uid 1000) writes here
+    return path
+
+
+def test_run_p_answers_through_the_gate_with_the_real_token(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path
+) -> None:
+    write_agent("headless", "")
+    result = cli("run", "headless", "-p", "say hi", upstream=upstream, cwd=workspace)
+    assert result.returncode == 0, result.stderr
+    assert DEFAULT_TEXT in result.stdout
+    seen = [r for r in upstream.requests() if r["target"].startswith("/v1/messages")]
+    assert seen, "the stub saw no /v1/messages call"
+    assert all(["authorization", f"Bearer {token}"] in [[n.lower(), v] for n, v in r["headers"]] for r in seen)
+    assert leftovers(client, "headless") == []
+
+
+@pytest.fixture
+def running(client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
+            built_images: tuple[str, str]) -> Iterator[Run]:
+    """A bottle that sleeps, so the tests can act inside it as the agent would."""
+    write_agent("probe", f'allow = ["target:8000"]\nallow_private = ["{upstream.subnet}"]\n')
+    launch = Launch(load_agent("probe", workspace), workspace, Credential.parse(token, "test"), upstream.url,
+                    (upstream.network,))
+    with started(launch, lambda line: None) as run:
+        run.create_bottle(["sleep", "600"], tty=False).start()
+        yield run
+    assert leftovers(client, "probe") == []
+
+
+def inside(run: Run, command: str, stdin: str | None = None) -> tuple[int, str]:
+    """Run ``command`` in the bottle as the agent user; ``stdin`` is piped in through a here-document."""
+    assert run.bottle is not None
+    script = f"{command} <<'__END__'\n{stdin}\n__END__" if stdin is not None else command
+    code, output = run.bottle.exec_run(["bash", "-c", script], user="1000:1000")
+    return code, output.decode("utf-8", "replace")
+
+
+def test_token_is_nowhere_in_the_bottle(running: Run, token: str) -> None:
+    assert token not in inside(running, "env")[1]
+    assert token not in inside(running, "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n'")[1]
+    # the whole file system, the token given on stdin so it is not on this grep's own command line
+    # (exit 2 means some files were unreadable, which is fine: the threat is what the agent can read)
+    code, found = inside(running, "grep -rlsF -D skip -f /dev/stdin / --exclude-dir=proc --exclude-dir=sys",
+                         stdin=token)
+    assert code in (1, 2) and found == "", f"token found in files: {found}"
+    assert inside(running, "grep -rlsF -D skip -f /dev/stdin /home/agent", stdin="hasCompletedOnboarding")[1], \
+        "the search must be able to find what is there"
+    placeholder = inside(running, "printenv CLAUDE_CODE_OAUTH_TOKEN")[1].strip()
+    assert placeholder.startswith("sk-ant-oat01-") and placeholder != token
+
+
+def test_token_is_in_neither_containers_inspect_output(running: Run, token: str) -> None:
+    assert running.gate is not None and running.bottle is not None
+    for container in (running.gate, running.bottle):
+        container.reload()
+        assert token not in json.dumps(container.attrs)
+
+
+def test_gate_processes_are_invisible_from_the_bottle(running: Run) -> None:
+    processes = inside(running, "ps -eo args")[1]
+    assert "claude_bottle" not in processes and "sleep 600" in processes
+
+
+def test_direct_connections_out_fail(running: Run, upstream: Upstream) -> None:
+    code, output = inside(running, f"curl --noproxy '*' -sS -m 5 http://{upstream.target_ip}:8000/v1/models")
+    assert code != 0, output
+    code, output = inside(running, "getent hosts stub target example.com")
+    assert code != 0 and output.strip() == "", "a name resolved inside the bottle"
+
+
+def test_proxy_allows_the_allowlisted_host_only(running: Run) -> None:
+    code, output = inside(running, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://target:8000/v1/models")
+    assert (code, output) == (0, "200")
+    code, output = inside(running, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://stub:8000/v1/models")
+    assert output == "403", "the API upstream must not be reachable through the proxy"
+    code, output = inside(running, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://other.example/")
+    assert output == "403"
+
+
+def test_workspace_is_writable_but_git_hooks_and_config_are_not(running: Run, workspace: Path) -> None:
+    assert inside(running, "echo made-inside > /workspace/note.txt")[0] == 0
+    assert (workspace / "note.txt").read_text() == "made-inside\n"
+    assert inside(running, "echo 'curl evil' > /workspace/.git/hooks/pre-commit")[0] != 0
+    assert inside(running, "echo '[alias]' >> /workspace/.git/config")[0] != 0
+    assert not (workspace / ".git/hooks/pre-commit").exists()
+
+
+def test_bottle_runs_unprivileged(running: Run) -> None:
+    status = inside(running, "id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status")[1].split()
+    assert status[0] == "1000"
+    assert status[status.index("CapEff:") + 1] == "0000000000000000"
+    assert status[status.index("NoNewPrivs:") + 1] == "1"
+    assert inside(running, "test -e /var/run/docker.sock")[0] != 0
+
+
+@pytest.mark.parametrize("after", [0.5, 2.0, 4.0])
+def test_interrupted_run_leaves_nothing_behind(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, after: float,
+    built_images: tuple[str, str],
+) -> None:
+    agent = f"interrupted{int(after * 10)}"
+    write_agent(agent, "")
+    process = subprocess.Popen([*CLI, "run", agent, "-p", "say hi", "--upstream", upstream.url,
+                                "--upstream-network", upstream.network], cwd=workspace,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(after)
+    process.send_signal(signal.SIGINT if after < 3 else signal.SIGTERM)
+    process.wait(60)
+    assert leftovers(client, agent) == []
+
+
+def test_interactive_start_reaches_the_prompt_and_answers(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, built_images: tuple[str, str],
+) -> None:
+    write_agent("interactive", "")
+    with contextlib.suppress(docker.errors.NotFound):
+        client.volumes.get("claude-bottle-interactive-state").remove(force=True)
+    child = pexpect.spawn(CLI[0], [*CLI[1:], "start", "interactive", "--upstream", upstream.url,
+                                   "--upstream-network", upstream.network],
+                          cwd=str(workspace), env=dict(os.environ), timeout=120, dimensions=(40, 140),
+                          encoding="utf-8", codec_errors="replace")
+    try:
+        child.expect(on_screen("bypass permissions on"))
+        child.send("say hi")
+        time.sleep(0.5)
+        child.send("\r")
+        child.expect(on_screen(DEFAULT_TEXT))
+        child.sendcontrol("c")
+        time.sleep(0.3)
+        child.sendcontrol("c")
+        child.expect(pexpect.EOF, timeout=60)
+    finally:
+        if child.isalive():  # let the CLI remove its run, as a closed terminal would
+            child.kill(signal.SIGHUP)
+            child.expect(pexpect.EOF, timeout=60)
+        child.close()
+    assert leftovers(client, "interactive") == []
