@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import traceback
@@ -287,11 +288,12 @@ def exec_(agent: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND inside a running bottle as the agent user: claude-bottle exec [AGENT] -- CMD..."""
     from claude_bottle.launch import docker_cli
     from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import bottle_of
+    from claude_bottle.runtime.bottle import bottle_of, bottle_user
 
     bottle = bottle_of(engine.connect(), agent)
     terminal = ["-it"] if sys.stdin.isatty() else ["-i"]
-    sys.exit(subprocess.call([docker_cli(), "exec", *terminal, "-u", "1000:1000", bottle.name, *command]))
+    user = bottle_user(os.getuid(), os.getgid())
+    sys.exit(subprocess.call([docker_cli(), "exec", *terminal, "-u", user, bottle.name, *command]))
 
 
 @cli.command(context_settings=CONTEXT)

@@ -86,6 +86,16 @@ def upstream(client: docker.DockerClient, built_images: tuple[str, str]) -> Iter
         network.remove()
 
 
+@pytest.fixture(autouse=True)
+def forget_state_volumes(client: docker.DockerClient) -> Iterator[None]:
+    """Agents' state volumes outlive runs by design; the tests' own are removed after each test."""
+    before = {v.name for v in client.volumes.list(filters={"label": "claude-bottle"})}
+    yield
+    for volume in client.volumes.list(filters={"label": "claude-bottle"}):
+        if volume.name not in before:
+            volume.remove(force=True)
+
+
 @pytest.fixture
 def token(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     """A fresh OAuth token in the environment, and a config home of the test's own."""

@@ -17,14 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import docker
-import docker.errors
 import pexpect
 import pytest
 
 from claude_bottle.config import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime.bottle import Run
+from claude_bottle.runtime.bottle import Run, bottle_user, state_volume
 from claude_bottle.stub import DEFAULT_TEXT
 from tests.bottle.conftest import Upstream, leftovers
 
@@ -87,7 +86,7 @@ def inside(run: Run, command: str, stdin: str | None = None) -> tuple[int, str]:
     """Run ``command`` in the bottle as the agent user; ``stdin`` is piped in through a here-document."""
     assert run.bottle is not None
     script = f"{command} <<'__END__'\n{stdin}\n__END__" if stdin is not None else command
-    code, output = run.bottle.exec_run(["bash", "-c", script], user="1000:1000")
+    code, output = run.bottle.exec_run(["bash", "-c", script], user=bottle_user(os.getuid(), os.getgid()))
     return code, output.decode("utf-8", "replace")
 
 
@@ -169,8 +168,6 @@ def test_interactive_start_reaches_the_prompt_and_answers(
     client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, built_images: tuple[str, str],
 ) -> None:
     write_agent("interactive", "")
-    with contextlib.suppress(docker.errors.NotFound):
-        client.volumes.get("claude-bottle-interactive-state").remove(force=True)
     child = pexpect.spawn(CLI[0], [*CLI[1:], "start", "interactive", "--upstream", upstream.url,
                                    "--upstream-network", upstream.network],
                           cwd=str(workspace), env=dict(os.environ), timeout=120, dimensions=(40, 140),
@@ -191,3 +188,102 @@ def test_interactive_start_reaches_the_prompt_and_answers(
             child.expect(pexpect.EOF, timeout=60)
         child.close()
     assert leftovers(client, "interactive") == []
+
+
+def test_claude_state_persists_per_agent_and_holds_no_token(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, built_images: tuple[str, str],
+) -> None:
+    write_agent("stateful", "")
+    assert cli("run", "stateful", "-p", "say hi", upstream=upstream, cwd=workspace).returncode == 0
+    bottle_image, _ = built_images
+
+    def in_volume(script: str) -> str:
+        return client.containers.run(
+            bottle_image, ["bash", "-c", script], environment={"TOKEN": token}, remove=True,
+            volumes={state_volume("stateful"): {"bind": "/home/agent/.claude", "mode": "ro"}},
+        ).decode()
+
+    assert "/home/agent/.claude/projects/" in in_volume("find /home/agent/.claude -type f"), "no session kept"
+    assert in_volume('grep -rlsF -e "$TOKEN" /home/agent/.claude; true').strip() == "", "the token was stored"
+
+
+def test_ls_logs_exec_and_stop(running: Run, upstream: Upstream, workspace: Path) -> None:
+    assert inside(running, "curl -sS -m 10 -o /dev/null http://denied.example/")[0] == 0
+    listed = json.loads(subprocess.run([*CLI, "ls", "--json"], capture_output=True, text=True, check=True,
+                                       timeout=60).stdout)
+    (entry,) = [r for r in listed if r["agent"] == "probe"]
+    assert entry["run"] == running.id and entry["status"] == "running" and entry["workspace"] == str(workspace)
+
+    logs = subprocess.run([*CLI, "logs", "probe", "--egress", "--json"], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.splitlines()
+    records = [json.loads(line) for line in logs]
+    assert any(r["target"] == "denied.example:80" and r["decision"] == "deny" for r in records)
+    assert all(r["listener"] == "proxy" for r in records)
+
+    whoami = subprocess.run([*CLI, "exec", "probe", "--", "id", "-u"], capture_output=True, text=True,
+                            timeout=60, stdin=subprocess.DEVNULL)
+    assert whoami.returncode == 0 and whoami.stdout.strip() == bottle_user(os.getuid(), os.getgid()).split(":")[0]
+
+    stopped = subprocess.run([*CLI, "stop", "probe"], capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0 and running.id in stopped.stdout
+    assert not [r for r in json.loads(subprocess.run([*CLI, "ls", "--json"], capture_output=True, text=True,
+                                                     check=True, timeout=60).stdout) if r["agent"] == "probe"]
+
+
+def test_two_agents_cannot_see_each_other(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, built_images: tuple[str, str],
+) -> None:
+    runs = []
+    with contextlib.ExitStack() as stack:
+        for name in ("left", "right"):
+            write_agent(name, "")
+            launch = Launch(load_agent(name, workspace), workspace, Credential.parse(token, "t"), upstream.url,
+                            (upstream.network,))
+            run = stack.enter_context(started(launch, lambda line: None))
+            run.create_bottle(["sleep", "600"], tty=False).start()
+            runs.append(run)
+        left, right = runs
+        assert right.bottle is not None
+        right.bottle.reload()
+        right_bottle_ip = right.bottle.attrs["NetworkSettings"]["Networks"][right.internal.name]["IPAddress"]
+        for address in (right.gate_ip, right_bottle_ip):
+            code, _ = inside(left, f"curl --noproxy '*' -sS -m 5 http://{address}:8080/")
+            assert code != 0, f"left reached {address} of the other agent"
+        code, output = inside(left, f"curl -sS -m 10 -o /dev/null -w '%{{http_code}}' http://{right.gate_ip}:8080/")
+        assert output == "403", "nor through its own gate"
+    assert leftovers(client, "left") == [] and leftovers(client, "right") == []
+
+
+def test_doctor_reports_engine_token_and_images(upstream: Upstream, token: str) -> None:
+    result = subprocess.run([*CLI, "doctor"], capture_output=True, text=True, timeout=120)
+    assert "ok  Docker engine" in result.stdout
+    assert "ok  token found in $CLAUDE_BOTTLE_OAUTH_TOKEN" in result.stdout
+    assert result.returncode == (0 if "not built" not in result.stdout else 1)
+
+
+def test_no_token_says_how_to_get_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workspace: Path) -> None:
+    monkeypatch.delenv("CLAUDE_BOTTLE_OAUTH_TOKEN", raising=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("CLAUDE_BOTTLE_OAUTH_TOKEN", "ANTHROPIC_API_KEY")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "empty"), PYTHON_KEYRING_BACKEND="keyring.backends.null.Keyring")
+    result = subprocess.run([*CLI, "run", "-p", "hi"], capture_output=True, text=True, timeout=60, cwd=workspace,
+                            env=env)
+    assert result.returncode == 2 and "claude setup-token" in result.stderr
+
+
+def test_docker_error_mid_start_leaves_nothing_behind(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, built_images: tuple[str, str],
+) -> None:
+    write_agent("failing", "")
+    result = subprocess.run([*CLI, "run", "failing", "-p", "hi", "--upstream", upstream.url,
+                             "--upstream-network", "claude-bottle-no-such-network"],
+                            capture_output=True, text=True, timeout=120, cwd=workspace)
+    assert result.returncode == 3 and "cannot start the gate" in result.stderr
+    assert leftovers(client, "failing") == []
+
+
+def test_invalid_agent_config_starts_nothing(client: docker.DockerClient, token: str, workspace: Path) -> None:
+    write_agent("invalid", 'allow = ["*"]\n')
+    result = subprocess.run([*CLI, "run", "invalid", "-p", "hi"], capture_output=True, text=True, timeout=60,
+                            cwd=workspace)
+    assert result.returncode == 2 and "invalid.toml: allow:" in result.stderr
+    assert leftovers(client, "invalid") == []

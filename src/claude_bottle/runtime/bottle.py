@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import secrets
 import socket
 import tarfile
@@ -84,12 +85,22 @@ def seeded_claude_json(kind: CredentialKind, placeholder: str, mcp_servers: dict
     return json.dumps(state).encode()
 
 
-def _tar(files: dict[str, bytes], uid: int = 1000) -> bytes:
+def bottle_user(uid: int, gid: int) -> str:
+    """The invoking user, so files created in /workspace are theirs; never root: root gets uid 1000."""
+    return "1000:1000" if uid == 0 else f"{uid}:{gid}"
+
+
+def state_volume(agent: str) -> str:
+    """Claude Code's ~/.claude for an agent: sessions and history, kept across runs for --continue."""
+    return f"claude-bottle-{agent}-state"
+
+
+def _tar(files: dict[str, bytes], uid: int, gid: int) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, data in files.items():
             info = tarfile.TarInfo(name)
-            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), 0o600, uid, uid, int(time.time())
+            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), 0o600, uid, gid, int(time.time())
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 
@@ -183,23 +194,26 @@ class Run:
         assert self.internal is not None
         resources = spec.resources
         try:
+            state = self.client.volumes.create(state_volume(spec.agent), labels={LABEL: "1", AGENT_LABEL: spec.agent})
             self.bottle = self.client.containers.create(
                 spec.bottle_image, command=command, name=f"claude-bottle-{self.id}-bottle", labels=self.labels,
-                user="1000:1000", environment=self.bottle_environment(), network=self.internal.name,
+                user=bottle_user(os.getuid(), os.getgid()), environment=self.bottle_environment(),
+                network=self.internal.name,
                 dns=[self.gate_ip], dns_search=["."], dns_opt=["timeout:1", "attempts:1"],
                 working_dir="/workspace", tty=tty, stdin_open=tty,
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=resources.pids,
                 mem_limit=resources.memory, nano_cpus=int(resources.cpus * 1e9),
                 volumes={
                     str(spec.workspace): {"bind": "/workspace", "mode": "rw"},
-                    f"claude-bottle-{spec.agent}-state": {"bind": f"{HOME}/.claude", "mode": "rw"},
+                    state.name: {"bind": f"{HOME}/.claude", "mode": "rw"},
                     **{str(source): {"bind": target, "mode": "ro" if read_only else "rw"}
                        for source, target, read_only in spec.mounts},
                     **self._git_protections(),
                 },
             )
             seed = seeded_claude_json(spec.credential.kind, spec.credential.placeholder(), spec.mcp_servers)
-            self.bottle.put_archive(HOME, _tar({".claude.json": seed}))
+            uid, gid = (int(n) for n in bottle_user(os.getuid(), os.getgid()).split(":"))
+            self.bottle.put_archive(HOME, _tar({".claude.json": seed}, uid, gid))
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot create the bottle: {exc.explanation or exc}") from None
         return self.bottle

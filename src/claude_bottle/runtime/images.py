@@ -6,6 +6,7 @@ the gate's code and pinned dependencies), so an image is rebuilt exactly when on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -134,6 +135,8 @@ def build(client: docker.DockerClient, spec: ImageSpec, progress: Progress) -> s
                         progress(f"  {line}")
         except docker.errors.APIError as exc:
             raise DockerError(f"building the {spec.name} image failed: {exc.explanation or exc}") from None
+    with contextlib.suppress(docker.errors.APIError):  # the throwaway stage the classic builder keeps
+        client.images.prune(filters={"dangling": True, "label": "claude-bottle.stage=builder"})
     return spec.tag
 
 

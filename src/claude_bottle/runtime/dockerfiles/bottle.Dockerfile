@@ -2,6 +2,8 @@
 # a native binary, taken from its npm package in a throwaway stage.
 ARG BASE=debian:bookworm-slim
 FROM ${BASE} AS claude-code
+# The classic builder keeps this stage as a dangling image; the label lets the build remove just it.
+LABEL claude-bottle.stage=builder
 COPY ca/ /usr/local/share/ca-certificates/claude-bottle/
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates nodejs npm \
@@ -20,7 +22,11 @@ RUN apt-get update \
  && update-ca-certificates \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 COPY --from=claude-code /claude /usr/local/bin/claude
-RUN useradd --uid 1000 --create-home --shell /bin/bash agent
+RUN useradd --uid 1000 --create-home --shell /bin/bash agent \
+ && mkdir /home/agent/.claude && chown agent:agent /home/agent/.claude \
+ && chmod 1777 /home/agent /home/agent/.claude
+# 1777: the bottle runs as the invoking user's uid (so workspace files are theirs); a new state volume
+# copies this directory's owner and mode.
 USER agent
 # Where a native install of Claude Code lives; without it Claude Code warns at every start.
 RUN mkdir -p /home/agent/.local/bin && ln -s /usr/local/bin/claude /home/agent/.local/bin/claude

@@ -1,0 +1,112 @@
+"""Agent configs: every key parsed, and every mistake named with its file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from claude_bottle.config import PRESETS, AgentConfig, load_agent, parse_agent
+from claude_bottle.errors import ConfigError
+
+FULL = """
+version = 1
+allow = ["api.example.com", "*.internal.example.com:8443"]
+presets = ["npm", "github"]
+allow_private = ["10.20.0.0/16"]
+upstream = "https://llm.example.com/anthropic"
+extra_packages = ["python3"]
+[env]
+NODE_ENV = "development"
+[claude]
+version = "2.1.126"
+model = "claude-sonnet-4-5"
+args = ["--verbose"]
+[resources]
+memory = "2g"
+cpus = 1.5
+pids = 256
+[[mounts]]
+source = "{data}"
+target = "/data"
+[[mounts]]
+source = "{data}"
+target = "/scratch"
+mode = "rw"
+[mcp.servers.files]
+command = ["npx", "server-filesystem", "/workspace"]
+[mcp.servers.docs]
+url = "https://mcp.example.com/mcp"
+"""
+
+
+def parse(text: str, tmp_path: Path) -> AgentConfig:
+    import tomllib
+
+    return parse_agent("a", tomllib.loads(text.replace("{data}", str(tmp_path))), "agent.toml")
+
+
+def test_every_key_is_parsed(tmp_path: Path) -> None:
+    agent = parse(FULL, tmp_path)
+    assert agent.allow[:2] == ("api.example.com", "*.internal.example.com:8443")
+    assert set(PRESETS["npm"] + PRESETS["github"]) <= set(agent.allow)
+    assert agent.allow_private == ("10.20.0.0/16",)
+    assert agent.upstream == "https://llm.example.com/anthropic"
+    assert agent.env == {"NODE_ENV": "development"}
+    assert (agent.claude_version, agent.model, agent.claude_args) == ("2.1.126", "claude-sonnet-4-5", ("--verbose",))
+    assert (agent.resources.memory, agent.resources.cpus, agent.resources.pids) == ("2g", 1.5, 256)
+    assert [(m.target, m.read_only) for m in agent.mounts] == [("/data", True), ("/scratch", False)]
+    assert [s.name for s in agent.mcp_servers] == ["files", "docs"]
+    assert "mcp.example.com" in agent.egress_allowlist, "a remote MCP server's host joins the allowlist"
+    assert agent.extra_packages == ("python3",)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("allow = []", "version: must be 1"),
+    ("version = 2", "version: must be 1"),
+    ("version = 1\nallowed = []", "allowed: unknown key"),
+    ('version = 1\nallow = "x.com"', "allow: must be a list of strings"),
+    ('version = 1\nallow = ["*.com"]', "allow: allow pattern '*.com'"),
+    ('version = 1\npresets = ["maven"]', "presets: unknown preset 'maven'"),
+    ('version = 1\nallow_private = ["10.0.0.1/8"]', "allow_private:"),
+    ('version = 1\nupstream = "ftp://x"', "upstream:"),
+    ('version = 1\n[env]\n"BAD-NAME" = "x"', "env.BAD-NAME:"),
+    ('version = 1\n[env]\nX = 1', "env.X:"),
+    ('version = 1\n[claude]\nversion = "latest"', "claude.version: 'latest' is not a Claude Code version"),
+    ('version = 1\n[claude]\nmodle = "x"', "claude.modle: unknown key"),
+    ('version = 1\n[resources]\nmemory = "lots"', "resources.memory:"),
+    ('version = 1\n[resources]\ncpus = 0', "resources.cpus:"),
+    ('version = 1\n[resources]\npids = 1', "resources.pids:"),
+    ('version = 1\n[[mounts]]\nsource = "/nonexistent-path"\ntarget = "/data"', "mounts[0].source: /nonexistent-path does not exist"),
+    ('version = 1\n[[mounts]]\nsource = "{data}"\ntarget = "/workspace"', "mounts[0].target:"),
+    ('version = 1\n[[mounts]]\nsource = "{data}"\ntarget = "data"', "mounts[0].target:"),
+    ('version = 1\n[[mounts]]\nsource = "{data}"\ntarget = "/d"\nmode = "w"', "mounts[0].mode:"),
+    ('version = 1\n[mcp.servers.x]\ncommand = ["a"]\nurl = "https://x"', "mcp.servers.x.command: give either"),
+    ('version = 1\n[mcp.servers.x]\nurl = "file:///etc/passwd"', "mcp.servers.x.url:"),
+    ('version = 1\nextra_ca_certificates = ["/nonexistent.crt"]', "extra_ca_certificates: /nonexistent.crt does not exist"),
+])
+def test_mistakes_name_the_file_and_key(tmp_path: Path, text: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(text, tmp_path)
+    assert str(info.value).startswith("agent.toml: ")
+    assert words in str(info.value)
+
+
+def test_lookup_order_and_missing_agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    assert load_agent(None, workspace) == AgentConfig(), "no config at all: the defaults"
+    (workspace / ".claude-bottle.toml").write_text('version = 1\nallow = ["project.example"]\n')
+    assert load_agent(None, workspace).allow == ("project.example",)
+    with pytest.raises(ConfigError, match=r"no agent 'ci'.*agents: none yet"):
+        load_agent("ci", workspace)
+    agents = tmp_path / "config/claude-bottle/agents"
+    agents.mkdir(parents=True)
+    (agents / "ci.toml").write_text('version = 1\nallow = ["ci.example"]\n')
+    assert load_agent("ci", workspace).allow == ("ci.example",)
+    (agents / "broken.toml").write_text("version = 1\nallow = [\n")
+    with pytest.raises(ConfigError, match=r"broken\.toml: not valid TOML"):
+        load_agent("broken", workspace)
+    with pytest.raises(ConfigError, match="agent name"):
+        load_agent("../etc", workspace)
