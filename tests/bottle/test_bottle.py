@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -153,7 +154,7 @@ def test_interrupted_run_leaves_nothing_behind(
     client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, after: float,
     built_images: tuple[str, str],
 ) -> None:
-    agent = f"interrupted{int(after * 10)}"
+    agent = f"interrupted-{secrets.token_hex(3)}"  # unique: leftovers of an earlier run cannot interfere
     write_agent(agent, "")
     process = subprocess.Popen([*CLI, "run", agent, "-p", "say hi", "--upstream", upstream.url,
                                 "--upstream-network", upstream.network], cwd=workspace,
@@ -287,3 +288,22 @@ def test_invalid_agent_config_starts_nothing(client: docker.DockerClient, token:
                             cwd=workspace)
     assert result.returncode == 2 and "invalid.toml: allow:" in result.stderr
     assert leftovers(client, "invalid") == []
+
+
+def test_sigterm_during_an_interactive_start_removes_the_run(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, built_images: tuple[str, str],
+) -> None:
+    agent = f"terminated-{secrets.token_hex(3)}"
+    write_agent(agent, "")
+    child = pexpect.spawn(CLI[0], [*CLI[1:], "start", agent, "--upstream", upstream.url,
+                                   "--upstream-network", upstream.network],
+                          cwd=str(workspace), env=dict(os.environ), timeout=120, dimensions=(40, 140),
+                          encoding="utf-8", codec_errors="replace")
+    try:
+        child.expect(on_screen("bypass permissions on"))
+        assert leftovers(client, agent), "the run is up"
+        child.kill(signal.SIGTERM)
+        child.expect(pexpect.EOF, timeout=60)
+    finally:
+        child.close(force=not child.isalive())
+    assert leftovers(client, agent) == []

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import secrets
+import signal
 import socket
 import tarfile
 import time
@@ -85,6 +86,18 @@ def seeded_claude_json(kind: CredentialKind, placeholder: str, mcp_servers: dict
     return json.dumps(state).encode()
 
 
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Hold Ctrl-C and friends until a create request returns. Interrupted mid-request, the engine would
+    still create the resource after the removal had listed the run's resources and missed it."""
+    stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def bottle_user(uid: int, gid: int) -> str:
     """The invoking user, so files created in /workspace are theirs; never root: root gets uid 1000."""
     return "1000:1000" if uid == 0 else f"{uid}:{gid}"
@@ -121,8 +134,9 @@ class Run:
 
     def _network(self, suffix: str, internal: bool) -> Network:
         try:
-            return self.client.networks.create(f"claude-bottle-{self.id}-{suffix}", driver="bridge",
-                                               internal=internal, labels=self.labels)
+            with _uninterrupted():
+                return self.client.networks.create(f"claude-bottle-{self.id}-{suffix}", driver="bridge",
+                                                   internal=internal, labels=self.labels)
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot create the {suffix} network: {exc.explanation or exc}") from None
 
@@ -135,15 +149,16 @@ class Run:
         allow_args = [arg for pattern in spec.allow for arg in ("--allow", pattern)]
         private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
         try:
-            self.gate = self.client.containers.create(
+            with _uninterrupted():
+                self.gate = self.client.containers.create(
                 spec.gate_image,
-                command=["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}",
-                         "--upstream", spec.upstream, "--token-file", "-", "--audit-log", "-",
-                         *allow_args, *private_args],
-                name=f"claude-bottle-{self.id}-gate", labels=self.labels, stdin_open=True,
-                network=self.egress.name, read_only=True, tmpfs={"/tmp": "size=16m"},
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=256, mem_limit="256m",
-            )
+                    command=["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}",
+                             "--upstream", spec.upstream, "--token-file", "-", "--audit-log", "-",
+                             *allow_args, *private_args],
+                    name=f"claude-bottle-{self.id}-gate", labels=self.labels, stdin_open=True,
+                    network=self.egress.name, read_only=True, tmpfs={"/tmp": "size=16m"},
+                    cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=256, mem_limit="256m",
+                )
             self.internal.connect(self.gate, aliases=["gate"])
             for name in spec.upstream_networks:
                 self.client.networks.get(name).connect(self.gate)
@@ -195,22 +210,23 @@ class Run:
         resources = spec.resources
         try:
             state = self.client.volumes.create(state_volume(spec.agent), labels={LABEL: "1", AGENT_LABEL: spec.agent})
-            self.bottle = self.client.containers.create(
-                spec.bottle_image, command=command, name=f"claude-bottle-{self.id}-bottle", labels=self.labels,
-                user=bottle_user(os.getuid(), os.getgid()), environment=self.bottle_environment(),
-                network=self.internal.name,
-                dns=[self.gate_ip], dns_search=["."], dns_opt=["timeout:1", "attempts:1"],
-                working_dir="/workspace", tty=tty, stdin_open=tty,
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=resources.pids,
-                mem_limit=resources.memory, nano_cpus=int(resources.cpus * 1e9),
-                volumes={
-                    str(spec.workspace): {"bind": "/workspace", "mode": "rw"},
-                    state.name: {"bind": f"{HOME}/.claude", "mode": "rw"},
-                    **{str(source): {"bind": target, "mode": "ro" if read_only else "rw"}
-                       for source, target, read_only in spec.mounts},
-                    **self._git_protections(),
-                },
-            )
+            with _uninterrupted():
+                self.bottle = self.client.containers.create(
+                    spec.bottle_image, command=command, name=f"claude-bottle-{self.id}-bottle", labels=self.labels,
+                    user=bottle_user(os.getuid(), os.getgid()), environment=self.bottle_environment(),
+                    network=self.internal.name,
+                    dns=[self.gate_ip], dns_search=["."], dns_opt=["timeout:1", "attempts:1"],
+                    working_dir="/workspace", tty=tty, stdin_open=tty,
+                    cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=resources.pids,
+                    mem_limit=resources.memory, nano_cpus=int(resources.cpus * 1e9),
+                    volumes={
+                        str(spec.workspace): {"bind": "/workspace", "mode": "rw"},
+                        state.name: {"bind": f"{HOME}/.claude", "mode": "rw"},
+                        **{str(source): {"bind": target, "mode": "ro" if read_only else "rw"}
+                           for source, target, read_only in spec.mounts},
+                        **self._git_protections(),
+                    },
+                )
             seed = seeded_claude_json(spec.credential.kind, spec.credential.placeholder(), spec.mcp_servers)
             uid, gid = (int(n) for n in bottle_user(os.getuid(), os.getgid()).split(":"))
             self.bottle.put_archive(HOME, _tar({".claude.json": seed}, uid, gid))
