@@ -80,35 +80,29 @@ def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-@contextlib.contextmanager
-def _removal_on_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so the run's finally-block removes what it created."""
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
-def _shielded() -> Iterator[None]:
-    """Removal runs to the end: a second Ctrl-C (or a SIGTERM after a SIGHUP) must not cut it short."""
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+def _on_stop_signals(handler: Callable[[int, FrameType | None], None] | signal.Handlers) -> Iterator[None]:
+    """Handle Ctrl-C, SIGTERM and SIGHUP with ``handler`` inside the block.
+
+    ``_interrupt``: SIGTERM and SIGHUP unwind like Ctrl-C, so a run's finally-block removes what it created.
+    ``SIG_IGN``: removal runs to the end; a second Ctrl-C (or a SIGTERM after a SIGHUP) cannot cut it short.
+    """
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
 def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[Run]:
     """Build what is missing, start the gate, and yield the run; on the way out, remove all of it."""
-    with _removal_on_signals():
+    with _on_stop_signals(_interrupt):
         client = engine.connect()
         bottle_image, gate_image = build_images(client, launch.agent, progress)
         agent = launch.agent
@@ -126,7 +120,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[
             run.start_gate()
             yield run
         finally:
-            with _shielded():
+            with _on_stop_signals(signal.SIG_IGN):
                 if keep:
                     progress(f"kept run {run.id}: remove it with `claude-bottle stop {agent.name}`")
                 else:

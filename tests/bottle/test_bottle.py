@@ -141,6 +141,19 @@ def test_workspace_is_writable_but_git_hooks_and_config_are_not(running: Run, wo
     assert not (workspace / ".git/hooks/pre-commit").exists()
 
 
+def test_bottle_has_limits_and_points_claude_code_at_the_gate(running: Run) -> None:
+    assert running.bottle is not None
+    host = running.bottle.attrs["HostConfig"]
+    assert (host["PidsLimit"], host["Memory"], host["NanoCpus"]) == (1024, 4 * 1024**3, 2 * 10**9)
+    env = dict(line.split("=", 1) for line in inside(running, "env")[1].splitlines() if "=" in line)
+    assert env["ANTHROPIC_BASE_URL"] == f"http://{running.gate_ip}:8080"
+    assert env["HTTPS_PROXY"] == env["HTTP_PROXY"] == f"http://{running.gate_ip}:3128"
+    for switch in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "DISABLE_TELEMETRY",
+                   "DISABLE_ERROR_REPORTING"):
+        assert env[switch] == "1"
+    assert json.loads(inside(running, "cat ~/.claude.json")[1])["hasCompletedOnboarding"] is True
+
+
 def test_bottle_runs_unprivileged(running: Run) -> None:
     status = inside(running, "id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status")[1].split()
     assert status[0] == "1000"
@@ -253,6 +266,12 @@ def test_two_agents_cannot_see_each_other(
         code, output = inside(left, f"curl -sS -m 10 -o /dev/null -w '%{{http_code}}' http://{right.gate_ip}:8080/")
         assert output == "403", "nor through its own gate"
     assert leftovers(client, "left") == [] and leftovers(client, "right") == []
+
+
+def test_build_reports_the_image_tags(built_images: tuple[str, str], token: str, workspace: Path) -> None:
+    result = subprocess.run([*CLI, "build"], capture_output=True, text=True, timeout=600, cwd=workspace)
+    assert result.returncode == 0, result.stderr
+    assert f"bottle image: {built_images[0]}" in result.stdout and f"gate image:   {built_images[1]}" in result.stdout
 
 
 def test_doctor_reports_engine_token_and_images(upstream: Upstream, token: str) -> None:
