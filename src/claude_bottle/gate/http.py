@@ -146,10 +146,6 @@ class HttpConnection:
             else:
                 raise ClientProtocolError(f"unexpected {type(event).__name__} in a body")
 
-    async def drain_body(self, timeout: float | None) -> None:
-        async for _ in self.body(timeout):
-            pass
-
     async def send(self, event: h11.Event) -> None:
         if isinstance(event, h11.Response | h11.InformationalResponse) and not event.reason:
             with contextlib.suppress(ValueError):

@@ -164,7 +164,7 @@ class Run:
                 self.client.networks.get(name).connect(self.gate)
             socket_ = self.gate.attach_socket(params={"stdin": 1, "stream": 1})
             self.gate.start()
-            raw = getattr(socket_, "_sock", socket_)
+            raw = getattr(socket_, "_sock", socket_)  # the SDK wraps the socket; half-close needs the real one
             raw.sendall(spec.credential.secret.encode() + b"\n")
             with contextlib.suppress(OSError):
                 raw.shutdown(socket.SHUT_WR)
@@ -243,17 +243,8 @@ class Run:
                 mounts[str(git / part)] = {"bind": f"/workspace/.git/{part}", "mode": "ro"}
         return mounts
 
-    def gate_logs(self) -> str:
-        return self.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace") if self.gate else ""
-
     def remove(self) -> None:
         remove_run(self.client, self.id)
-
-
-def run_resources(client: docker.DockerClient, run_id: str | None = None) -> Iterator[Container | Network]:
-    filters = {"label": f"{RUN_LABEL}={run_id}" if run_id else LABEL}
-    yield from client.containers.list(all=True, filters=filters)
-    yield from client.networks.list(filters=filters)
 
 
 def remove_run(client: docker.DockerClient, run_id: str) -> None:

@@ -154,6 +154,27 @@ def ensure_base_image(client: docker.DockerClient, progress: Progress) -> None:
     build_base_image(client, progress)
 
 
+# What Debian's official slim images leave out; the Dockerfiles keep it out of what they install too.
+_SLIM_DROP = ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*", "usr/share/man/*",
+              "usr/share/info/*", "usr/share/locale/*")
+
+
+def _slim(root: Path) -> None:
+    """Trim a debootstrap tree to about the size of the official debian:bookworm-slim."""
+    for pattern in _SLIM_DROP:
+        for path in root.glob(pattern):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    for path in sorted(root.glob("usr/share/doc/**/*"), reverse=True):  # keep only the copyright files
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif path.name != "copyright":
+            path.unlink()
+
+
 def build_base_image(client: docker.DockerClient, progress: Progress) -> None:
     debootstrap = shutil.which("debootstrap")
     if debootstrap is None or os.geteuid() != 0:
@@ -169,10 +190,7 @@ def build_base_image(client: docker.DockerClient, progress: Progress) -> None:
         )
         if result.returncode != 0:
             raise DockerError(f"debootstrap failed: {result.stderr.strip().splitlines()[-1:]}")
-        for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):  # keep the image lean
-            for path in Path(root, leftover).glob("*"):
-                if path.is_file():
-                    path.unlink()
+        _slim(root)
         progress(f"importing {BASE_IMAGE}")
         archive = Path(work, "rootfs.tar")
         subprocess.run(["tar", "-C", str(root), "-cf", str(archive), "."], check=True)

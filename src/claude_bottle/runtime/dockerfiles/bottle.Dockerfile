@@ -15,12 +15,16 @@ RUN NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt npm install -g --pref
  && /claude --version
 
 FROM ${BASE}
+# Like Debian's slim images: no docs, man pages or translations from the packages installed below.
+RUN printf '%s\n' 'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*/copyright' \
+      'path-exclude /usr/share/man/*' 'path-exclude /usr/share/info/*' 'path-exclude /usr/share/locale/*' \
+      'path-exclude /usr/share/lintian/*' > /etc/dpkg/dpkg.cfg.d/01-claude-bottle-slim
 COPY ca/ /usr/local/share/ca-certificates/claude-bottle/
 ARG EXTRA_PACKAGES=""
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates git ripgrep curl bash less procps ${EXTRA_PACKAGES} \
  && update-ca-certificates \
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
 COPY --from=claude-code /claude /usr/local/bin/claude
 RUN useradd --uid 1000 --create-home --shell /bin/bash agent \
  && mkdir /home/agent/.claude && chown agent:agent /home/agent/.claude \

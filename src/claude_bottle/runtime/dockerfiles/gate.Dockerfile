@@ -1,11 +1,15 @@
 # The gate: this package on Debian's Python, run as an unprivileged user.
 ARG BASE=debian:bookworm-slim
 FROM ${BASE}
+# Like Debian's slim images: no docs, man pages or translations from the packages installed below.
+RUN printf '%s\n' 'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*/copyright' \
+      'path-exclude /usr/share/man/*' 'path-exclude /usr/share/info/*' 'path-exclude /usr/share/locale/*' \
+      'path-exclude /usr/share/lintian/*' > /etc/dpkg/dpkg.cfg.d/01-claude-bottle-slim
 COPY ca/ /usr/local/share/ca-certificates/claude-bottle/
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
  && update-ca-certificates \
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
 COPY requirements.txt /opt/gate/requirements.txt
 RUN python3 -m venv /opt/gate \
  && /opt/gate/bin/pip install --no-cache-dir --disable-pip-version-check \
