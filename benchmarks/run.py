@@ -1,0 +1,934 @@
+#!/usr/bin/env python3
+"""The whole benchmark in one run: the gate against a direct connection and against Debian's nginx (API
+route) and squid (egress proxy), on loopback with the stub Messages API; then real bottles on the Docker
+engine (`claude-bottle run -p` against plain `docker run`, teardown, image sizes, gate idle RSS).
+
+    .venv/bin/python benchmarks/run.py [--quick] [--only api egress bottle]
+
+Writes benchmarks/results/latest.json and benchmarks/results/latest.md and prints one PASS/MISS line per
+target. Exit status: 0 when the benchmark ran (targets met or not), 1 when it could not run, 130 on Ctrl-C.
+Needs nginx and squid (`apt-get install nginx-light squid`) and, for the bottle part, a Docker engine and
+the images (`claude-bottle build`). See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import gate_bench as gb  # noqa: E402  (shared stub/gate/sink handling, clients, machine block)
+from gate_bench import (  # noqa: E402
+    LOOPBACK,
+    MB,
+    SINK_HOST,
+    SOCKET_TIMEOUT_S,
+    BenchError,
+    Child,
+    Children,
+    Deadline,
+    Entry,
+    SseScanner,
+    SyncHttp,
+    kb_to_mb,
+    messages_request,
+    percentile,
+    proc_cpu_s,
+    proc_status_kb,
+    push_bytes,
+    ratio,
+)
+
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+VENV_BIN = Path(sys.executable).parent
+DENIED_TARGET = "127.0.0.3:443"  # allowed by neither the gate nor squid
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(child: Child, host: str, port: int, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        child.ensure_alive()
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+            return
+        time.sleep(0.05)
+    raise BenchError(f"{child.name} did not listen on {host}:{port} within {timeout:g}s: {child.tail()}")
+
+
+def tree_pids(pid: int) -> list[int]:
+    """pid and all its descendants (nginx master + workers, squid + helpers)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(x) for x in f.read().split()]
+    return out
+
+
+def tree_kb(pid: int, field_name: str) -> int:
+    total = 0
+    for p in tree_pids(pid):
+        with contextlib.suppress(OSError, BenchError):
+            total += proc_status_kb(p, field_name)
+    return total
+
+
+def tree_cpu(pid: int) -> float:
+    total = 0.0
+    for p in tree_pids(pid):
+        with contextlib.suppress(OSError):
+            total += proc_cpu_s(p)
+    return total
+
+
+def tool_version(argv: list[str]) -> str | None:
+    with contextlib.suppress(Exception):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        text = (r.stdout + r.stderr).strip().splitlines()
+        return text[0] if text else None
+    return None
+
+
+# ----------------------------------------------------------------------------------- baseline configs
+
+
+def nginx_conf(tmp: Path, port: int, stub_port: int, token: str) -> Path:
+    """The reverse proxy a user would write: streaming responses, keep-alive to the upstream, the token
+    injected and the client's own credential dropped."""
+    d = tmp / "nginx"
+    d.mkdir()
+    conf = d / "nginx.conf"
+    conf.write_text(f"""
+worker_processes auto;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
+    client_max_body_size 64m;
+    keepalive_requests 1000000;
+    upstream anthropic {{
+        server {LOOPBACK}:{stub_port};
+        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+    server {{
+        listen {LOOPBACK}:{port};
+        location / {{
+            proxy_pass http://anthropic;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "Bearer {token}";
+            proxy_set_header x-api-key "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+""")
+    return conf
+
+
+def squid_conf(tmp: Path, port: int, sink_port: int) -> Path:
+    """CONNECT to the sink's host:port only, everything else denied; no cache, no access log (the gate runs
+    without its audit log too)."""
+    d = tmp / "squid"
+    d.mkdir()
+    os.chmod(d, 0o777)  # squid drops to its own user when started as root
+    conf = d / "squid.conf"
+    conf.write_text(f"""
+http_port {LOOPBACK}:{port}
+acl sink_host dst {SINK_HOST}
+acl sink_port port {sink_port}
+acl CONNECT method CONNECT
+http_access allow CONNECT sink_host sink_port
+http_access deny all
+cache deny all
+cache_mem 8 MB
+access_log none
+cache_store_log none
+cache_log {d}/cache.log
+pid_filename {d}/squid.pid
+coredump_dir {d}
+shutdown_lifetime 1 seconds
+max_filedescriptors 8192
+""")
+    return conf
+
+
+# ----------------------------------------------------------------------------------------- gate part
+
+
+class Loopback:
+    """Stub, sink, gate, nginx and squid as subprocesses; this process is the client."""
+
+    def __init__(self, args: argparse.Namespace, deadline: Deadline, children: Children, tmp: Path,
+                 entries: list[Entry], details: dict[str, Any]) -> None:
+        self.args, self.deadline, self.children, self.tmp = args, deadline, children, tmp
+        self.entries, self.details = entries, details
+
+    def setup(self, need_egress: bool) -> None:
+        cb = gb.claude_bottle_argv()
+        token_value = gb.make_token()
+        token = self.tmp / "token"
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token_value + "\n")
+        ch = self.children
+        self.stub = ch.start("stub", [*cb, "stub-upstream", "--listen", f"{LOOPBACK}:0"])
+        self.stub_port = int(self.stub.wait_for_line(re.compile(r"stub upstream on http://[\d.]+:(\d+)"), 20)[1])
+        self.sink_child = ch.start("sink", [sys.executable, str(HERE / "gate_bench.py"), "--_sink",
+                                            f"{SINK_HOST}:0"], stdin_pipe=True)
+        sink_port = int(self.sink_child.wait_for_line(re.compile(r"sink on [\d.]+:(\d+)"), 20)[1])
+        self.sink = (SINK_HOST, sink_port)
+        self.gate = ch.start("gate", [*cb, "gate", "--api-listen", f"{LOOPBACK}:0", "--proxy-listen",
+                                      f"{LOOPBACK}:0", "--upstream", f"http://{LOOPBACK}:{self.stub_port}",
+                                      "--token-file", str(token), "--allow", f"{SINK_HOST}:{sink_port}",
+                                      "--allow-private", "127.0.0.0/8", "--max-tunnels", "256",
+                                      "--drain-seconds", "1"])
+        m = self.gate.wait_for_line(re.compile(r"API on ([\d.]+):(\d+), proxy on ([\d.]+):(\d+)"), 30)
+        self.api, self.proxy = (m[1], int(m[2])), (m[3], int(m[4]))
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not Path(nginx).exists():
+            raise BenchError("nginx is not installed: apt-get install nginx-light")
+        nport = free_port()
+        conf = nginx_conf(self.tmp, nport, self.stub_port, token_value)
+        self.nginx = ch.start("nginx", [nginx, "-c", str(conf), "-p", str(conf.parent), "-e", "stderr"])
+        wait_port(self.nginx, LOOPBACK, nport, 20)
+        self.nginx_addr = (LOOPBACK, nport)
+        self.squid: Child | None = None
+        if need_egress:
+            squid = shutil.which("squid") or "/usr/sbin/squid"
+            if not Path(squid).exists():
+                raise BenchError("squid is not installed: apt-get install squid")
+            sport = free_port()
+            sconf = squid_conf(self.tmp, sport, sink_port)
+            self.squid = ch.start("squid", [squid, "-N", "-f", str(sconf)])
+            wait_port(self.squid, LOOPBACK, sport, 60)
+            self.squid_addr = (LOOPBACK, sport)
+        log(f"stub :{self.stub_port} gate API :{self.api[1]} proxy :{self.proxy[1]} nginx :{nport} sink "
+            f"{SINK_HOST}:{sink_port}" + (f" squid :{self.squid_addr[1]}" if self.squid else ""))
+
+    def api_paths(self) -> dict[str, tuple[str, int]]:
+        return {"direct": (LOOPBACK, self.stub_port), "gate": self.api, "nginx": self.nginx_addr}
+
+    # -- API latency -------------------------------------------------------------------------------
+
+    def api_latency(self) -> None:
+        n, block = self.args.requests, 50
+        log(f"API latency: {n} sequential small POST /v1/messages per path (direct, gate, nginx), keep-alive")
+        conns = {k: SyncHttp(*a) for k, a in self.api_paths().items()}
+        lat: dict[str, list[float]] = {k: [] for k in conns}
+        try:
+            reqs = {k: messages_request(c.authority, gb.SMALL_PAYLOAD) for k, c in conns.items()}
+            for k, c in conns.items():
+                for _ in range(min(100, n)):
+                    if c.exchange(reqs[k])[0] != 200:
+                        raise BenchError(f"{k}: warm-up request failed")
+            done = 0
+            while done < n:
+                self.deadline.check()
+                m = min(block, n - done)
+                for k, c in conns.items():
+                    for _ in range(m):
+                        t0 = time.perf_counter_ns()
+                        status, _ = c.exchange(reqs[k])
+                        t1 = time.perf_counter_ns()
+                        if status != 200:
+                            raise BenchError(f"{k}: request answered {status}")
+                        lat[k].append((t1 - t0) / 1e6)
+                done += m
+        finally:
+            for c in conns.values():
+                c.close()
+        st = {k: {"p50": percentile(v, 50), "p99": percentile(v, 99), "n": len(v)} for k, v in lat.items()}
+        self.details["api_latency_ms"] = st
+        for q in ("p50", "p99"):
+            g_add = st["gate"][q] - st["direct"][q]
+            n_add = st["nginx"][q] - st["direct"][q]
+            self.entries.append(Entry(f"api_latency_{q}", "ms", st["gate"][q], "direct", st["direct"][q],
+                                      ratio(st["gate"][q], st["direct"][q]), note="gate, total"))
+            tgt = "<= 1.5 x nginx" if q == "p50" else None
+            self.entries.append(Entry(f"api_added_latency_{q}", "ms", g_add, "nginx", n_add, ratio(g_add, n_add),
+                                      tgt, (g_add <= 1.5 * n_add) if tgt else None,
+                                      f"{q} over the direct {q}; {n} sequential small non-streaming requests"))
+        log("   " + " | ".join(f"{k} p50 {v['p50']:.3f} p99 {v['p99']:.3f} ms" for k, v in st.items()))
+
+    # -- SSE per-event delay -----------------------------------------------------------------------
+
+    def sse_delay(self) -> None:
+        events, interval, streams = 200, 0.005, self.args.sse_streams
+        log(f"SSE per-event delay: {streams} streams x {events} events, {interval * 1000:g} ms apart, per path")
+        conns = {k: SyncHttp(*a) for k, a in self.api_paths().items()}
+        delays: dict[str, list[float]] = {k: [] for k in conns}
+        try:
+            reqs = {k: messages_request(c.authority, gb.stream_payload(events, interval)) for k, c in conns.items()}
+            for c in conns.values():
+                c.exchange(messages_request(c.authority, gb.stream_payload(20, 0.001)), SseScanner())
+            for _ in range(streams):
+                for k, c in conns.items():
+                    self.deadline.check()
+                    sse = SseScanner()
+                    status, _ = c.exchange(reqs[k], sse)
+                    if status != 200 or sse.deltas != events or not sse.stopped or len(sse.delays_ns) != events:
+                        raise BenchError(f"{k}: incomplete stream (status {status}, {sse.deltas} deltas)")
+                    delays[k] += [x / 1e6 for x in sse.delays_ns]
+        finally:
+            for c in conns.values():
+                c.close()
+        st = {k: {"median": percentile(v, 50), "p99": percentile(v, 99), "n": len(v)} for k, v in delays.items()}
+        self.details["sse_event_delay_ms"] = st
+        g_add = st["gate"]["median"] - st["direct"]["median"]
+        n_add = st["nginx"]["median"] - st["direct"]["median"]
+        self.entries.append(Entry("sse_added_delay_median", "ms", g_add, "nginx", n_add, ratio(g_add, n_add),
+                                  "<= 1.0 ms", g_add <= 1.0,
+                                  f"per-event delay over direct's; {streams} x {events} events"))
+        g99 = st["gate"]["p99"] - st["direct"]["p99"]
+        n99 = st["nginx"]["p99"] - st["direct"]["p99"]
+        self.entries.append(Entry("sse_added_delay_p99", "ms", g99, "nginx", n99, ratio(g99, n99)))
+        log("   " + " | ".join(f"{k} median {v['median']:.3f} p99 {v['p99']:.3f} ms" for k, v in st.items()))
+
+    # -- 256 concurrent streams --------------------------------------------------------------------
+
+    def streams(self) -> None:
+        n, events, interval = self.args.streams, 50, 0.010
+        log(f"{n} concurrent SSE streams ({events} events, {interval * 1000:g} ms apart): direct, gate, nginx")
+        bench = gb.Bench(self.args, self.deadline, self.stub_port, self.stub, self.gate, self.api, self.proxy,
+                         self.sink)
+        out: dict[str, Any] = {}
+        for k, (host, port) in self.api_paths().items():
+            self.deadline.check()
+            proc = {"gate": self.gate, "nginx": self.nginx}.get(k)
+            pid = proc.pid if proc else None
+            cpu0 = tree_cpu(pid) if pid else 0.0
+            rss0 = tree_kb(pid, "VmRSS") if pid else 0
+            t0 = time.monotonic()
+            errors, delays, sampled = asyncio.run(bench._streams(host, port, n, events, interval, pid))
+            wall = time.monotonic() - t0
+            rec: dict[str, Any] = {"errors": errors, "error_count": sum(errors.values()), "wall_s": wall,
+                                   "event_delay_median_ms": percentile([d / 1e6 for d in delays], 50),
+                                   "event_delay_p99_ms": percentile([d / 1e6 for d in delays], 99)}
+            if pid:
+                rec.update(cpu_s=tree_cpu(pid) - cpu0, rss_before_mb=kb_to_mb(rss0),
+                           rss_sampled_peak_mb=kb_to_mb(sampled), vmhwm_mb=kb_to_mb(tree_kb(pid, "VmHWM")))
+            out[k] = rec
+            log(f"   {k}: errors {rec['error_count']} {errors or ''}"
+                + (f", VmHWM {rec['vmhwm_mb']:.1f} MB, CPU {rec['cpu_s']:.2f} s" if pid else ""))
+        self.gate.ensure_alive()
+        self.details[f"streams{n}"] = out
+        g, ng = out["gate"], out["nginx"]
+        self.entries.append(Entry(f"streams{n}_errors", "count", g["error_count"], "nginx", ng["error_count"], None,
+                                  "== 0", g["error_count"] == 0,
+                                  f"direct errors {out['direct']['error_count']}; gate {g['errors'] or 'none'}"))
+        self.entries.append(Entry(f"streams{n}_gate_peak_rss", "MB", g["vmhwm_mb"], "nginx", ng["vmhwm_mb"],
+                                  ratio(g["vmhwm_mb"], ng["vmhwm_mb"]), "<= 120 MB", g["vmhwm_mb"] <= 120,
+                                  "VmHWM (lifetime peak, after the API and SSE phases); nginx: sum over master "
+                                  "+ workers"))
+        self.entries.append(Entry(f"streams{n}_cpu_seconds", "s", g["cpu_s"], "nginx", ng["cpu_s"],
+                                  ratio(g["cpu_s"], ng["cpu_s"]), note=f"CPU spent on {n} x {events} events"))
+
+    # -- 10 MB request bodies ----------------------------------------------------------------------
+
+    def big_bodies(self) -> None:
+        reps, size = self.args.body_reps, 10 * MB
+        log(f"10 MB request bodies: {reps} sequential POST /v1/messages per path, keep-alive")
+        filler = "x" * (size - 200)
+        conns = {k: SyncHttp(*a) for k, a in self.api_paths().items()}
+        rates: dict[str, list[float]] = {k: [] for k in conns}
+        try:
+            reqs = {k: messages_request(c.authority, {**gb.SMALL_PAYLOAD, "messages": [
+                {"role": "user", "content": filler}]}) for k, c in conns.items()}
+            body_len = len(reqs["direct"]) - reqs["direct"].index(b"\r\n\r\n") - 4
+            for k, c in conns.items():  # warm-up
+                if c.exchange(reqs[k])[0] != 200:
+                    raise BenchError(f"{k}: 10 MB request refused")
+            for _ in range(reps):
+                for k, c in conns.items():
+                    self.deadline.check()
+                    t0 = time.perf_counter()
+                    status, _ = c.exchange(reqs[k])
+                    secs = time.perf_counter() - t0
+                    if status != 200:
+                        raise BenchError(f"{k}: 10 MB request answered {status}")
+                    rates[k].append(body_len / MB / secs)
+        finally:
+            for c in conns.values():
+                c.close()
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        self.details["body10mb_mb_s"] = {**rates, "body_bytes": body_len}
+        self.entries.append(Entry("body10mb_throughput", "MB/s", med["gate"], "nginx", med["nginx"],
+                                  ratio(med["gate"], med["nginx"]),
+                                  note=f"median of {reps}; request sent -> response read; direct {med['direct']:.0f}"
+                                  " MB/s (the stub parses the JSON on every path)"))
+        log("   " + " | ".join(f"{k} {v:.0f} MB/s" for k, v in med.items()))
+
+    # -- egress ------------------------------------------------------------------------------------
+
+    def _connect_once(self, first_hop: tuple[str, int], target: str | None) -> tuple[int, float]:
+        """One setup: TCP connect, CONNECT (unless direct), an empty exchange with the sink, close.
+        Returns (status, seconds); status is the proxy's answer (200 direct)."""
+        t0 = time.perf_counter()
+        sock = socket.create_connection(first_hop, timeout=SOCKET_TIMEOUT_S)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if target is not None:
+                sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    data = sock.recv(4096)
+                    if not data:
+                        break
+                    head += data
+                status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
+                if status != 200:
+                    return status, time.perf_counter() - t0
+            sock.sendall(b"\0" * 8)  # the sink: expect 0 bytes; it answers with the 8-byte count
+            ack = b""
+            while len(ack) < 8:
+                data = sock.recv(8 - len(ack))
+                if not data:
+                    raise BenchError("the sink closed early")
+                ack += data
+            return 200, time.perf_counter() - t0
+        finally:
+            sock.close()
+
+    def connect_rate(self) -> None:
+        n = self.args.connects
+        target = f"{self.sink[0]}:{self.sink[1]}"
+        assert self.squid is not None
+        paths = {"direct": (self.sink, None), "gate": (self.proxy, target), "squid": (self.squid_addr, target)}
+        log(f"CONNECT setups: {n} sequential per path (connect, CONNECT, 8-byte exchange with the sink, close)")
+        times: dict[str, list[float]] = {k: [] for k in paths}
+        for k, (hop, tgt) in paths.items():
+            for _ in range(min(50, n)):
+                if self._connect_once(hop, tgt)[0] != 200:
+                    raise BenchError(f"{k}: CONNECT to the sink refused")
+        block = 50
+        done = 0
+        while done < n:
+            self.deadline.check()
+            m = min(block, n - done)
+            for k, (hop, tgt) in paths.items():
+                for _ in range(m):
+                    status, secs = self._connect_once(hop, tgt)
+                    if status != 200:
+                        raise BenchError(f"{k}: CONNECT answered {status}")
+                    times[k].append(secs)
+            done += m
+        rate = {k: len(v) / sum(v) for k, v in times.items()}
+        self.details["connect_setup_ms"] = {k: {"p50": percentile(v, 50) * 1000, "p99": percentile(v, 99) * 1000,
+                                                "per_s": rate[k]} for k, v in times.items()}
+        self.entries.append(Entry("egress_connect_setups_per_s", "1/s", rate["gate"], "squid", rate["squid"],
+                                  ratio(rate["gate"], rate["squid"]),
+                                  note=f"sequential, one client; direct {rate['direct']:.0f}/s"))
+        log("   " + " | ".join(f"{k} {v:.0f}/s" for k, v in rate.items()))
+
+    def denied_latency(self) -> None:
+        n = self.args.denied
+        assert self.squid is not None
+        paths = {"gate": self.proxy, "squid": self.squid_addr}
+        log(f"Denied CONNECT {DENIED_TARGET}: {n} per path, fresh connection each, time to the refusal")
+        times: dict[str, list[float]] = {k: [] for k in paths}
+        for i in range(n + 10):
+            self.deadline.check()
+            for k, hop in paths.items():
+                status, secs = self._connect_once(hop, DENIED_TARGET)
+                if status != 403:
+                    raise BenchError(f"{k}: denied CONNECT answered {status}, expected 403")
+                if i >= 10:
+                    times[k].append(secs * 1000)
+        st = {k: {"p50": percentile(v, 50), "p99": percentile(v, 99)} for k, v in times.items()}
+        self.details["denied_decision_ms"] = st
+        self.entries.append(Entry("egress_denied_decision_p50", "ms", st["gate"]["p50"], "squid", st["squid"]["p50"],
+                                  ratio(st["gate"]["p50"], st["squid"]["p50"]),
+                                  note="TCP connect + CONNECT to a 403 answer (IP literal, no DNS)"))
+        self.entries.append(Entry("egress_denied_decision_p99", "ms", st["gate"]["p99"], "squid", st["squid"]["p99"],
+                                  ratio(st["gate"]["p99"], st["squid"]["p99"])))
+        log("   " + " | ".join(f"{k} p50 {v['p50']:.3f} p99 {v['p99']:.3f} ms" for k, v in st.items()))
+
+    def tunnel(self) -> None:
+        total, chunk, reps = self.args.tunnel_bytes, 256 * 1024, self.args.tunnel_reps
+        assert self.squid is not None
+        target = f"{self.sink[0]}:{self.sink[1]}"
+        paths = {"direct": (self.sink, None), "gate": (self.proxy, target), "squid": (self.squid_addr, target)}
+        log(f"Tunnel throughput: {total / 2**20:.0f} MiB, {reps} run(s) per path, alternating")
+        payload = memoryview(os.urandom(chunk))
+        for hop, tgt in paths.values():
+            push_bytes(hop, tgt, 32 * 2**20, chunk, payload, self.deadline)
+        rates: dict[str, list[float]] = {k: [] for k in paths}
+        cpu: dict[str, list[float]] = {"gate": [], "squid": []}
+        for _ in range(reps):
+            for k, (hop, tgt) in paths.items():
+                pid = {"gate": self.gate.pid, "squid": self.squid.pid}.get(k)
+                c0 = tree_cpu(pid) if pid else 0
+                secs = push_bytes(hop, tgt, total, chunk, payload, self.deadline)
+                rates[k].append(total / MB / secs)
+                if pid:
+                    cpu[k].append((tree_cpu(pid) - c0) / secs)
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        self.details["tunnel_mb_s"] = {**rates, "bytes": total, "cpu_utilisation": cpu}
+        self.entries.append(Entry("tunnel_throughput", "MB/s", med["gate"], "squid", med["squid"],
+                                  ratio(med["gate"], med["squid"]), ">= squid", med["gate"] >= med["squid"],
+                                  f"median of {reps} x {total / 2**20:.0f} MiB, sink-confirmed; direct "
+                                  f"{med['direct']:.0f} MB/s"))
+        log("   " + " | ".join(f"{k} {v:.0f} MB/s" for k, v in med.items()))
+
+
+# --------------------------------------------------------------------------------------- bottle part
+
+
+class Bottle:
+    """Real bottles: `claude-bottle run -p` against plain `docker run` of the bottle image."""
+
+    def __init__(self, args: argparse.Namespace, deadline: Deadline, tmp: Path, entries: list[Entry],
+                 details: dict[str, Any]) -> None:
+        self.args, self.deadline, self.tmp, self.entries, self.details = args, deadline, tmp, entries, details
+        self.tag = secrets.token_hex(3)
+        self.agent = f"bench-{self.tag}"
+        self.net = f"claude-bottle-bench-{self.tag}"
+        self.label = f"claude-bottle.bench={self.tag}"
+        self.token = "sk-ant-oat01-" + secrets.token_urlsafe(45)[:60]
+        cas = sorted(str(p) for p in Path("/usr/local/share/ca-certificates").glob("*.crt"))
+        self.env = {**os.environ, "CLAUDE_BOTTLE_OAUTH_TOKEN": self.token,
+                    "XDG_CONFIG_HOME": str(tmp / "config")}
+        if cas and "CLAUDE_BOTTLE_EXTRA_CA_CERTS" not in os.environ:
+            self.env["CLAUDE_BOTTLE_EXTRA_CA_CERTS"] = ":".join(cas)
+        self.cli = [str(VENV_BIN / "claude-bottle")] if (VENV_BIN / "claude-bottle").exists() else \
+            [sys.executable, "-m", "claude_bottle"]
+        self.workspace = tmp / "project"
+        self.started: list[str] = []
+
+    def docker(self, *argv: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(["docker", *argv], capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode:
+            raise BenchError(f"docker {' '.join(argv[:3])}: {r.stderr.strip()[-500:]}")
+        return r
+
+    def setup(self) -> None:
+        if shutil.which("docker") is None:
+            raise BenchError("no docker CLI")
+        (self.workspace / ".git" / "hooks").mkdir(parents=True)
+        (self.workspace / ".git" / "config").write_text("[core]\n")
+        self.workspace.chmod(0o777)
+        agents = self.tmp / "config" / "claude-bottle" / "agents"
+        agents.mkdir(parents=True)
+        (agents / f"{self.agent}.toml").write_text("version = 1\n")
+        log("images: claude-bottle build (builds only what is missing; the images are normally cached)")
+        t0 = time.monotonic()
+        r = subprocess.run([*self.cli, "build", self.agent], capture_output=True, text=True, timeout=900,
+                           env=self.env, cwd=self.workspace)
+        build_s = time.monotonic() - t0
+        if r.returncode:
+            raise BenchError(f"claude-bottle build failed: {r.stderr[-800:]}")
+        out = r.stdout + r.stderr
+        self.bottle_image = re.search(r"bottle image:\s*(\S+)", out)[1]  # type: ignore[index]
+        self.gate_image = re.search(r"gate image:\s*(\S+)", out)[1]  # type: ignore[index]
+        built = "building" in out
+        self.details["images"] = {"bottle": self.bottle_image, "gate": self.gate_image, "build_s": build_s,
+                                  "built_now": built, "build_output_tail": out[-600:] if built else None}
+        log(f"   {self.bottle_image} {self.gate_image} ({build_s:.1f} s{', built now' if built else ', cached'})")
+        self.docker("network", "create", "--label", self.label, self.net)
+        self.started.append("network")
+        self.docker("run", "-d", "--name", f"{self.net}-stub", "--label", self.label, "--network", self.net,
+                    "--hostname", "stub", "--entrypoint", "/opt/gate/bin/python", self.gate_image, "-m",
+                    "claude_bottle", "stub-upstream", "--listen", "stub:8000")
+        end = time.monotonic() + 30
+        while "stub upstream on" not in self.docker("logs", f"{self.net}-stub").stdout + \
+                self.docker("logs", f"{self.net}-stub").stderr:
+            if time.monotonic() > end:
+                raise BenchError("the stub container did not start")
+            time.sleep(0.1)
+
+    def cleanup(self) -> None:
+        for flt in (f"label={self.label}", f"label=claude-bottle.agent={self.agent}"):
+            ids = self.docker("ps", "-aq", "--filter", flt, check=False).stdout.split()
+            if ids:
+                self.docker("rm", "-f", *ids, check=False)
+        for flt in (f"label=claude-bottle.agent={self.agent}", f"label={self.label}"):
+            ids = self.docker("network", "ls", "-q", "--filter", flt, check=False).stdout.split()
+            if ids:
+                self.docker("network", "rm", *ids, check=False)
+        ids = self.docker("volume", "ls", "-q", "--filter", f"label=claude-bottle.agent={self.agent}",
+                          check=False).stdout.split()
+        if ids:
+            self.docker("volume", "rm", "-f", *ids, check=False)
+
+    def leftovers(self) -> list[str]:
+        flt = f"label=claude-bottle.agent={self.agent}"
+        return self.docker("ps", "-aq", "--filter", flt, check=False).stdout.split() + \
+            self.docker("network", "ls", "-q", "--filter", flt, check=False).stdout.split()
+
+    def timed(self, argv: list[str], timeout: float = 180) -> dict[str, float]:
+        """Run argv; times (from start) of the first and last stdout chunk and of the exit."""
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
+                                cwd=self.workspace, start_new_session=True)
+        marks: dict[str, float] = {}
+        out = bytearray()
+        err = bytearray()
+
+        def read_out() -> None:
+            assert proc.stdout is not None
+            while chunk := proc.stdout.read1(65536):  # type: ignore[attr-defined]
+                now = time.monotonic() - t0
+                marks.setdefault("first_out", now)
+                marks["last_out"] = now
+                out.extend(chunk)
+
+        def read_err() -> None:
+            assert proc.stderr is not None
+            while chunk := proc.stderr.read1(65536):  # type: ignore[attr-defined]
+                now = time.monotonic() - t0
+                if b"starting gate" in chunk:
+                    marks.setdefault("gate_msg", now)
+                err.extend(chunk)
+
+        threads = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
+        for t in threads:
+            t.start()
+        try:
+            code = proc.wait(min(timeout, max(5.0, self.deadline.left())))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(20)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+            raise BenchError(f"{argv[:3]} timed out") from None
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+            raise
+        marks["exit"] = time.monotonic() - t0
+        for t in threads:
+            t.join(5)
+        if code != 0 or b"Hello from the stub upstream" not in out:
+            raise BenchError(f"{argv[:3]} exit {code}: {bytes(out)[-300:]!r} {bytes(err)[-800:]!r}")
+        return marks
+
+    def run_p(self) -> dict[str, float]:
+        m = self.timed([*self.cli, "run", self.agent, "-p", "say hi", "--upstream", "http://stub:8000",
+                        "--upstream-network", self.net])
+        m["leftovers_at_exit"] = len(self.leftovers())
+        return m
+
+    def docker_run(self) -> dict[str, float]:
+        env = ["-e", "ANTHROPIC_BASE_URL=http://stub:8000", "-e", f"CLAUDE_CODE_OAUTH_TOKEN={self.token}",
+               "-e", "HOME=/tmp", "-e", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "-e", "DISABLE_AUTOUPDATER=1",
+               "-e", "DISABLE_TELEMETRY=1", "-e", "DISABLE_ERROR_REPORTING=1"]
+        return self.timed(["docker", "run", "--rm", "--label", self.label, "--network", self.net, "--user",
+                           "1000:1000", *env, self.bottle_image, "claude", "--dangerously-skip-permissions", "-p",
+                           "say hi"])
+
+    def measure(self) -> None:
+        reps = self.args.bottle_reps
+        log("bottle: warm-up docker run, then the first run -p, then "
+            f"{reps} x (run -p, docker run) alternating")
+        self.docker_run()
+        self.deadline.check()
+        first = self.run_p()
+        log(f"   first run -p: {first['exit']:.2f} s")
+        runs: list[dict[str, float]] = []
+        plain: list[dict[str, float]] = []
+        for i in range(reps):
+            self.deadline.check()
+            runs.append(self.run_p())
+            plain.append(self.docker_run())
+            r = runs[-1]
+            log(f"   rep {i + 1}: run -p {r['exit']:.2f} s (teardown {r['exit'] - r['last_out']:.2f} s), "
+                f"docker run {plain[-1]['exit']:.2f} s")
+
+        def med(xs: list[float]) -> float:
+            return statistics.median(xs)
+
+        r_wall, p_wall = med([r["exit"] for r in runs]), med([p["exit"] for p in plain])
+        teardown = med([r["exit"] - r["last_out"] for r in runs])
+        plain_tail = med([p["exit"] - p["last_out"] for p in plain])
+        setup = med([r["gate_msg"] for r in runs if "gate_msg" in r] or [float("nan")])
+        self.details["bottle"] = {"first_run_p": first, "run_p": runs, "docker_run": plain}
+        self.entries.append(Entry("run_p_wall", "s", r_wall, "docker run", p_wall, ratio(r_wall, p_wall),
+                                  note=f"median of {reps}; `claude-bottle run -p 'say hi'` vs `docker run` of the "
+                                  "bottle image running `claude -p` at the stub"))
+        self.entries.append(Entry("run_p_overhead", "s", r_wall - p_wall, "docker run", p_wall, None, "<= 1.0 s",
+                                  r_wall - p_wall <= 1.0, "gate, networks, volume, setup and teardown"))
+        self.entries.append(Entry("run_p_first_start", "s", first["exit"], "run -p median", r_wall,
+                                  ratio(first["exit"], r_wall),
+                                  note="the first run -p of this benchmark, right after `claude-bottle build` "
+                                  + ("built the changed images (details.images.build_s)"
+                                     if self.details["images"]["built_now"] else
+                                     "found both images cached (nothing rebuilt)")))
+        self.entries.append(Entry("run_p_teardown", "s", teardown, "docker run tail", plain_tail,
+                                  ratio(teardown, plain_tail),
+                                  note="Claude's output printed -> CLI exited with containers and networks removed "
+                                  f"(leftovers at exit: {max(r['leftovers_at_exit'] for r in runs):.0f})"))
+        self.entries.append(Entry("run_p_until_gate_start", "s", setup,
+                                  note="CLI start -> 'starting gate' (config, token, image check)"))
+        log(f"   run -p {r_wall:.2f} s, docker run {p_wall:.2f} s, overhead {r_wall - p_wall:.2f} s, "
+            f"teardown {teardown:.2f} s")
+
+    def idle_and_sizes(self) -> None:
+        # A kept-alive bottle (sleep) through the product's own API, as the tests do: the gate idles.
+        os.environ.update({k: self.env[k] for k in ("CLAUDE_BOTTLE_OAUTH_TOKEN", "XDG_CONFIG_HOME")})
+        if "CLAUDE_BOTTLE_EXTRA_CA_CERTS" in self.env:
+            os.environ["CLAUDE_BOTTLE_EXTRA_CA_CERTS"] = self.env["CLAUDE_BOTTLE_EXTRA_CA_CERTS"]
+        from claude_bottle import tokens
+        from claude_bottle.config import load_agent
+        from claude_bottle.launch import Launch, started
+
+        credential, _ = tokens.find()
+        launch = Launch(load_agent(self.agent, self.workspace), self.workspace, credential, "http://stub:8000",
+                        (self.net,))
+        log("gate idle RSS (a bottle running `sleep`), then the time to remove that run")
+        t_exit = None
+        with started(launch, lambda line: None) as run:
+            run.create_bottle(["sleep", "600"], tty=False).start()
+            time.sleep(3)
+            assert run.gate is not None
+            run.gate.reload()
+            pid = int(run.gate.attrs["State"]["Pid"])
+            rss = tree_kb(pid, "VmRSS")
+            stats = run.gate.stats(stream=False)
+            mem = stats.get("memory_stats", {})
+            cgroup_mb = (mem.get("usage", 0) - mem.get("stats", {}).get("inactive_file", 0)) / MB
+            t_exit = time.monotonic()
+        remove_s = time.monotonic() - t_exit
+        self.details["gate_idle"] = {"vmrss_mb": kb_to_mb(rss),
+                                     "cgroup_usage_mb": cgroup_mb, "remove_kept_run_s": remove_s,
+                                     "leftovers_after_remove": len(self.leftovers())}
+        self.entries.append(Entry("gate_idle_rss", "MB", kb_to_mb(rss), "gate container cgroup usage", cgroup_mb,
+                                  note="VmRSS of the gate container's processes, 3 s after start, bottle idle"))
+        self.entries.append(Entry("teardown_running_bottle", "s", remove_s,
+                                  note="remove a run whose bottle is still running (what `stop` does)"))
+        sizes = {}
+        for name, image in (("bottle", self.bottle_image), ("gate", self.gate_image),
+                            ("debian base", "debian:bookworm-slim")):
+            r = self.docker("image", "inspect", "-f", "{{.Size}}", image, check=False)
+            if r.returncode == 0:
+                sizes[name] = int(r.stdout.strip()) / MB
+        hist = self.docker("history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", self.bottle_image,
+                           check=False).stdout.splitlines()
+        self.details["image_sizes_mb"] = sizes
+        self.details["bottle_image_layers"] = [h[:300] for h in hist if not h.startswith("0B")]
+        self.entries.append(Entry("bottle_image_size", "MB", sizes.get("bottle", float("nan")), "debian:bookworm-slim",
+                                  sizes.get("debian base"), ratio(sizes.get("bottle", 0), sizes.get("debian base", 0)),
+                                  "<= 450 MB", sizes.get("bottle", 1e9) <= 450, "docker image inspect .Size"))
+        self.entries.append(Entry("gate_image_size", "MB", sizes.get("gate", float("nan")), "debian:bookworm-slim",
+                                  sizes.get("debian base"), ratio(sizes.get("gate", 0), sizes.get("debian base", 0))))
+        log(f"   gate idle VmRSS {kb_to_mb(rss):.1f} MB (cgroup {cgroup_mb:.1f} MB); remove {remove_s:.2f} s; "
+            f"sizes {', '.join(f'{k} {v:.0f} MB' for k, v in sizes.items())}")
+
+
+# ----------------------------------------------------------------------------------------------- output
+
+
+def write_results(doc: dict[str, Any]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "latest.json").write_text(json.dumps(doc, indent=2) + "\n")
+    m = doc["machine"]
+    v = doc["versions"]
+    lines = [
+        "# claude-bottle benchmark", "",
+        f"Date: {m['date']}  ",
+        f"Command: `{doc['command']}`  ",
+        f"Machine: {m['cpu_model']}, {m['cores']} cores ({m['cores_usable']} usable), {m['ram_gb']} GB RAM, "
+        f"{m['kernel']}, load average at start {m['loadavg_at_start']:.2f}  ",
+        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "  ",
+        f"Commit: {m['commit'] or '?'}{' + uncommitted changes in src' if m['src_modified_since_commit'] else ''}  ",
+        f"Status: {'complete' if doc['complete'] else 'INCOMPLETE: ' + str(doc.get('error'))}; "
+        f"duration {doc['duration_s']:.0f} s", "",
+        "Gate = `claude-bottle gate`; direct = straight to the stub (or sink); nginx = Debian's nginx as a "
+        "reverse proxy (proxy_buffering off, keep-alive upstream, Authorization injected); squid = Debian's "
+        "squid allowing CONNECT to the sink only. Added = path - direct. MB = 10^6 bytes.", "",
+        "| metric | unit | value | baseline | baseline value | ratio | target | result | note |",
+        "| --- | --- | ---: | --- | ---: | ---: | --- | --- | --- |",
+    ]
+    for e in doc["results"]:
+        lines.append(f"| {e['name']} | {e['unit']} | {gb.fmt(e['value'])} | {e['baseline'] or ''} | "
+                     f"{gb.fmt(e['baseline_value'])} | {gb.fmt(e['ratio'])} | {e['target'] or ''} | "
+                     f"{gb.fmt(e['pass']) if e['target'] else ''} | {e['note'].replace('|', '/')} |")
+    lines += ["", "Targets:", ""]
+    lines += [f"- {'PASS' if e['pass'] else 'MISS'}: {e['name']} = {gb.fmt(e['value'])} {e['unit']} "
+              f"(target {e['target']})" for e in doc["results"] if e["target"]]
+    if doc.get("analysis"):
+        lines += ["", "Analysis of the misses:", ""] + [f"- {a}" for a in doc["analysis"]]
+    lines += ["", "Details:", "", "```json", json.dumps(doc["details"], indent=2), "```", ""]
+    (RESULTS / "latest.md").write_text("\n".join(lines))
+
+
+ANALYSIS_FILE = HERE / "analysis.json"  # hand-written notes on misses, copied into the report if present
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+        out["claude-bottle"] = version("claude-bottle")
+        out["h11"] = version("h11")
+    out["nginx"] = (tool_version(["nginx", "-v"]) or "").replace("nginx version: ", "") or None
+    out["squid"] = tool_version(["squid", "-v"])
+    out["docker"] = tool_version(["docker", "version", "-f", "{{.Server.Version}}"])
+    with contextlib.suppress(Exception):
+        from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION
+        out["claude-code"] = DEFAULT_CLAUDE_CODE_VERSION
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    started_at = time.monotonic()
+    deadline = Deadline(args.deadline)
+    tmp = Path(tempfile.mkdtemp(prefix="cb-bench-"))
+    os.chmod(tmp, 0o755)
+    children = Children(tmp)
+    entries: list[Entry] = []
+    details: dict[str, Any] = {}
+    doc: dict[str, Any] = {"benchmark": "claude-bottle", "quick": args.quick, "command": gb.command_line(),
+                           "machine": gb.machine_info(), "versions": versions(), "parameters": {
+                               k: v for k, v in vars(args).items() if k not in ("write",)},
+                           "results": [], "details": {}, "complete": False}
+    status = 1
+    bottle: Bottle | None = None
+    try:
+        parts = args.only or ["api", "egress", "bottle"]
+        if "api" in parts or "egress" in parts:
+            lb = Loopback(args, deadline, children, tmp, entries, details)
+            with deadline.for_phase("loopback setup", 90):
+                lb.setup("egress" in parts)
+            phases: list[tuple[str, str, float, Callable[[], None]]] = [
+                ("api", "api latency", 240, lb.api_latency),
+                ("api", "sse delay", 180, lb.sse_delay),
+                ("api", "streams", 240, lb.streams),
+                ("api", "10 MB bodies", 180, lb.big_bodies),
+                ("egress", "connect rate", 120, lb.connect_rate),
+                ("egress", "denied", 120, lb.denied_latency),
+                ("egress", "tunnel", 300, lb.tunnel),
+            ]
+            for part, name, limit, fn in phases:
+                if part not in parts:
+                    continue
+                with deadline.for_phase(name, limit):
+                    for c in children.items:
+                        c.ensure_alive()
+                    fn()
+            children.stop_all()
+        if "bottle" in parts:
+            bottle = Bottle(args, deadline, tmp, entries, details)
+            with deadline.for_phase("bottle", 600):
+                bottle.setup()
+                bottle.measure()
+                bottle.idle_and_sizes()
+        doc["complete"] = True
+        status = 0
+    except BenchError as exc:
+        doc["error"] = f"{deadline.phase}: {exc}"
+        print(f"benchmark failed in {deadline.phase}: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        status = 130
+    except Exception as exc:
+        doc["error"] = f"{deadline.phase}: {type(exc).__name__}: {exc}"
+        print(f"benchmark failed in {deadline.phase}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        with contextlib.suppress(BaseException):
+            children.stop_all()
+        if bottle is not None:
+            with contextlib.suppress(BaseException):
+                bottle.cleanup()
+        for child in children.items:
+            text = child.tail(3000)
+            if "Traceback" in text:
+                doc.setdefault("child_output", {})[child.name] = text
+        shutil.rmtree(tmp, ignore_errors=True)
+    if status == 130:
+        return status
+    doc["results"] = [e.as_json() for e in entries]
+    doc["details"] = gb.rounded(details)
+    doc["duration_s"] = round(time.monotonic() - started_at, 1)
+    with contextlib.suppress(OSError, ValueError):
+        doc["analysis"] = json.loads(ANALYSIS_FILE.read_text())
+    if args.write and doc["results"]:
+        write_results(doc)
+        print(f"wrote {RESULTS / 'latest.json'} and {RESULTS / 'latest.md'}")
+    print()
+    for e in doc["results"]:
+        if e["target"]:
+            print(f"{'PASS' if e['pass'] else 'MISS'}  {e['name']} = {gb.fmt(e['value'])} {e['unit']} "
+                  f"(target {e['target']}; {e['baseline']} {gb.fmt(e['baseline_value'])})")
+    return status
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller phases (about 2 minutes)")
+    parser.add_argument("--only", nargs="+", choices=["api", "egress", "bottle"], help="run these parts only")
+    parser.add_argument("--no-write", dest="write", action="store_false", help="do not write results files")
+    parser.add_argument("--deadline", type=float, default=20 * 60, help="global deadline, seconds")
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite results/latest.md from results/latest.json and analysis.json")
+    args = parser.parse_args()
+    if args.render:
+        doc = json.loads((RESULTS / "latest.json").read_text())
+        with contextlib.suppress(OSError, ValueError):
+            doc["analysis"] = json.loads(ANALYSIS_FILE.read_text())
+        (RESULTS / "latest.json").write_text(json.dumps(doc, indent=2) + "\n")
+        write_results(doc)
+        return 0
+    q = args.quick
+    args.requests = 300 if q else 2000
+    args.sse_streams = 2 if q else 5
+    args.streams = 256
+    args.body_reps = 3 if q else 10
+    args.connects = 200 if q else 1000
+    args.denied = 100 if q else 500
+    args.tunnel_bytes = (200 if q else 1024) * 2**20
+    args.tunnel_reps = 1 if q else 3
+    args.bottle_reps = 2 if q else 5
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
