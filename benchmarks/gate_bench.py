@@ -942,12 +942,17 @@ def run(args: argparse.Namespace) -> int:
     if args.write and (doc["complete"] or doc["results"]):
         write_results(doc)
         print(f"wrote {RESULTS / 'gate.json'} and {RESULTS / 'gate.md'}")
+    print_verdicts(doc["results"])
+    return status
+
+
+def print_verdicts(results: list[dict[str, Any]]) -> None:
+    """One PASS/MISS line per result that has a target."""
     print()
-    for e in doc["results"]:
+    for e in results:
         if e["target"]:
             print(f"{'PASS' if e['pass'] else 'MISS'}  {e['name']} = {fmt(e['value'])} {e['unit']} "
                   f"(target {e['target']}; {e['baseline']} {fmt(e['baseline_value'])})")
-    return status
 
 
 def main() -> int:

@@ -888,11 +888,7 @@ def run(args: argparse.Namespace) -> int:
     if args.write and doc["results"]:
         write_results(doc)
         print(f"wrote {RESULTS / 'latest.json'} and {RESULTS / 'latest.md'}")
-    print()
-    for e in doc["results"]:
-        if e["target"]:
-            print(f"{'PASS' if e['pass'] else 'MISS'}  {e['name']} = {gb.fmt(e['value'])} {e['unit']} "
-                  f"(target {e['target']}; {e['baseline']} {gb.fmt(e['baseline_value'])})")
+    gb.print_verdicts(doc["results"])
     return status
 
 
