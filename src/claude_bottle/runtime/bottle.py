@@ -133,10 +133,13 @@ class Run:
         self.gate_ip = ""
 
     def _network(self, suffix: str, internal: bool) -> Network:
+        # An internal bridge still gets the gateway address on the host side, and with it anything the host
+        # serves on that address or on 0.0.0.0 would be in the bottle's reach: the bridge gets no address.
+        options = {"com.docker.network.bridge.inhibit_ipv4": "true"} if internal else {}
         try:
             with _uninterrupted():
                 return self.client.networks.create(f"claude-bottle-{self.id}-{suffix}", driver="bridge",
-                                                   internal=internal, labels=self.labels)
+                                                   internal=internal, options=options, labels=self.labels)
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot create the {suffix} network: {exc.explanation or exc}") from None
 

@@ -26,7 +26,9 @@ RUN apt-get update \
  && update-ca-certificates \
  && apt-get clean && rm -rf /var/lib/apt/lists/*
 COPY --from=claude-code /claude /usr/local/bin/claude
+# No setuid or setgid programs: no-new-privileges disarms them, and without them nothing rests on that alone.
 RUN useradd --uid 1000 --create-home --shell /bin/bash agent \
+ && find / -xdev -type f -perm /6000 -exec chmod ug-s {} + \
  && mkdir /home/agent/.claude && chown agent:agent /home/agent/.claude \
  && chmod 1777 /home/agent /home/agent/.claude
 # 1777: the bottle runs as the invoking user's uid (so workspace files are theirs); a new state volume
