@@ -297,6 +297,26 @@ def exec_(agent: str | None, command: tuple[str, ...]) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
+@_agent_argument
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def verify(agent: str | None, as_json: bool) -> None:
+    """Prove the isolation: attack a bottle of AGENT from inside and report what got through.
+
+    The bottle is the agent's own, with a throwaway credential, a stub Messages API as its upstream (no
+    Anthropic account needed, no tokens spent) and a scratch workspace. Exits 1 if any attack succeeded.
+    """
+    from pathlib import Path
+
+    from claude_bottle import verify as verification
+    from claude_bottle.config import load_agent
+
+    config = load_agent(agent, Path.cwd())
+    outcomes = verification.verify(config, _progress)
+    click.echo(verification.as_json(config, outcomes) if as_json else verification.report(outcomes))
+    sys.exit(1 if any(not o.blocked for o in outcomes) else 0)
+
+
+@cli.command(context_settings=CONTEXT)
 def doctor() -> None:
     """Check the Docker engine, its DNS caveat, the token and the images."""
     from claude_bottle import tokens

@@ -80,15 +80,15 @@ def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
+def interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
-def _on_stop_signals(handler: Callable[[int, FrameType | None], None] | signal.Handlers) -> Iterator[None]:
+def on_stop_signals(handler: Callable[[int, FrameType | None], None] | signal.Handlers) -> Iterator[None]:
     """Handle Ctrl-C, SIGTERM and SIGHUP with ``handler`` inside the block.
 
-    ``_interrupt``: SIGTERM and SIGHUP unwind like Ctrl-C, so a run's finally-block removes what it created.
+    ``interrupt``: SIGTERM and SIGHUP unwind like Ctrl-C, so a run's finally-block removes what it created.
     ``SIG_IGN``: removal runs to the end; a second Ctrl-C (or a SIGTERM after a SIGHUP) cannot cut it short.
     """
     previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
@@ -102,7 +102,7 @@ def _on_stop_signals(handler: Callable[[int, FrameType | None], None] | signal.H
 @contextlib.contextmanager
 def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[Run]:
     """Build what is missing, start the gate, and yield the run; on the way out, remove all of it."""
-    with _on_stop_signals(_interrupt):
+    with on_stop_signals(interrupt):
         client = engine.connect()
         bottle_image, gate_image = build_images(client, launch.agent, progress)
         agent = launch.agent
@@ -120,7 +120,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[
             run.start_gate()
             yield run
         finally:
-            with _on_stop_signals(signal.SIG_IGN):
+            with on_stop_signals(signal.SIG_IGN):
                 if keep:
                     progress(f"kept run {run.id}: remove it with `claude-bottle stop {agent.name}`")
                 else:

@@ -1,0 +1,296 @@
+"""The network half of ``claude-bottle verify``: attacks from inside a bottle's network namespace.
+
+Run as ``python -m claude_bottle.probe TARGETS_JSON`` in a container that joins the bottle's network
+namespace with the bottle's user, no capabilities and no new privileges (the bottle has no Python). What a
+process can reach depends on the namespace it is in and its capabilities; the bottle's own capabilities are
+checked inside the bottle itself. Standard library only: this runs in the gate image.
+
+Each attack prints one JSON line: group, attack, expected, actual, blocked, and ``evidence`` (what came back,
+which ``verify`` searches for the credential; the probe itself is never told the credential).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import json
+import os
+import socket
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+TIMEOUT = 3.0
+REFUSED_STATUSES = {400, 403, 405, 407, 413, 414, 431, 501, 505}  # a refusal; 502/504 mean the gate dialled
+
+
+@dataclass
+class Outcome:
+    group: str
+    attack: str
+    expected: str
+    actual: str
+    blocked: bool
+    evidence: str = ""
+
+
+def _error(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "no answer (timed out)"
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+# ---- direct egress: a packet that gets an answer, even a refusal, reached something -------------------------
+
+def tcp(host: str, port: int) -> tuple[str, bool]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(TIMEOUT)
+            sock.connect((host, port))
+        return "connected", False
+    except ConnectionRefusedError:
+        return "refused by the peer: the packet got there", False
+    except OSError as exc:
+        return _error(exc), True
+
+
+def dns_query(name: str) -> bytes:
+    labels = b"".join(bytes([len(part)]) + part.encode() for part in name.split("."))
+    return struct.pack("!HHHHHH", 0x2B0B, 0x0100, 1, 0, 0, 0) + labels + b"\0" + struct.pack("!HH", 1, 1)
+
+
+def udp(host: str, port: int, payload: bytes) -> tuple[str, bool]:
+    """A connected UDP socket reports an ICMP port-unreachable as a refusal: that too means it got there."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(TIMEOUT)
+            sock.connect((host, port))
+            sock.send(payload)
+            answer = sock.recv(2048)
+        return f"answered with {len(answer)} bytes", False
+    except ConnectionRefusedError:
+        return "refused by the peer: the packet got there", False
+    except OSError as exc:
+        return _error(exc), True
+
+
+def icmp_echo(host: str) -> tuple[str, bool]:
+    """The unprivileged ICMP socket a non-root ping uses, where the namespace's ping_group_range allows it."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP) as sock:
+            sock.settimeout(TIMEOUT)
+            sock.sendto(struct.pack("!BBHHH", 8, 0, 0, 0, 1) + b"claude-bottle", (host, 0))
+            sock.recvfrom(2048)
+        return "echo reply", False
+    except OSError as exc:
+        return _error(exc), True
+
+
+def raw_socket(family: int, kind: int, protocol: int) -> tuple[str, bool]:
+    try:
+        socket.socket(family, kind, protocol).close()
+        return "opened", False
+    except OSError as exc:
+        return _error(exc), True
+
+
+def ipv6_link() -> tuple[str, bool]:
+    """All-nodes multicast on each interface: any IPv6 packet on the link would reach the host's bridge."""
+    sent = []
+    for index, name in socket.if_nameindex():
+        if name == "lo":
+            continue
+        try:
+            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+                sock.sendto(b"claude-bottle", ("ff02::1", 9, 0, index))
+            sent.append(name)
+        except OSError:
+            continue
+    return (f"sent on {', '.join(sent)}", False) if sent else ("no IPv6 on any interface", True)
+
+
+def gateways() -> list[str]:
+    """The default gateways of the namespace's routing table (the host side of a Docker bridge)."""
+    found = []
+    with open("/proc/net/route", encoding="ascii") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if int(fields[3], 16) & 0x2:  # RTF_GATEWAY
+                found.append(socket.inet_ntoa(struct.pack("<L", int(fields[2], 16))))
+    return found
+
+
+# ---- HTTP to the gate ----------------------------------------------------------------------------------------
+
+def exchange(host: str, port: int, request: bytes) -> tuple[int | None, bytes]:
+    """Send raw bytes, read until the peer closes or goes quiet: (status or None, everything that came back)."""
+    received = b""
+    try:
+        with socket.create_connection((host, port), TIMEOUT) as sock:
+            sock.settimeout(TIMEOUT)
+            sock.sendall(request)
+            while len(received) < 1 << 20:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+    except OSError:
+        pass
+    status = None
+    if received.startswith(b"HTTP/1."):
+        status = int(received.split(b" ", 2)[1])
+    return status, received
+
+
+def judged(status: int | None, received: bytes) -> tuple[str, bool]:
+    if status is None:
+        return "connection closed without an answer", True
+    line = received.split(b"\r\n", 1)[0].decode("latin-1")
+    reason = next((h.split(b":", 1)[1].strip().decode("latin-1") for h in received.split(b"\r\n")
+                   if h.lower().startswith(b"x-deny-reason:")), "")
+    return f"{line}{f' ({reason})' if reason else ''}", status in REFUSED_STATUSES
+
+
+def proxy_request(targets: dict[str, Any], request: bytes) -> tuple[str, bool, str]:
+    status, received = exchange(targets["gate"], targets["proxy_port"], request)
+    actual, blocked = judged(status, received)
+    return actual, blocked, received[:4096].decode("latin-1")
+
+
+def connect(authority: str, extra: str = "") -> bytes:
+    return f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{extra}\r\n".encode()
+
+
+def get(url: str, host: str, extra: str = "") -> bytes:
+    return f"GET {url} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n".encode()
+
+
+def api_request(targets: dict[str, Any], method: str, path: str, body: dict[str, Any] | None = None,
+                extra: str = "") -> tuple[str, bool, str]:
+    data = json.dumps(body).encode() if body is not None else b""
+    head = (f"{method} {path} HTTP/1.1\r\nHost: gate\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n{extra}Connection: close\r\n\r\n").encode()
+    status, received = exchange(targets["gate"], targets["api_port"], head + data)
+    actual, blocked = judged(status, received)
+    return actual, blocked, received[:1 << 16].decode("latin-1")
+
+
+# ---- the suite -------------------------------------------------------------------------------------------
+
+Attack = tuple[str, str, str, Callable[[], tuple[str, bool] | tuple[str, bool, str]]]
+
+
+def attacks(targets: dict[str, Any]) -> list[Attack]:
+    """(group, attack, expected, run) for everything a process in the namespace might try."""
+    canary, port, host_port = targets["canary_ip"], targets["canary_port"], targets["host_port"]
+    gate, api_host, key = targets["gate"], targets["api_host"], targets["attacker_key"]
+    found: list[Attack] = []
+
+    def add(group: str, attack: str, expected: str, run: Callable[[], Any]) -> None:
+        found.append((group, attack, expected, run))
+
+    direct, no_way = "direct egress", "no packet gets there"
+    for address in targets["public_ipv4"]:
+        add(direct, f"TCP to public {address}:443", no_way, functools.partial(tcp, address, 443))
+        add(direct, f"DNS over UDP straight to {address}:53", no_way,
+            functools.partial(udp, address, 53, dns_query("example.com")))
+    for address in targets["public_ipv6"]:
+        add(direct, f"TCP over IPv6 to public [{address}]:443", no_way, functools.partial(tcp, address, 443))
+    add(direct, "IPv6 on the link (all-nodes multicast)", "no IPv6 packet leaves", ipv6_link)
+    add(direct, f"TCP to a host outside the bottle ({canary}:{port})", no_way, lambda: tcp(canary, port))
+    add(direct, f"UDP to a host outside the bottle ({canary}:53)", no_way, lambda: udp(canary, 53, b"x"))
+    for address in dict.fromkeys(gateways() + targets["host_addresses"]):
+        add(direct, f"TCP to the Docker host at {address}:{host_port}", no_way,
+            functools.partial(tcp, address, host_port))
+        add(direct, f"UDP to the Docker host at {address}:{host_port}", no_way,
+            functools.partial(udp, address, host_port, b"x"))
+    add(direct, "TCP to the cloud metadata address 169.254.169.254:80", no_way, lambda: tcp("169.254.169.254", 80))
+    add(direct, f"ICMP echo to {canary}", "no reply", lambda: icmp_echo(canary))
+    for address in targets["public_ipv4"][:1]:
+        add(direct, f"ICMP echo to {address}", "no reply", functools.partial(icmp_echo, address))
+    add(direct, "raw IP socket", "not permitted",
+        functools.partial(raw_socket, socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP))
+    add(direct, "packet socket", "not permitted", functools.partial(raw_socket, socket.AF_PACKET, socket.SOCK_RAW, 0))
+
+    proxy, refused = "egress proxy", "refused"
+
+    def via_proxy(attack: str, request: bytes, expected: str = refused) -> None:
+        add(proxy, attack, expected, lambda: proxy_request(targets, request))
+
+    unlisted = targets["unlisted_host"]
+    via_proxy(f"CONNECT to an unlisted host ({unlisted}:443)", connect(f"{unlisted}:443"))
+    via_proxy("absolute-URI GET to an unlisted host", get(f"http://{unlisted}/", unlisted))
+    for literal in (f"{canary}:{port}", "127.0.0.1:80", "2130706433:80", "0x7f.1:80", "0177.0.0.1:80",
+                    "[::ffff:127.0.0.1]:80", "[::1]:80", "169.254.169.254:80", "[::ffff:a9fe:a9fe]:80"):
+        via_proxy(f"CONNECT to the address {literal}", connect(literal))
+    via_proxy(f"GET by IP literal http://{canary}:{port}/", get(f"http://{canary}:{port}/", f"{canary}:{port}"))
+    name = targets["private_name"]
+    via_proxy(f"CONNECT to an allowlisted name on a private address ({name})", connect(name))
+    via_proxy(f"CONNECT to the API host ({api_host}) with an attacker's key",
+              connect(api_host, f"Proxy-Authorization: Basic {key}\r\n"))
+    via_proxy("GET to the API host with an attacker's key",
+              get(f"http://{api_host}/v1/models", api_host, f"x-api-key: {key}\r\n"))
+    for authority in (f"{gate}:{targets['api_port']}", f"{gate}:{targets['proxy_port']}", "localhost:8080",
+                      f"gate:{targets['api_port']}"):
+        via_proxy(f"CONNECT to the gate itself ({authority})", connect(authority))
+    smuggled = f"GET http://{unlisted}/ HTTP/1.1\r\nHost: {unlisted}\r\n\r\n"
+    for attack, request in (
+        ("smuggling: Content-Length with Transfer-Encoding",
+         f"POST http://{name}/ HTTP/1.1\r\nHost: {name}\r\nContent-Length: 4\r\n"
+         f"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n{smuggled}"),
+        ("smuggling: two different Content-Lengths",
+         f"POST http://{name}/ HTTP/1.1\r\nHost: {name}\r\nContent-Length: 0\r\nContent-Length: 5\r\n\r\n"),
+        ("smuggling: obs-fold header continuation",
+         f"GET http://{name}/ HTTP/1.1\r\nHost: {name}\r\nX-A: a\r\n folded\r\n\r\n"),
+        ("smuggling: bare LF line ends", f"GET http://{name}/ HTTP/1.1\nHost: {name}\n\n"),
+        ("header injection: bare CR in a header",
+         f"GET http://{name}/ HTTP/1.1\r\nHost: {name}\r\nX-A: a\rb: c\r\n\r\n"),
+        ("header injection: CRLF in the request target",
+         f"GET http://{name}/\r\nHost: {unlisted} HTTP/1.1\r\nHost: {name}\r\n\r\n"),
+    ):
+        via_proxy(attack, request.encode(), "refused as malformed")
+
+    api = "API route"
+
+    def via_api(attack: str, method: str, path: str, body: dict[str, Any] | None = None, extra: str = "",
+                expected: str = refused) -> None:
+        add(api, attack, expected, lambda: api_request(targets, method, path, body, extra))
+
+    via_api("TRACE", "TRACE", "/")
+    for method, path in (("GET", "/v1/files"), ("POST", "/api/oauth/claude_cli/create_api_key"),
+                         ("GET", "/v1/models/../../api/oauth/profile"), ("GET", "/v1/%6d%65ssages")):
+        via_api(f"{method} {path} (outside the policy)", method, path)
+    for mode in ("echo", "echo-header", "echo-split"):
+        via_api(f"an upstream reflecting the credential ({mode})", "POST", "/v1/messages",
+                {"model": "stub", "max_tokens": 1, "messages": [], "stub": {"mode": mode}},
+                expected="the credential never comes back")
+    via_api("an attacker's key sent on the API route", "POST", "/v1/messages",
+            {"model": "stub", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]},
+            f"x-api-key: {key}\r\nAuthorization: Bearer {key}\r\n", expected="stripped before the upstream")
+    return found
+
+
+def run_one(attack: Attack) -> Outcome:
+    group, name, expected, run = attack
+    result = run()
+    actual, blocked = result[0], result[1]
+    evidence = result[2] if len(result) > 2 else ""
+    return Outcome(group, name, expected, actual, blocked, evidence)
+
+
+def main() -> None:
+    targets = json.loads(sys.argv[1])
+    suite = attacks(targets)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(suite))) as pool:
+        for outcome in pool.map(run_one, suite):
+            print(json.dumps(asdict(outcome)), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # threads stuck in a blocking call must not hold the exit
+
+
+if __name__ == "__main__":
+    main()

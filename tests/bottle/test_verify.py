@@ -1,0 +1,121 @@
+"""`claude-bottle verify` on a real engine: every attack blocked on a default bottle, and leaks reported
+when an invariant is broken on purpose."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from claude_bottle.config import AgentConfig
+from claude_bottle.credentials import Credential
+from claude_bottle.probe import Outcome
+from claude_bottle.verify import Verification, attack, verification
+from tests.bottle.conftest import leftovers
+
+pytestmark = pytest.mark.docker
+CLI = [sys.executable, "-m", "claude_bottle"]
+GROUPS = {"direct egress", "egress proxy", "API route", "credential discovery", "privilege and persistence"}
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+def leaked(outcomes: list[Outcome]) -> set[str]:
+    return {o.attack for o in outcomes if not o.blocked}
+
+
+def test_verify_blocks_every_attack_on_a_default_bottle(
+    client: docker.DockerClient, built_images: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    result = subprocess.run([*CLI, "verify", "--json"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    report = json.loads(result.stdout)
+    assert [r for r in report["results"] if not r["blocked"]] == []
+    assert result.returncode == 0, result.stderr
+    assert report["leaks"] == 0 and report["attacks"] == len(report["results"]) >= 60
+    assert {r["group"] for r in report["results"]} == GROUPS
+    assert leftovers(client, "default") == []
+
+
+def test_verify_prints_a_table(client: docker.DockerClient, built_images: tuple[str, str], tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    agents = tmp_path / "config" / "claude-bottle" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "tabled.toml").write_text('version = 1\nallow = ["registry.npmjs.org"]\n')
+    result = subprocess.run([*CLI, "verify", "tabled"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "CREDENTIAL DISCOVERY" in result.stdout and "EGRESS PROXY" in result.stdout
+    assert result.stdout.rstrip().endswith("attacks: every one blocked")
+    assert "blocked  CONNECT to an unlisted host (exfiltrate.example:443)" in result.stdout
+    assert leftovers(client, "tabled") == []
+
+
+def outside_network(client: docker.DockerClient, target: Verification) -> docker.models.networks.Network:
+    target.canary.reload()
+    return client.networks.get(next(iter(target.canary.attrs["NetworkSettings"]["Networks"])))
+
+
+def test_a_bottle_that_bypasses_the_gate_fails_verify(
+    client: docker.DockerClient, built_images: tuple[str, str],
+) -> None:
+    with verification(AgentConfig(name="bypassed"), quiet) as target:
+        assert target.run.bottle is not None
+        outside_network(client, target).connect(target.run.bottle)  # a direct route around the gate
+        outcomes = attack(target)
+    canary = [o for o in outcomes if o.group == "direct egress" and "outside the bottle" in o.attack]
+    assert canary and all(not o.blocked for o in canary), canary
+    assert leftovers(client, "bypassed") == []
+
+
+def test_a_credential_inside_the_bottle_fails_verify(
+    client: docker.DockerClient, built_images: tuple[str, str],
+) -> None:
+    secret = "sk-ant-oat01-planted-" + secrets.token_urlsafe(40)
+    agent = AgentConfig(name="planted", env={"ANTHROPIC_AUTH_TOKEN": secret})  # a config that hands it over
+    with verification(agent, quiet, credential=Credential.parse(secret, "test")) as target:
+        outcomes = attack(target)
+    assert {"environment variables", "every readable /proc/*/environ and cmdline",
+            "docker inspect of the bottle and the gate (from the host)"} <= leaked(outcomes)
+    assert leftovers(client, "planted") == []
+
+
+def test_private_addresses_opened_to_the_proxy_fail_verify(
+    client: docker.DockerClient, built_images: tuple[str, str],
+) -> None:
+    agent = AgentConfig(name="opened", allow_private=("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+    with verification(agent, quiet) as target:
+        outcomes = attack(target)
+    assert leaked(outcomes) == {"CONNECT to an allowlisted name on a private address (canary:8000)"}
+    assert leftovers(client, "opened") == []
+
+
+def test_interrupted_verify_leaves_nothing_behind(
+    client: docker.DockerClient, built_images: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    agents = tmp_path / "config" / "claude-bottle" / "agents"
+    agents.mkdir(parents=True)
+    name = f"cut-{secrets.token_hex(3)}"
+    (agents / f"{name}.toml").write_text("version = 1\n")
+    process = subprocess.Popen([*CLI, "verify", name], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line or "starting gate" in line:
+            break
+    time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(60) != 0
+    assert leftovers(client, name) == []

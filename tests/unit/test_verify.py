@@ -1,0 +1,147 @@
+"""The judging and reporting of `verify`, and the probe's socket oracles on loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from claude_bottle import probe
+from claude_bottle.config import AgentConfig
+from claude_bottle.probe import Outcome
+from claude_bottle.verify import BOTTLE_CHECKS, FILE_SEARCH, HostCanary, as_json, report
+
+SECRET = "sk-ant-oat01-secret-value"
+
+
+def check(attack: str):  # type: ignore[no-untyped-def]
+    return next(c for c in (*BOTTLE_CHECKS, FILE_SEARCH) if c.attack == attack)
+
+
+def test_a_credential_anywhere_in_the_output_is_a_leak() -> None:
+    judge = check("environment variables").judge
+    assert judge(0, f"HOME=/home/agent\nX={SECRET}\n", SECRET) == ("the credential is in the environment", False)
+    assert judge(0, "HOME=/home/agent\n", SECRET) == ("not in the environment", True)
+
+
+def test_status_fields_must_have_the_safe_value() -> None:
+    status = "Name:\tbash\nCapEff:\t0000000000000000\nCapBnd:\t000001ffffffffff\nNoNewPrivs:\t0\n"
+    assert check("effective capabilities").judge(0, status, SECRET) == ("CapEff 0000000000000000", True)
+    assert check("bounding capabilities").judge(0, status, SECRET) == ("CapBnd 000001ffffffffff", False)
+    assert check("no-new-privileges").judge(0, status, SECRET) == ("NoNewPrivs 0", False)
+    assert check("no-new-privileges").judge(0, "", SECRET) == ("NoNewPrivs missing", False)
+
+
+def test_anything_found_is_a_leak_and_nothing_found_is_not() -> None:
+    search = check("a search of the whole file system and home directory").judge
+    assert search(1, "", SECRET) == ("not found", True)
+    assert search(0, "/home/agent/.bash_history\n", SECRET) == ("found in: /home/agent/.bash_history", False)
+    assert check("setuid and setgid programs").judge(0, "/usr/bin/su\n", SECRET)[1] is False
+
+
+def test_a_write_that_works_is_a_leak() -> None:
+    hook = check("write a hook into the workspace's .git/hooks").judge
+    assert hook(0, "", SECRET) == ("it worked", False)
+    assert hook(1, "bash: line 1: /workspace/.git/hooks/pre-commit: Read-only file system\n", SECRET)[1] is True
+
+
+def test_the_gate_must_not_show_in_the_process_list() -> None:
+    judge = check("the process list").judge
+    assert judge(0, "PID USER ARGS\n1 agent sleep infinity\n", SECRET) == ("1 processes, none of the gate's", True)
+    shown = judge(0, "PID USER ARGS\n7 10001 python -m claude_bottle gate --token-file -\n", SECRET)
+    assert shown[1] is False and "claude_bottle gate" in shown[0]
+
+
+OUTCOMES = [
+    Outcome("direct egress", "TCP to 1.1.1.1:443", "no packet gets there", "no answer (timed out)", True),
+    Outcome("egress proxy", "CONNECT to x", "refused", "HTTP/1.1 200 Connection established", False, "evidence"),
+]
+
+
+def test_the_report_says_which_attack_leaked() -> None:
+    text = report(OUTCOMES)
+    assert "DIRECT EGRESS" in text and "EGRESS PROXY" in text
+    assert "  LEAK     CONNECT to x" in text and "  blocked  TCP to 1.1.1.1:443" in text
+    assert text.endswith("2 attacks: 1 LEAKED")
+    assert report(OUTCOMES[:1]).endswith("1 attacks: every one blocked")
+
+
+def test_the_json_report_leaves_out_the_evidence() -> None:
+    data = json.loads(as_json(AgentConfig(name="x"), OUTCOMES))
+    assert (data["agent"], data["attacks"], data["leaks"]) == ("x", 2, 1)
+    assert all("evidence" not in r for r in data["results"])
+
+
+def test_the_host_canary_counts_what_arrives() -> None:
+    canary = HostCanary()
+    try:
+        assert canary.arrivals() == []
+        with socket.create_connection(("127.0.0.1", canary.port), 2):
+            pass
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.sendto(b"x", ("127.0.0.1", canary.port))
+        arrived = canary.arrivals()
+        assert sorted(arrived) == ["TCP from 127.0.0.1", "UDP from 127.0.0.1"]
+    finally:
+        canary.close()
+
+
+def closed_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_refusal_means_the_packet_got_there() -> None:
+    assert probe.tcp("127.0.0.1", closed_port(socket.SOCK_STREAM)) == ("refused by the peer: the packet got there",
+                                                                         False)
+    assert probe.udp("127.0.0.1", closed_port(socket.SOCK_DGRAM), b"x")[1] is False
+
+
+def test_dns_query_is_a_well_formed_question() -> None:
+    query = probe.dns_query("example.com")
+    assert struct.unpack("!HHHHHH", query[:12])[2] == 1
+    assert query[12:] == b"\x07example\x03com\x00\x00\x01\x00\x01"
+
+
+@pytest.fixture
+def refusing_server() -> Iterator[int]:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nX-Deny-Reason: not in the allowlist\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    yield int(server.getsockname()[1])
+    thread.join(5)
+    server.close()
+
+
+def test_a_refusal_from_the_gate_is_judged_blocked_with_its_reason(refusing_server: int) -> None:
+    status, received = probe.exchange("127.0.0.1", refusing_server, probe.connect("example.com:443"))
+    assert status == 403
+    assert probe.judged(status, received) == ("HTTP/1.1 403 Forbidden (not in the allowlist)", True)
+
+
+def test_an_answer_the_gate_fetched_is_not_blocked() -> None:
+    assert probe.judged(200, b"HTTP/1.1 200 Connection established\r\n\r\n")[1] is False
+    assert probe.judged(502, b"HTTP/1.1 502 Bad Gateway\r\n\r\n")[1] is False  # the gate dialled
+    assert probe.judged(None, b"") == ("connection closed without an answer", True)
+
+
+def test_the_suite_covers_every_group() -> None:
+    targets = {"gate": "10.0.0.2", "api_port": 8080, "proxy_port": 3128, "canary_ip": "10.1.0.3", "canary_port": 8000,
+               "private_name": "canary:8000", "api_host": "stub:8000", "unlisted_host": "exfiltrate.example",
+               "attacker_key": "k", "host_port": 1, "host_addresses": ["172.17.0.1"], "public_ipv4": ["1.1.1.1"],
+               "public_ipv6": ["2606:4700:4700::1111"]}
+    suite = probe.attacks(targets)
+    assert {group for group, *_ in suite} == {"direct egress", "egress proxy", "API route"}
+    assert len({name for _, name, *_ in suite}) == len(suite), "attack names are unique"
