@@ -16,6 +16,7 @@ import socket
 import tarfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,8 +148,9 @@ class Run:
         """The gate joins the egress network, then the internal one, and listens on its internal address
         only. The token goes in over the attached stdin: never an argument, a variable or a file."""
         spec = self.spec
-        self.internal = self._network("internal", internal=True)
-        self.egress = self._network("egress", internal=False)
+        with _uninterrupted(), ThreadPoolExecutor(2) as pool:  # its threads inherit the blocked signals
+            internal, egress = pool.submit(self._network, "internal", True), pool.submit(self._network, "egress", False)
+            self.internal, self.egress = internal.result(), egress.result()
         allow_args = [arg for pattern in spec.allow for arg in ("--allow", pattern)]
         private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
         try:
@@ -172,22 +174,23 @@ class Run:
             with contextlib.suppress(OSError):
                 raw.shutdown(socket.SHUT_WR)
             raw.close()
+            self.gate.reload()  # its address is assigned by now, while it boots
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot start the gate: {exc.explanation or exc}") from None
-        self._wait_for_gate()
+        self.gate_ip = self.gate.attrs["NetworkSettings"]["Networks"][self.internal.name]["IPAddress"]
 
-    def _wait_for_gate(self) -> None:
-        assert self.gate is not None and self.internal is not None
+    def wait_for_gate(self) -> None:
+        """Return once the gate listens; a gate that exits instead is a GateError with its last words."""
+        assert self.gate is not None
         deadline = time.monotonic() + GATE_READY_SECONDS
         while time.monotonic() < deadline:
-            self.gate.reload()
             logs = self.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace")
             if "claude-bottle gate: API on" in logs:
-                self.gate_ip = self.gate.attrs["NetworkSettings"]["Networks"][self.internal.name]["IPAddress"]
                 return
+            self.gate.reload()
             if self.gate.status in ("exited", "dead"):
                 raise GateError(f"the gate stopped at start: {logs.strip().splitlines()[-1:] or 'no output'}")
-            time.sleep(0.1)
+            time.sleep(0.05)
         raise GateError(f"the gate did not become ready within {GATE_READY_SECONDS}s")
 
     def bottle_environment(self) -> dict[str, str]:
@@ -207,7 +210,8 @@ class Run:
 
     def create_bottle(self, command: list[str], tty: bool) -> Container:
         """The bottle: internal network only, user 1000, no capabilities, no new privileges, limits, and a
-        resolver that answers nothing (its only peer is the gate, addressed by IP)."""
+        resolver that answers nothing (its only peer is the gate, addressed by IP). Created while the gate
+        boots; returns once the gate is ready, so the bottle can be started."""
         spec = self.spec
         assert self.internal is not None
         resources = spec.resources
@@ -235,6 +239,7 @@ class Run:
             self.bottle.put_archive(HOME, _tar({".claude.json": seed}, uid, gid))
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot create the bottle: {exc.explanation or exc}") from None
+        self.wait_for_gate()
         return self.bottle
 
     def _git_protections(self) -> dict[str, dict[str, str]]:
@@ -251,13 +256,20 @@ class Run:
 
 
 def remove_run(client: docker.DockerClient, run_id: str) -> None:
-    """Remove every container, then every network, of a run. Safe to call at any point and more than once."""
-    for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}):
+    """Remove every container, then every network, of a run, each kind at once. Safe to call at any point
+    and more than once."""
+    run = {"label": f"{RUN_LABEL}={run_id}"}
+
+    def remove(resource: Container | Network) -> None:
         with contextlib.suppress(docker.errors.NotFound):
-            container.remove(force=True)
-    for network in client.networks.list(filters={"label": f"{RUN_LABEL}={run_id}"}):
-        with contextlib.suppress(docker.errors.NotFound):
-            network.remove()
+            if isinstance(resource, Container):
+                resource.remove(force=True)
+            else:
+                resource.remove()
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(remove, client.containers.list(all=True, filters=run)))
+        list(pool.map(remove, client.networks.list(filters=run)))
 
 
 def runs(client: docker.DockerClient) -> list[dict[str, str]]:
