@@ -10,6 +10,15 @@ request may steer it with a top-level ``"stub"`` object in its JSON body (Claude
 - ``{"mode": "echo-split"}``: stream the received credential split across chunks, slowly.
 - ``{"mode": "gzip"}``: answer with a gzip-encoded body.
 - ``{"mode": "vanish"}``: start a stream, then drop the connection.
+
+What an answer says is steered by the conversation itself, so real Claude Code can be made to run a tool:
+
+- The last user message has a line ``run: <shell command>`` and the request offers the ``Bash`` tool: the
+  answer is a ``tool_use`` block asking ``Bash`` to run that command (stop reason ``tool_use``; streamed as
+  ``input_json_delta`` events when the request streams). A request without the tool (a session title, say)
+  gets the usual text, as a real model could not call a tool it was not offered.
+- The last user message carries a ``tool_result``: the answer is ``Tool said: <first line of its output>``.
+- Anything else: the stub's text (``DEFAULT_TEXT`` unless it was started with another).
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ import asyncio
 import contextlib
 import gzip
 import json
+import re
+import secrets
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -51,32 +62,80 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def message_events(text: str, model: str, parts: int) -> tuple[list[bytes], list[bytes], list[bytes]]:
-    """The SSE frames of one text answer: (head, deltas, tail). ``parts`` splits the text into deltas."""
+Block = dict[str, Any]  # one content block of an answer: {"type": "text", ...} or {"type": "tool_use", ...}
+
+RUN_LINE = re.compile(r"^run: (.+)$", re.MULTILINE)
+TOOL = "Bash"
+
+
+def _content(message: Any) -> list[Block]:
+    """A message's content as blocks; the API also takes a plain string."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [b for b in content or [] if isinstance(b, dict)]
+
+
+def _text_of(block: Block) -> str:
+    """The text in a text block, or in a tool_result (a string or a list of text blocks)."""
+    inner = block.get("content") if block.get("type") == "tool_result" else block.get("text")
+    if isinstance(inner, list):
+        return "\n".join(str(b.get("text", "")) for b in inner if isinstance(b, dict))
+    return str(inner or "")
+
+
+def answer_block(payload: dict[str, Any], text: str) -> Block:
+    """What to answer a Messages request with: a tool call, a report of a tool's output, or ``text``."""
+    users = [m for m in payload.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
+    blocks = _content(users[-1]) if users else []
+    results = [b for b in blocks if b.get("type") == "tool_result"]
+    if results:
+        lines = [line.strip() for line in _text_of(results[-1]).splitlines() if line.strip()]
+        return {"type": "text", "text": f"Tool said: {lines[0] if lines else '(no output)'}"}
+    offered = any(isinstance(t, dict) and t.get("name") == TOOL for t in payload.get("tools") or [])
+    commands = [m for b in blocks if b.get("type") == "text" for m in RUN_LINE.findall(_text_of(b))]
+    if offered and commands:
+        return {"type": "tool_use", "id": f"toolu_stub{secrets.token_hex(8)}", "name": TOOL,
+                "input": {"command": commands[-1].strip(), "description": "Run the command the prompt names"}}
+    return {"type": "text", "text": text}
+
+
+def _stop_reason(block: Block) -> str:
+    return "tool_use" if block["type"] == "tool_use" else "end_turn"
+
+
+def message_events(block: Block, model: str, parts: int) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """The SSE frames of an answer of one block: (head, deltas, tail). ``parts`` splits the text (or a tool
+    call's input, as JSON) into that many deltas."""
+    tool = block["type"] == "tool_use"  # its input goes out as pieces of JSON text; the block starts empty
+    start = {**block, "input": {}} if tool else {"type": "text", "text": ""}
+    whole = json.dumps(block["input"]) if tool else block["text"]
+    kind, key = ("input_json_delta", "partial_json") if tool else ("text_delta", "text")
     head = [
         sse("message_start", {"type": "message_start", "message": {
-            "id": "msg_stub", "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}}}),
-        sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                    "content_block": {"type": "text", "text": ""}}),
+            "id": f"msg_stub{secrets.token_hex(8)}", "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+        sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": start}),
     ]
-    size = max(1, -(-len(text) // parts))
-    pieces = [text[i: i + size] for i in range(0, len(text), size)] or [""]
-    pieces += ["."] * (parts - len(pieces))
+    size = max(1, -(-len(whole) // parts))
+    pieces = [whole[i: i + size] for i in range(0, len(whole), size)] or [""]
+    pieces += ["" if tool else "."] * (parts - len(pieces))
     deltas = [sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                          "delta": {"type": "text_delta", "text": p}}) for p in pieces]
+                                          "delta": {"type": kind, key: p}}) for p in pieces]
     tail = [
         sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        sse("message_delta", {"type": "message_delta",
+                              "delta": {"stop_reason": _stop_reason(block), "stop_sequence": None},
                               "usage": {"output_tokens": len(pieces)}}),
         sse("message_stop", {"type": "message_stop"}),
     ]
     return head, deltas, tail
 
 
-def message_json(text: str, model: str) -> dict[str, Any]:
-    return {"id": "msg_stub", "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+def message_json(block: Block, model: str) -> dict[str, Any]:
+    return {"id": f"msg_stub{secrets.token_hex(8)}", "type": "message", "role": "assistant", "model": model,
+            "content": [block], "stop_reason": _stop_reason(block), "stop_sequence": None,
             "usage": {"input_tokens": 10, "output_tokens": 5}}
 
 
@@ -157,12 +216,13 @@ class StubUpstream:
             return True
         steer = payload.get("stub") or {}
         model = str(payload.get("model", "stub-model"))
+        block = answer_block(payload, self.text)
         credentials = [(n, v) for n, v in request.headers if n.lower() in (b"authorization", b"x-api-key")]
         mode = steer.get("mode")
         if mode == "echo":
             await self._json(conn, 200, {"headers": [[n.decode(), v.decode()] for n, v in request.headers]})
         elif mode == "echo-header":
-            await self._json(conn, 200, message_json(self.text, model),
+            await self._json(conn, 200, message_json(block, model),
                              [(b"x-echo-" + n.lower(), v) for n, v in credentials])
         elif mode == "echo-split":
             await conn.send(h11.Response(status_code=200, headers=SSE_HEADERS))
@@ -172,21 +232,22 @@ class StubUpstream:
                 await asyncio.sleep(0.05)
             await conn.send(h11.EndOfMessage())
         elif mode == "gzip":
-            body = gzip.compress(json.dumps(message_json(self.text, model)).encode())
+            body = gzip.compress(json.dumps(message_json(block, model)).encode())
             await conn.send(h11.Response(status_code=200, headers=[
                 (b"content-type", b"application/json"), (b"content-encoding", b"gzip"),
                 (b"content-length", str(len(body)).encode())]))
             await conn.send(h11.Data(data=body))
             await conn.send(h11.EndOfMessage())
         elif payload.get("stream"):
-            return await self._stream(conn, model, int(steer.get("events", 1)), float(steer.get("interval", 0)),
-                                      vanish=mode == "vanish")
+            return await self._stream(conn, block, model, int(steer.get("events", 1)),
+                                      float(steer.get("interval", 0)), vanish=mode == "vanish")
         else:
-            await self._json(conn, 200, message_json(self.text, model))
+            await self._json(conn, 200, message_json(block, model))
         return True
 
-    async def _stream(self, conn: HttpConnection, model: str, events: int, interval: float, vanish: bool) -> bool:
-        head, deltas, tail = message_events(self.text, model, max(1, events))
+    async def _stream(self, conn: HttpConnection, block: Block, model: str, events: int, interval: float,
+                      vanish: bool) -> bool:
+        head, deltas, tail = message_events(block, model, max(1, events))
         await conn.send(h11.Response(status_code=200, headers=SSE_HEADERS))
         for frame in head:
             await conn.send(h11.Data(data=frame))

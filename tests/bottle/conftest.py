@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -105,6 +106,26 @@ def token(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     monkeypatch.setenv("CLAUDE_BOTTLE_OAUTH_TOKEN", value)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     return value
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    (path / ".git" / "hooks").mkdir(parents=True)
+    (path / ".git" / "config").write_text("[core]\n")
+    path.chmod(0o777)  # the agent user (uid 1000) writes here
+    return path
+
+
+def write_agent(name: str, body: str) -> None:
+    agents = Path(os.environ["XDG_CONFIG_HOME"], "claude-bottle", "agents")
+    agents.mkdir(parents=True, exist_ok=True)
+    (agents / f"{name}.toml").write_text("version = 1\n" + body)
+
+
+def on_screen(text: str) -> str:
+    """A pattern for ``text`` as a terminal program draws it: spaces may be cursor moves (ESC [ n C)."""
+    return r"(?:\s|\x1b\[\d*C)+".join(re.escape(word) for word in text.split())
 
 
 def leftovers(client: docker.DockerClient, agent: str) -> list[str]:

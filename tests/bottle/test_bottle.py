@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -26,35 +25,15 @@ from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import Run, bottle_user, state_volume
 from claude_bottle.stub import DEFAULT_TEXT
-from tests.bottle.conftest import Upstream, leftovers
+from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent
 
 pytestmark = pytest.mark.docker
 CLI = [sys.executable, "-m", "claude_bottle"]
 
 
-def on_screen(text: str) -> str:
-    """A pattern for ``text`` as a terminal program draws it: spaces may be cursor moves (ESC [ n C)."""
-    return r"(?:\s|\x1b\[\d*C)+".join(re.escape(word) for word in text.split())
-
-
-def write_agent(name: str, body: str) -> None:
-    agents = Path(os.environ["XDG_CONFIG_HOME"], "claude-bottle", "agents")
-    agents.mkdir(parents=True, exist_ok=True)
-    (agents / f"{name}.toml").write_text("version = 1\n" + body)
-
-
 def cli(*args: str, upstream: Upstream, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args, "--upstream", upstream.url, "--upstream-network", upstream.network],
                           capture_output=True, text=True, timeout=timeout, cwd=cwd)
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    path = tmp_path / "project"
-    (path / ".git" / "hooks").mkdir(parents=True)
-    (path / ".git" / "config").write_text("[core]\n")
-    path.chmod(0o777)  # the agent user (uid 1000) writes here
-    return path
 
 
 def test_run_p_answers_through_the_gate_with_the_real_token(
