@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
 
 import click
@@ -104,17 +104,8 @@ def gate(
     if config.upstream.scheme == "http" and not gc.loopback(config.upstream.host):
         click.echo(f"warning: --upstream {upstream} is plain HTTP: the credential crosses the network "
                    "unencrypted", err=True)
-    with _audit_stream(audit_log) as stream, asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
-        runner.run(run(config, AuditLog(stream, secrets=(config.credential.secret,))))
-
-
-def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it is installed (the gate image has it): it halves the gate's own time per request."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
+    with _audit_stream(audit_log) as stream:
+        asyncio.run(run(config, AuditLog(stream, secrets=(config.credential.secret,))))
 
 
 @cli.command("stub-upstream", context_settings=CONTEXT)

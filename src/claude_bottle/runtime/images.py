@@ -28,7 +28,7 @@ from claude_bottle.errors import ConfigError, DockerError
 BASE_IMAGE = "debian:bookworm-slim"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_CLAUDE_CODE_VERSION = "2.1.126"
-GATE_REQUIREMENTS = ("click", "h11", "idna", "publicsuffixlist", "uvloop")
+GATE_REQUIREMENTS = ("click", "h11", "idna", "publicsuffixlist")
 
 Progress = Callable[[str], None]
 
@@ -93,17 +93,9 @@ def _package_files() -> Iterator[tuple[str, bytes]]:
             yield f"claude_bottle/{path.relative_to(root).as_posix()}", path.read_bytes()
 
 
-def _pinned(name: str) -> str:
-    """``name==version`` as installed here; unpinned where it is not (uvloop on Windows)."""
-    try:
-        return f"{name}=={importlib.metadata.version(name)}"
-    except importlib.metadata.PackageNotFoundError:
-        return name
-
-
 def gate_spec(inputs: BuildInputs) -> ImageSpec:
     """The gate runs this very package, pinned to the dependency versions installed here."""
-    pins = "".join(f"{_pinned(name)}\n" for name in GATE_REQUIREMENTS)
+    pins = "".join(f"{name}=={importlib.metadata.version(name)}\n" for name in GATE_REQUIREMENTS)
     return ImageSpec(
         "gate",
         {"Dockerfile": _dockerfile("gate"), "requirements.txt": pins.encode(), **dict(_package_files()),
