@@ -106,6 +106,9 @@ def test_direct_connections_out_fail(running: Run, upstream: Upstream) -> None:
 def test_proxy_allows_the_allowlisted_host_only(running: Run) -> None:
     code, output = inside(running, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://target:8000/v1/models")
     assert (code, output) == (0, "200")
+    code, output = inside(running, "curl -sS -m 10 --proxytunnel -o /dev/null -w '%{http_code}' "
+                                   "http://target:8000/v1/models")  # through a CONNECT tunnel, as HTTPS goes
+    assert (code, output) == (0, "200")
     code, output = inside(running, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://stub:8000/v1/models")
     assert output == "403", "the API upstream must not be reachable through the proxy"
     code, output = inside(running, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://other.example/")
