@@ -462,28 +462,34 @@ def sink_main(listen: str) -> None:
         threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
 
+def open_tunnel(first_hop: tuple[str, int], connect_to: str | None) -> tuple[socket.socket, int]:
+    """A connection to ``first_hop`` (TCP_NODELAY), through ``CONNECT connect_to`` when given: (socket, the
+    proxy's status; 200 when direct). The caller closes the socket."""
+    sock = socket.create_connection(first_hop, timeout=SOCKET_TIMEOUT_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if connect_to is None:
+        return sock, 200
+    sock.sendall(f"CONNECT {connect_to} HTTP/1.1\r\nHost: {connect_to}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = sock.recv(4096)
+        if not data or len(head) > 65536:
+            return sock, 0
+        head += data
+    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
+    if status == 200 and head.split(b"\r\n\r\n", 1)[1]:
+        raise BenchError("unexpected bytes after the CONNECT answer")
+    return sock, status
+
+
 def push_bytes(first_hop: tuple[str, int], connect_to: str | None, total: int, chunk: int,
                payload: memoryview, deadline: Deadline) -> float:
     """Send ``total`` bytes in ``chunk``-byte writes to the sink, directly or through a CONNECT tunnel;
     return the seconds from the first byte until the sink confirmed it had every byte."""
-    sock = socket.create_connection(first_hop, timeout=SOCKET_TIMEOUT_S)
+    sock, status = open_tunnel(first_hop, connect_to)
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if connect_to is not None:
-            sock.sendall(f"CONNECT {connect_to} HTTP/1.1\r\nHost: {connect_to}\r\n\r\n".encode())
-            head = b""
-            while b"\r\n\r\n" not in head:
-                data = sock.recv(4096)
-                if not data:
-                    raise BenchError("gate closed the CONNECT without an answer")
-                head += data
-                if len(head) > 65536:
-                    raise BenchError("CONNECT answer too long")
-            status_line = head.split(b"\r\n", 1)[0]
-            if status_line.split(b" ")[1:2] != [b"200"]:
-                raise BenchError(f"CONNECT {connect_to} refused: {head.decode('latin-1').strip()}")
-            if head.split(b"\r\n\r\n", 1)[1]:
-                raise BenchError("unexpected bytes after the CONNECT answer")
+        if status != 200:
+            raise BenchError(f"CONNECT {connect_to} answered {status or 'nothing'}")
         start = time.perf_counter()
         sock.sendall(struct.pack("!Q", total))
         sent = 0

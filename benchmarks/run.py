@@ -41,7 +41,6 @@ from gate_bench import (  # noqa: E402
     LOOPBACK,
     MB,
     SINK_HOST,
-    SOCKET_TIMEOUT_S,
     BenchError,
     Child,
     Children,
@@ -51,6 +50,7 @@ from gate_bench import (  # noqa: E402
     SyncHttp,
     kb_to_mb,
     messages_request,
+    open_tunnel,
     percentile,
     proc_cpu_s,
     proc_status_kb,
@@ -404,20 +404,10 @@ class Loopback:
         """One setup: TCP connect, CONNECT (unless direct), an empty exchange with the sink, close.
         Returns (status, seconds); status is the proxy's answer (200 direct)."""
         t0 = time.perf_counter()
-        sock = socket.create_connection(first_hop, timeout=SOCKET_TIMEOUT_S)
+        sock, status = open_tunnel(first_hop, target)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if target is not None:
-                sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    data = sock.recv(4096)
-                    if not data:
-                        break
-                    head += data
-                status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
-                if status != 200:
-                    return status, time.perf_counter() - t0
+            if status != 200:
+                return status, time.perf_counter() - t0
             sock.sendall(b"\0" * 8)  # the sink: expect 0 bytes; it answers with the 8-byte count
             ack = b""
             while len(ack) < 8:

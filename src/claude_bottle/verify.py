@@ -113,7 +113,7 @@ def _wait_for_log(container: Container, line: str, what: str, seconds: float = 3
         time.sleep(0.1)
 
 
-def _stub(client: docker.DockerClient, image: str, network: str, alias: str, name: str,
+def stub_container(client: docker.DockerClient, image: str, network: str, alias: str, name: str,
           labels: dict[str, str]) -> Container:
     """A stub Messages API from the gate image, known on ``network`` as ``alias``, logging each request."""
     container = client.containers.create(
@@ -152,8 +152,9 @@ def verification(agent: AgentConfig, progress: Progress,
             progress("starting the stub upstream and a host outside the bottle")
             outside = client.networks.create(f"claude-bottle-{verify_id}-outside", driver="bridge", internal=True,
                                              labels=labels)
-            stub, canary = (_stub(client, gate_image, outside.name, alias, f"claude-bottle-{verify_id}-{alias}",
-                                  labels) for alias in ("stub", "canary"))
+            stub, canary = (stub_container(client, gate_image, outside.name, alias,
+                                           f"claude-bottle-{verify_id}-{alias}", labels)
+                            for alias in ("stub", "canary"))
             tested = dataclasses.replace(agent, allow=(*agent.allow, PRIVATE_NAME))
             launch = Launch(tested, _scratch_workspace(scratch), credential, f"http://stub:{STUB_PORT}",
                             (outside.name,))
@@ -172,9 +173,10 @@ def verification(agent: AgentConfig, progress: Progress,
 
 # ---- attacks in the bottle, as the agent user --------------------------------------------------------------
 
-def in_bottle(target: Verification, script: str, stdin: str | None = None) -> tuple[int, str]:
-    """``script`` in bash in the bottle; ``stdin`` goes in as a here-document (a pipe, never a file or argv)."""
-    bottle = target.run.bottle
+def in_bottle(run: Run, script: str, stdin: str | None = None) -> tuple[int, str]:
+    """``script`` in bash in the bottle, as the agent user; ``stdin`` goes in as a here-document (a pipe,
+    never a file or argv)."""
+    bottle = run.bottle
     assert bottle is not None
     if stdin is not None:
         script = f"{script} <<'__CLAUDE_BOTTLE_END__'\n{stdin}\n__CLAUDE_BOTTLE_END__"
@@ -263,7 +265,7 @@ def bottle_attacks(target: Verification) -> list[Outcome]:
     outcomes = []
     secret = target.credential.secret
     for check in (*BOTTLE_CHECKS, FILE_SEARCH):
-        code, output = in_bottle(target, check.script, secret if check is FILE_SEARCH else None)
+        code, output = in_bottle(target.run, check.script, secret if check is FILE_SEARCH else None)
         actual, blocked = check.judge(code, output, secret)
         outcomes.append(Outcome(check.group, check.attack, check.expected, actual, blocked))
     return outcomes

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import secrets
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from claude_bottle.config import AgentConfig
 from claude_bottle.errors import DockerError
 from claude_bottle.launch import build_images
 from claude_bottle.runtime import engine
+from claude_bottle.verify import stub_container
 
 TEST_LABEL = "claude-bottle.test"
 
@@ -65,17 +65,7 @@ def upstream(client: docker.DockerClient, built_images: tuple[str, str]) -> Iter
     containers = []
     try:
         for alias in ("stub", "target"):
-            container = client.containers.run(
-                gate_image, entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle", "stub-upstream",
-                                        "--listen", f"{alias}:8000", "--log"],
-                name=f"{name}-{alias}", network=name, hostname=alias, detach=True, labels={TEST_LABEL: "1"},
-            )
-            containers.append(container)
-        deadline = time.monotonic() + 30
-        while not all(b"stub upstream on" in c.logs() for c in containers):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the stub containers did not start")
-            time.sleep(0.1)
+            containers.append(stub_container(client, gate_image, name, alias, f"{name}-{alias}", {TEST_LABEL: "1"}))
         network.reload()
         target = containers[1]
         target.reload()

@@ -25,6 +25,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import Run, bottle_user, state_volume
 from claude_bottle.stub import DEFAULT_TEXT
+from claude_bottle.verify import in_bottle as inside
 from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent
 
 pytestmark = pytest.mark.docker
@@ -60,14 +61,6 @@ def running(client: docker.DockerClient, upstream: Upstream, token: str, workspa
         run.create_bottle(["sleep", "600"], tty=False).start()
         yield run
     assert leftovers(client, "probe") == []
-
-
-def inside(run: Run, command: str, stdin: str | None = None) -> tuple[int, str]:
-    """Run ``command`` in the bottle as the agent user; ``stdin`` is piped in through a here-document."""
-    assert run.bottle is not None
-    script = f"{command} <<'__END__'\n{stdin}\n__END__" if stdin is not None else command
-    code, output = run.bottle.exec_run(["bash", "-c", script], user=bottle_user(os.getuid(), os.getgid()))
-    return code, output.decode("utf-8", "replace")
 
 
 def test_token_is_nowhere_in_the_bottle(running: Run, token: str) -> None:
