@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import platformdirs
-
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.config import DEFAULT_UPSTREAM, parse_upstream
+from claude_bottle.paths import config_dir
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import InvalidHost, parse_pattern
 from claude_bottle.runtime.bottle import Resources
@@ -78,7 +77,7 @@ class AgentConfig:
 
 
 def agents_dir() -> Path:
-    return Path(platformdirs.user_config_dir("claude-bottle")) / "agents"
+    return config_dir() / "agents"
 
 
 def known_agents() -> list[str]:

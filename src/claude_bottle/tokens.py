@@ -12,10 +12,10 @@ from pathlib import Path
 
 import keyring
 import keyring.errors
-import platformdirs
 
 from claude_bottle.credentials import Credential, CredentialKind, read_token_file
 from claude_bottle.errors import CredentialError
+from claude_bottle.paths import config_dir
 
 SERVICE = "claude-bottle"
 ACCOUNT = "anthropic-token"
@@ -28,7 +28,7 @@ HOW_TO_GET_ONE = (
 
 
 def token_file() -> Path:
-    return Path(platformdirs.user_config_dir("claude-bottle")) / "token"
+    return config_dir() / "token"
 
 
 def _keyring_get() -> str | None:

@@ -1,0 +1,35 @@
+"""Where claude-bottle keeps things on the host. Every path is computed when asked (never at import), so
+``XDG_CONFIG_HOME`` / ``XDG_STATE_HOME`` set by a test or a user take effect.
+
+- config: what the user writes (agents, the token file, approvals of project files).
+- state: what claude-bottle records (finished runs' audit, per-workspace records).
+
+Nothing under either is ever mounted into a bottle (see ``claude_bottle.config`` for the mount checks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import platformdirs
+
+APP = "claude-bottle"
+
+
+def config_dir() -> Path:
+    return Path(platformdirs.user_config_dir(APP))
+
+
+def state_dir() -> Path:
+    return Path(platformdirs.user_state_dir(APP))
+
+
+def workspace_key(workspace: Path) -> str:
+    """A short stable name for a workspace (its resolved path), for volume names and record folders."""
+    return hashlib.sha256(str(workspace).encode()).hexdigest()[:12]
+
+
+def workspace_state_dir(workspace: Path) -> Path:
+    """Records about one workspace (approvals, fingerprints of its protected files)."""
+    return state_dir() / "workspaces" / workspace_key(workspace)
