@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from claude_bottle.config import PRESETS, AgentConfig, load_agent, parse_agent
+from claude_bottle import trust
+from claude_bottle.config import PRESETS, AgentConfig, load_agent, parse_agent, read_project_file
 from claude_bottle.errors import ConfigError
 
 FULL = """
@@ -98,6 +99,7 @@ def test_lookup_order_and_missing_agents(tmp_path: Path, monkeypatch: pytest.Mon
     workspace.mkdir()
     assert load_agent(None, workspace) == AgentConfig(), "no config at all: the defaults"
     (workspace / ".claude-bottle.toml").write_text('version = 1\nallow = ["project.example"]\n')
+    trust.approve(workspace, read_project_file(workspace).digest)  # type: ignore[union-attr]
     assert load_agent(None, workspace).allow == ("project.example",)
     with pytest.raises(ConfigError, match=r"no agent 'ci'.*agents: none yet"):
         load_agent("ci", workspace)
