@@ -109,8 +109,8 @@ def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[
     recorded for review (``claude_bottle.trust``)."""
     with on_stop_signals(interrupt):
         trust.check(launch.workspace)
-        protected, _ = workspace.protected_paths(launch.workspace)
-        protective_mounts(launch.workspace, protected)  # a .git that cannot be mounted safely fails here
+        found = workspace.protected_paths(launch.workspace)
+        protective_mounts(launch.workspace, found[0])  # a .git that cannot be mounted safely fails here
         client = engine.connect()
         bottle_image, gate_image = build_images(client, launch.agent, progress)
         agent = launch.agent
@@ -122,11 +122,11 @@ def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[
             mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
             mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
                                   if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
-            protected=tuple(protected),
+            protected=tuple(found[0]),
         ))
         watch = trust.Watch(launch.workspace, run.id)
         try:
-            watch.begin()
+            watch.begin(found)
             progress(f"starting gate for agent {agent.name}")
             run.start_gate()
             yield run

@@ -171,8 +171,9 @@ class Watch:
         self.before: dict[str, str] = {}
         self._lock: int | None = None
 
-    def begin(self) -> None:
-        self.before = ws.fingerprint(self.workspace)
+    def begin(self, found: tuple[list[str], bool] | None = None) -> None:
+        """``found``: ``workspace.protected_paths`` of this workspace, if the caller has it."""
+        self.before = ws.fingerprint(self.workspace, found)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}")
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)

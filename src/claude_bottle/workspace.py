@@ -171,10 +171,11 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
         _record(workspace, f"{relative}/{name}", entries, budget)
 
 
-def fingerprint(workspace: Path) -> dict[str, str]:
+def fingerprint(workspace: Path, found: tuple[list[str], bool] | None = None) -> dict[str, str]:
     """Every protected path that exists, and what is in protected directories: relative path -> signature.
-    ``WALK_KEY`` says whether the search for nested .git entries was complete."""
-    paths, complete = protected_paths(workspace)
+    ``WALK_KEY`` says whether the search for nested .git entries was complete. ``found`` is what
+    ``protected_paths`` just returned, to save a second walk."""
+    paths, complete = found or protected_paths(workspace)
     entries: dict[str, str] = {WALK_KEY: "complete" if complete else f"stopped after {WALK_LIMIT} entries"}
     budget = [ENTRY_LIMIT]
     for relative in paths:
