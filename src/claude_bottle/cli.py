@@ -196,7 +196,8 @@ def build(agent: str | None, workspace: str | None) -> None:
     from claude_bottle.launch import build_images, workspace_of
     from claude_bottle.runtime import engine
 
-    bottle, gate_image = build_images(engine.connect(), load_agent(agent, workspace_of(workspace)), _progress)
+    config = load_agent(agent, workspace_of(workspace))
+    bottle, gate_image = build_images(engine.connect(), config, _progress)
     click.echo(f"bottle image: {bottle}\ngate image:   {gate_image}")
 
 

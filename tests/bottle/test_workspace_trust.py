@@ -174,6 +174,20 @@ def test_a_workspace_without_git_cannot_get_one(
     assert host_git.status(workspace).returncode == 128 and not host_git.canary.exists()
 
 
+def test_a_gitfile_is_read_only_and_cannot_be_replaced(
+    upstream: Upstream, token: str, workspace: Path, tmp_path: Path,
+) -> None:
+    subprocess.run(["rm", "-rf", str(workspace / ".git")], check=True)
+    (workspace / ".git").write_text(f"gitdir: {tmp_path}/main/.git/worktrees/project\n")
+    give_to_agent(workspace / ".git")
+    with bottle(workspace, token, upstream) as run:
+        for script in ("echo 'gitdir: /workspace/evil' > /workspace/.git", "rm -f /workspace/.git",
+                       "mv /workspace/.git /workspace/gitfile-old"):
+            code, output = inside(run, script)
+            assert code != 0, f"{script} worked: {output}"
+    assert (workspace / ".git").read_text() == f"gitdir: {tmp_path}/main/.git/worktrees/project\n"
+
+
 def test_ordinary_git_and_claude_code_work_with_a_read_only_git(
     upstream: Upstream, token: str, workspace: Path,
 ) -> None:

@@ -163,3 +163,15 @@ def test_trust_clears_reviewed_changes(project: Path) -> None:
     code, output = invoke(project, "--yes")
     assert code == 0 and ".envrc: created" in output
     trust.check(project)
+
+
+@pytest.mark.parametrize("command", [["build"], ["run", "-p", "hi"], ["start"], ["verify"]])
+def test_every_command_that_reads_the_project_file_refuses_an_unapproved_one(
+    project: Path, command: list[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    write(project, ALLOWED)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # were an engine used, this fails differently
+    monkeypatch.setenv("CLAUDE_BOTTLE_OAUTH_TOKEN", "sk-ant-oat01-" + "x" * 80)
+    result = CliRunner().invoke(cli, [*command, *(["--workspace", str(project)] if command[0] != "verify" else [])])
+    assert isinstance(result.exception, ConfigError) and "is not approved" in str(result.exception)
