@@ -15,8 +15,9 @@ What an answer says is steered by the conversation itself, so real Claude Code c
 
 - The last user message has a line ``run: <shell command>`` and the request offers the ``Bash`` tool: the
   answer is a ``tool_use`` block asking ``Bash`` to run that command (stop reason ``tool_use``; streamed as
-  ``input_json_delta`` events when the request streams). A request without the tool (a session title, say)
-  gets the usual text, as a real model could not call a tool it was not offered.
+  ``input_json_delta`` events when the request streams). ``search: <query>`` calls ``WebSearch`` and
+  ``fetch: <url>`` calls ``WebFetch`` the same way. A request without the tool (a session title, say) gets
+  the usual text, as a real model could not call a tool it was not offered.
 - The last user message carries a ``tool_result``: the answer is ``Tool said: <first line of its output>``.
 - Anything else: the stub's text (``DEFAULT_TEXT`` unless it was started with another).
 """
@@ -32,6 +33,7 @@ import secrets
 import ssl
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Self
 
 import h11
@@ -64,8 +66,13 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
 
 Block = dict[str, Any]  # one content block of an answer: {"type": "text", ...} or {"type": "tool_use", ...}
 
-RUN_LINE = re.compile(r"^run: (.+)$", re.MULTILINE)
-TOOL = "Bash"
+# A line of the prompt that makes the answer a call of one of Claude Code's tools: (tool, its input).
+TOOL_LINES: dict[str, tuple[str, Callable[[str], dict[str, str]]]] = {
+    "run": ("Bash", lambda arg: {"command": arg, "description": "Run the command the prompt names"}),
+    "search": ("WebSearch", lambda arg: {"query": arg}),
+    "fetch": ("WebFetch", lambda arg: {"url": arg, "prompt": "Summarize the page"}),
+}
+TOOL_LINE = re.compile(rf"^({'|'.join(TOOL_LINES)}): (.+)$", re.MULTILINE)
 
 
 def _content(message: Any) -> list[Block]:
@@ -92,11 +99,13 @@ def answer_block(payload: dict[str, Any], text: str) -> Block:
     if results:
         lines = [line.strip() for line in _text_of(results[-1]).splitlines() if line.strip()]
         return {"type": "text", "text": f"Tool said: {lines[0] if lines else '(no output)'}"}
-    offered = any(isinstance(t, dict) and t.get("name") == TOOL for t in payload.get("tools") or [])
-    commands = [m for b in blocks if b.get("type") == "text" for m in RUN_LINE.findall(_text_of(b))]
-    if offered and commands:
-        return {"type": "tool_use", "id": f"toolu_stub{secrets.token_hex(8)}", "name": TOOL,
-                "input": {"command": commands[-1].strip(), "description": "Run the command the prompt names"}}
+    offered = {t.get("name") for t in payload.get("tools") or [] if isinstance(t, dict)}
+    calls = [m for b in blocks if b.get("type") == "text" for m in TOOL_LINE.findall(_text_of(b))]
+    if calls:
+        tool, make_input = TOOL_LINES[calls[-1][0]]
+        if tool in offered:
+            return {"type": "tool_use", "id": f"toolu_stub{secrets.token_hex(8)}", "name": tool,
+                    "input": make_input(calls[-1][1].strip())}
     return {"type": "text", "text": text}
 
 
