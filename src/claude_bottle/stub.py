@@ -8,6 +8,7 @@ request may steer it with a top-level ``"stub"`` object in its JSON body (Claude
 - ``{"mode": "echo"}``: answer with the request headers as JSON (a reflecting endpoint).
 - ``{"mode": "echo-header"}``: put the received credential headers in response headers.
 - ``{"mode": "echo-split"}``: stream the received credential split across chunks, slowly.
+- ``{"mode": "echo-reason"}``: put the received credential in the status line's reason phrase.
 - ``{"mode": "gzip"}``: answer with a gzip-encoded body.
 - ``{"mode": "vanish"}``: start a stream, then drop the connection.
 
@@ -32,8 +33,8 @@ import re
 import secrets
 import ssl
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 import h11
@@ -58,6 +59,19 @@ class RecordedRequest:
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
+
+    def outline(self) -> dict[str, list[str]]:
+        """The body's top-level fields and tool types: what a log shows of it (never the conversation)."""
+        try:
+            payload = self.json()
+        except ValueError:
+            return {"fields": [], "tool_types": []}
+        if not isinstance(payload, dict):
+            return {"fields": [], "tool_types": []}
+        tools = payload.get("tools")
+        tools = tools if isinstance(tools, list) else []
+        return {"fields": sorted(payload), "tool_types": sorted({str(t.get("type", "custom")) for t in tools
+                                                                 if isinstance(t, dict)})}
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
@@ -192,8 +206,8 @@ class StubUpstream:
                 self.requests.append(recorded)
                 if self.log:
                     print(json.dumps({"method": recorded.method, "target": recorded.target, "peer": recorded.peer,
-                                      "headers": [[n.decode(), v.decode()] for n, v in recorded.headers]}),
-                          flush=True)
+                                      "headers": [[n.decode(), v.decode()] for n, v in recorded.headers],
+                                      **recorded.outline()}), flush=True)
                 if not await self._answer(conn, recorded) or not conn.can_reuse():
                     break
         except (ClientGone, ClientProtocolError, asyncio.CancelledError):
@@ -233,6 +247,9 @@ class StubUpstream:
         elif mode == "echo-header":
             await self._json(conn, 200, message_json(block, model),
                              [(b"x-echo-" + n.lower(), v) for n, v in credentials])
+        elif mode == "echo-reason":
+            reason = b" ".join(v for _, v in credentials) or b"no credential"
+            await self._json(conn, 200, message_json(block, model), reason=reason)
         elif mode == "echo-split":
             await conn.send(h11.Response(status_code=200, headers=SSE_HEADERS))
             secret = b"".join(v for _, v in credentials)
@@ -274,9 +291,10 @@ class StubUpstream:
         return True
 
     @staticmethod
-    async def _json(conn: HttpConnection, status: int, payload: Any, extra: Headers | None = None) -> None:
+    async def _json(conn: HttpConnection, status: int, payload: Any, extra: Headers | None = None,
+                    reason: bytes = b"") -> None:
         body = json.dumps(payload).encode()
-        await conn.send(h11.Response(status_code=status, headers=[
+        await conn.send(h11.Response(status_code=status, reason=reason, headers=[
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             (b"request-id", b"req_stub"), *(extra or [])]))
         await conn.send(h11.Data(data=body))
