@@ -18,7 +18,6 @@ from claude_bottle.gate.http import ClientProtocolError, Headers, HttpConnection
 from claude_bottle.gate.scan import SecretReflected, SecretScanner
 from claude_bottle.gate.upstream import UpstreamError, from_upstream, translate
 from claude_bottle.policy.decide import Decision
-from claude_bottle.policy.messages import MESSAGES_PATHS
 
 # Every way a client can present a credential. Names arrive lower-cased from h11, once per occurrence.
 CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie"})
@@ -60,7 +59,7 @@ async def api_exchange(conn: HttpConnection, request: h11.Request, record: Audit
 
     decision = ctx.config.api_policy.decide(method, target)
     body: bytes | None = None
-    if decision.allow and method == "POST" and record.path in MESSAGES_PATHS:
+    if decision.allow and method == "POST" and record.path in ctx.config.messages_policy.paths:
         try:
             body = await conn.read_body(request, limits.max_body_bytes, limits.idle_timeout)
         except ClientProtocolError as exc:

@@ -70,10 +70,11 @@ def _refuse(reason: str, status: int = 403) -> Decision:
 
 
 def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        keys = [k for k, _ in pairs]
         raise ValueError(f"duplicate key {next(k for k in keys if keys.count(k) > 1)!r}")
-    return dict(pairs)
+    return value
 
 
 def _no_constant(name: str) -> Any:
@@ -91,9 +92,11 @@ def parse_body(body: bytes) -> dict[str, Any]:
 @dataclass(frozen=True)
 class MessagesPolicy:
     """Decides on a Messages request body. ``server_tools`` are the families the agent opted in to; with
-    none, only ``DEFAULT_SERVER_TOOLS`` pass."""
+    none, only ``DEFAULT_SERVER_TOOLS`` pass. ``paths`` are the POST paths whose bodies are read and judged
+    (an empty set turns the policy off, which only a benchmark does)."""
 
     server_tools: frozenset[str] = frozenset()
+    paths: frozenset[str] = MESSAGES_PATHS
 
     def decide(self, body: bytes) -> Decision:
         try:
