@@ -183,7 +183,8 @@ FRAMING = [
     ("a body that is not JSON",
      b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nContent-Length: 5\r\n\r\nhello", "not a plain JSON object"),
     ("a chunk size that is not hex",
-     b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", ""),
+     b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+     "illegal chunk header"),
 ]
 
 
@@ -204,7 +205,7 @@ async def test_bad_framing_or_target_gets_400_before_anything_goes_upstream(
     assert arrived == [], "something went upstream"
     (record,) = gate.records()
     assert record["decision"] in ("deny", "error") and record["status"] == 400
-    assert record["reason"] and words in record["reason"]
+    assert record["reason"] and words in record["reason"] and not record["reason"].startswith(";")
     assert words in headers["x-deny-reason"]
     assert body_of(response)["error"]["type"] == "invalid_request_error"
 
@@ -223,3 +224,17 @@ async def test_a_fault_of_the_gate_is_audited_with_a_reason_and_answered_500(
     (record,) = gate.records()
     assert record["decision"] == "error" and record["status"] == 500
     assert "gate error: RuntimeError: policy exploded" in record["reason"]
+
+
+async def test_a_client_that_stalls_in_a_messages_body_is_audited_with_a_reason(
+    make_gate: GateFactory, stub: StubUpstream
+) -> None:
+    async with make_gate(idle_timeout=0.3) as gate:
+        reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
+        writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: g\r\nContent-Length: 100\r\n\r\n{\"model\"")
+        await writer.drain()
+        await read_all(reader, 2)
+        writer.close()
+    assert stub.requests == []
+    (record,) = gate.records()
+    assert record["reason"] == "client idle too long" and record["status"] == 408
