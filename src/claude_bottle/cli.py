@@ -64,6 +64,9 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
               help="Let the proxy reach these non-public addresses (refused by default). Repeatable.")
 @click.option("--allow-api-path", multiple=True, metavar="[METHOD] PATH",
               help="Forward this API path too, besides the ones Claude Code uses. Repeatable.")
+@click.option("--allow-server-tool", multiple=True, metavar="FAMILY",
+              help="Let Messages requests use this provider-side server tool, e.g. web_fetch (refused by "
+                   "default, except the web search Claude Code uses). Repeatable.")
 @click.option("--extra-ca", multiple=True, metavar="PATH", type=click.Path(dir_okay=False),
               help="Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.")
 @click.option("--audit-log", metavar="PATH", help="Append one JSON line per decision here; '-' for stderr.")
@@ -75,7 +78,8 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
               help="On SIGTERM, how long in-flight requests may finish.")
 def gate(
     api_listen: str, proxy_listen: str, upstream: str, token_file: str, allow: tuple[str, ...],
-    allow_private: tuple[str, ...], allow_api_path: tuple[str, ...], extra_ca: tuple[str, ...],
+    allow_private: tuple[str, ...], allow_api_path: tuple[str, ...], allow_server_tool: tuple[str, ...],
+    extra_ca: tuple[str, ...],
     audit_log: str | None, max_tunnels: int, idle_timeout: float, drain_seconds: float,
 ) -> None:
     """Run the gate: hold the credential, forward API calls, filter egress.
@@ -96,6 +100,7 @@ def gate(
         allowlist=gc.parse_allowlist(allow),
         allow_private=gc.parse_networks(allow_private),
         api_policy=gc.parse_api_paths(allow_api_path),
+        messages_policy=gc.parse_server_tools(allow_server_tool),
         extra_ca_files=tuple(Path(p) for p in extra_ca),
         credential=read_token_file(token_file),
         limits=gc.Limits(max_tunnels=max_tunnels, idle_timeout=idle_timeout, drain_seconds=drain_seconds),

@@ -25,7 +25,8 @@ from claude_bottle.errors import ConfigError
 from claude_bottle.gate.config import DEFAULT_UPSTREAM, parse_upstream
 from claude_bottle.paths import config_dir
 from claude_bottle.policy.addresses import parse_network
-from claude_bottle.policy.hosts import InvalidHost, parse_pattern
+from claude_bottle.policy.hosts import InvalidHost, normalize_host, parse_pattern, parse_port
+from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
 from claude_bottle.runtime.bottle import Resources
 from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION
 
@@ -61,11 +62,12 @@ class Mount:
 @dataclass(frozen=True)
 class McpServer:
     """A stdio server (``command``) runs inside the bottle; a remote one (``url``) is reached through the
-    gate, and its host joins the allowlist."""
+    gate, and ``allow_entry`` (its host, with the port when not the scheme's default) joins the allowlist."""
 
     name: str
     command: tuple[str, ...] = ()
     url: str = ""
+    allow_entry: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,13 +84,14 @@ class AgentConfig:
     extra_ca_certificates: tuple[Path, ...] = ()
     extra_packages: tuple[str, ...] = ()
     mcp_servers: tuple[McpServer, ...] = ()
+    server_tools: tuple[str, ...] = ()  # [api] server_tools: provider-side tool families the gate lets through
     upstream: str = DEFAULT_UPSTREAM
     sources: tuple[str, ...] = ()  # the files this came from, for messages
 
     @property
     def egress_allowlist(self) -> tuple[str, ...]:
         """The allowlist the gate enforces: listed hosts plus the hosts of remote MCP servers."""
-        remote = tuple(urlsplit(s.url).netloc for s in self.mcp_servers if s.url)
+        remote = tuple(s.allow_entry for s in self.mcp_servers if s.allow_entry)
         return tuple(dict.fromkeys(self.allow + remote))
 
 
@@ -239,7 +242,7 @@ class _Fields:
 def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     top = _Fields(data, source)
     top.check_keys({"version", "allow", "presets", "allow_private", "env", "mounts", "resources", "claude",
-                    "extra_ca_certificates", "extra_packages", "mcp", "upstream"})
+                    "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api"})
     if data.get("version") != CONFIG_VERSION:
         raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
 
@@ -291,6 +294,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
                                     for p in top.strings("extra_ca_certificates")),
         extra_packages=top.strings("extra_packages"),
         mcp_servers=_mcp(_Fields(top.table("mcp"), source, "mcp.")),
+        server_tools=_api(_Fields(top.table("api"), source, "api.")),
         upstream=upstream,
         sources=(source,),
     )
@@ -343,7 +347,49 @@ def _mcp(fields: _Fields) -> tuple[McpServer, ...]:
         command, url = server.strings("command"), server.string("url")
         if bool(command) == bool(url):
             raise server.fail("command", "give either command = [...] (stdio, runs in the bottle) or url = ...")
-        if url and (urlsplit(url).scheme not in ("https", "http") or not urlsplit(url).hostname):
-            raise server.fail("url", f"{url!r} is not an http(s) URL")
-        servers.append(McpServer(name, command, url))
+        servers.append(McpServer(name, command, url, _mcp_allow_entry(url, server) if url else ""))
     return tuple(servers)
+
+
+def _mcp_allow_entry(url: str, server: _Fields) -> str:
+    """The allowlist entry for a remote MCP server: its host, and its port unless the scheme's default."""
+    example = "write it like https://mcp.example.com/mcp"
+    try:
+        parts = urlsplit(url)
+        port_text = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+    except ValueError as exc:
+        raise server.fail("url", f"{url!r} is not a URL ({exc}); {example}") from None
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise server.fail("url", f"{url!r} is not an http(s) URL; {example}")
+    if "@" in parts.netloc:
+        raise server.fail("url", f"{url!r} carries credentials (user@ or user:password@): they would go through "
+                                 "the gate in plain sight and into the allowlist; remove them")
+    if "*" in parts.netloc:
+        raise server.fail("url", f"{url!r}: a wildcard is not a host to connect to; {example}")
+    if parts.fragment:
+        raise server.fail("url", f"{url!r}: a fragment (#...) has no meaning here; remove it")
+    try:
+        host, ip = normalize_host(parts.hostname)
+        port = parse_port(port_text, "the") if port_text else None
+    except InvalidHost as exc:
+        raise server.fail("url", f"{url!r}: {exc}; {example}") from None
+    default = 443 if parts.scheme == "https" else 80
+    shown = f"[{host}]" if ip is not None and ip.version == 6 else host
+    entry = shown if port in (None, default) else f"{shown}:{port}"
+    try:
+        parse_pattern(entry)
+    except InvalidHost as exc:
+        raise server.fail("url", f"{url!r}: {exc}") from None
+    return entry
+
+
+def _api(fields: _Fields) -> tuple[str, ...]:
+    """``[api] server_tools``: provider-side tool families the agent opts in to (see docs/api-policy.md)."""
+    fields.check_keys({"server_tools"})
+    tools = fields.strings("server_tools")
+    for tool in tools:
+        try:
+            parse_server_tool(tool)
+        except InvalidServerTool as exc:
+            raise fields.fail("server_tools", str(exc)) from None
+    return tuple(dict.fromkeys(tools))

@@ -100,6 +100,22 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], None] | signal.Ha
             signal.signal(sig, old)
 
 
+def run_spec(launch: Launch, bottle_image: str, gate_image: str,
+             protected: tuple[str, ...] = workspace.PROTECTED) -> RunSpec:
+    """``protected``: the workspace paths to mount read-only where they exist (``workspace.protected_paths``)."""
+    agent = launch.agent
+    return RunSpec(
+        agent=agent.name, workspace=launch.workspace, bottle_image=bottle_image, gate_image=gate_image,
+        credential=launch.credential, upstream=launch.upstream or agent.upstream,
+        allow=agent.egress_allowlist, allow_private=agent.allow_private, env=agent.env,
+        resources=agent.resources, upstream_networks=launch.upstream_networks,
+        mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
+        mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
+                              if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
+        server_tools=agent.server_tools, protected=protected,
+    )
+
+
 @contextlib.contextmanager
 def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[Run]:
     """Build what is missing, start the gate, and yield the run; on the way out, remove all of it.
@@ -114,16 +130,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[
         client = engine.connect()
         bottle_image, gate_image = build_images(client, launch.agent, progress)
         agent = launch.agent
-        run = Run(client, RunSpec(
-            agent=agent.name, workspace=launch.workspace, bottle_image=bottle_image, gate_image=gate_image,
-            credential=launch.credential, upstream=launch.upstream or agent.upstream,
-            allow=agent.egress_allowlist, allow_private=agent.allow_private, env=agent.env,
-            resources=agent.resources, upstream_networks=launch.upstream_networks,
-            mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
-            mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
-                                  if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
-            protected=tuple(found[0]),
-        ))
+        run = Run(client, run_spec(launch, bottle_image, gate_image, tuple(found[0])))
         watch = trust.Watch(launch.workspace, run.id)
         try:
             watch.begin(found)

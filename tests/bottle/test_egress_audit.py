@@ -243,6 +243,8 @@ def test_a_session_talks_only_to_the_gate_and_its_refusals_are_documented(
     refused = session.refused()
     print(f"\n{setting} the switches: {len(session.packets)} packets; refused: {sorted(refused)}")
     assert (workspace / "out.txt").read_text() == "tool-ran\n", "the tool call did not run"
+    api = [r for r in session.audit if r["listener"] == "api"]
+    assert api and all(r["decision"] == "allow" for r in api), f"the API route refused the session: {api}"
     assert session.packets, "the capture recorded nothing"
     offending = strays(session)
     assert not offending, "packets with another peer than the gate:\n" + "\n".join(offending)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import tomllib
+from pathlib import Path
 
 import pytest
 
-from claude_bottle.config import AgentConfig
+from claude_bottle.config import AgentConfig, parse_agent
 from claude_bottle.credentials import Credential, CredentialKind
-from claude_bottle.launch import BOTTLE_SETTINGS, claude_command
-from claude_bottle.runtime.bottle import bottle_user, seeded_claude_json
+from claude_bottle.launch import BOTTLE_SETTINGS, Launch, claude_command, run_spec
+from claude_bottle.runtime.bottle import bottle_user, gate_command, seeded_claude_json
+from tests.helpers import make_token
 
 
 @pytest.mark.parametrize(("uid", "gid", "user"), [(0, 0, "1000:1000"), (1000, 1000, "1000:1000"),
@@ -39,3 +42,16 @@ def test_claude_command_skips_the_bypass_warning_and_adds_model_and_args() -> No
     assert command[:4] == ["claude", "--dangerously-skip-permissions", "--settings", BOTTLE_SETTINGS]
     assert json.loads(BOTTLE_SETTINGS) == {"skipDangerousModePermissionPrompt": True}
     assert command[4:] == ["--model", "m", "--verbose", "-p", "hi"]
+
+
+def test_the_agents_server_tools_and_mcp_hosts_reach_the_gate_command(tmp_path: Path) -> None:
+    agent = parse_agent("a", tomllib.loads(
+        'version = 1\nallow = ["x.example"]\n[api]\nserver_tools = ["web_fetch", "code_execution"]\n'
+        '[mcp.servers.docs]\nurl = "https://mcp.example.com:8443/mcp"\n'), "a.toml")
+    spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "bottle", "gate")
+    command = gate_command(spec)
+    assert " ".join(command).endswith("--allow x.example --allow mcp.example.com:8443 "
+                                      "--allow-server-tool web_fetch --allow-server-tool code_execution")
+    assert spec.mcp_servers == {"docs": {"type": "http", "url": "https://mcp.example.com:8443/mcp"}}
+    assert "--allow-server-tool" not in gate_command(run_spec(Launch(AgentConfig(), tmp_path, spec.credential),
+                                                              "bottle", "gate"))

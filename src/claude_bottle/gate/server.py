@@ -124,6 +124,7 @@ class Gate:
         task = asyncio.current_task()
         assert task is not None and self._ctx is not None
         conn = HttpConnection(reader, writer, max_header_bytes=self.config.limits.max_header_bytes)
+        conn.json_errors = listener == "api"
         self._connections[task] = conn
         try:
             if listener == "proxy":
@@ -170,6 +171,11 @@ class Gate:
                 return
             except TimeoutError:
                 record.fail("client idle too long", record.status or 408)
+                return
+            except Exception as exc:  # a fault of the gate's own: still one audit line with a reason, then 500
+                record.fail(f"gate error: {type(exc).__name__}: {exc}", 500)
+                with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+                    await conn.fail(500, "internal gate error")
                 return
             finally:
                 self._busy.discard(conn)

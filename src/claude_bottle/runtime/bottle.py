@@ -75,6 +75,7 @@ class RunSpec:
     mounts: tuple[tuple[Path, str, bool], ...] = ()  # (host path, container path, read-only)
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # Claude Code's mcpServers entries
     protected: tuple[str, ...] = PROTECTED  # workspace paths mounted read-only where they exist (and nested .git)
+    server_tools: tuple[str, ...] = ()  # server-tool families the API route lets through (--allow-server-tool)
 
 
 def seeded_claude_json(kind: CredentialKind, placeholder: str, mcp_servers: dict[str, Any]) -> bytes:
@@ -101,6 +102,15 @@ def _uninterrupted() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def gate_command(spec: RunSpec) -> list[str]:
+    """The gate's arguments; the token comes on stdin, never here."""
+    allow_args = [arg for pattern in spec.allow for arg in ("--allow", pattern)]
+    private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
+    tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
+    return ["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}", "--upstream", spec.upstream,
+            "--token-file", "-", "--audit-log", "-", *allow_args, *private_args, *tool_args]
 
 
 def bottle_user(uid: int, gid: int) -> str:
@@ -198,15 +208,11 @@ class Run:
         with _uninterrupted(), ThreadPoolExecutor(2) as pool:  # its threads inherit the blocked signals
             internal, egress = pool.submit(self._network, "internal", True), pool.submit(self._network, "egress", False)
             self.internal, self.egress = internal.result(), egress.result()
-        allow_args = [arg for pattern in spec.allow for arg in ("--allow", pattern)]
-        private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
         try:
             with _uninterrupted():
                 self.gate = self.client.containers.create(
                 spec.gate_image,
-                    command=["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}",
-                             "--upstream", spec.upstream, "--token-file", "-", "--audit-log", "-",
-                             *allow_args, *private_args],
+                    command=gate_command(spec),
                     name=f"claude-bottle-{self.id}-gate", labels=self.labels, stdin_open=True,
                     network=self.egress.name, read_only=True, tmpfs={"/tmp": "size=16m"},
                     cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=256, mem_limit="256m",
