@@ -70,19 +70,20 @@ def test_hooks_planted_in_claude_settings_do_not_run_in_the_next_run(
     write_agent("planter", "")
     workspace = project(tmp_path, "project")
     run = bottle_in("planter", workspace)
+    attempts = ("chmod 666 ~/.claude/settings.json", "rm -f ~/.claude/settings.json",
+                "echo '{}' > /tmp/s && mv -f /tmp/s ~/.claude/settings.json")
+    changed = [attempt for attempt in attempts if inside(run, attempt)[0] == 0]
     for name in SETTINGS_FILES:
         inside(run, f"cat > ~/.claude/{name}", stdin=HOOKS)
-    assert inside(run, "cat ~/.claude/settings.json")[1].strip() != HOOKS.strip()
-    for attempt in ("echo '{}' > ~/.claude/settings.json", "rm -f ~/.claude/settings.json",
-                    "echo '{}' > /tmp/s && mv -f /tmp/s ~/.claude/settings.json", "chmod 666 ~/.claude/settings.json"):
-        assert inside(run, attempt)[0] != 0, f"the bottle changed its settings: {attempt}"
-    assert json.loads(inside(run, "cat ~/.claude/settings.json")[1]) == {"skipDangerousModePermissionPrompt": True}
+    seen = inside(run, "cat ~/.claude/settings.json")[1]
     run.remove()
 
     result = run_p("planter", "run: echo tool-ran", upstream, workspace)
     assert result.returncode == 0, result.stderr
     assert "Tool said: tool-ran" in result.stdout, "the tool call must have run, so PreToolUse had its chance"
     assert not (workspace / "hook-ran").exists(), "a hook planted by an earlier run ran"
+    assert changed == [], f"the bottle changed its settings: {changed}"
+    assert json.loads(seen) == {"skipDangerousModePermissionPrompt": True}, "the bottle wrote its settings"
 
 
 def test_a_project_sees_its_own_claude_state_only(
