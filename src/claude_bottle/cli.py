@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from claude_bottle.errors import EXIT_FAILURE, BottleError, ConfigError
 
 if TYPE_CHECKING:  # the gate image runs this module without the Docker SDK: import the bottle side lazily
     from claude_bottle.launch import Launch
+    from claude_bottle.records import RunRecord
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -308,41 +310,107 @@ def stop(agent: str | None, stop_all: bool) -> None:
     click.echo(f"stopped {', '.join(stopped)}" if stopped else "nothing to stop")
 
 
+def _print_runs(found: list[RunRecord], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(r) for r in found], indent=2))
+    elif not found:
+        click.echo("no runs recorded yet: a run's audit is kept once it ends")
+    else:
+        click.echo(f"{'RUN':24} {'AGENT':16} {'STARTED':20} {'ENDED':20} {'LINES':>7} WORKSPACE")
+        for r in found:
+            click.echo(f"{r.run:24} {r.agent:16} {r.started:20} {r.ended:20} {r.lines:7} {r.workspace}")
+
+
 @cli.command(context_settings=CONTEXT)
 @_agent_argument
+@click.option("--workspace", metavar="DIR", help="The workspace whose bottle or last run to show (default: here).")
+@click.option("--run", "run_id", metavar="ID", help="This run, running or recorded (see --runs).")
+@click.option("--runs", "list_recorded", is_flag=True, help="List the recorded runs, oldest first.")
 @click.option("--egress", is_flag=True, help="Only the proxy's decisions (not the API route's).")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new decisions.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new decisions (a running bottle only).")
 @click.option("--json", "as_json", is_flag=True, help="The raw JSON audit lines.")
-def logs(agent: str | None, egress: bool, follow: bool, as_json: bool) -> None:
-    """Show the gate's decisions for a running bottle."""
-    from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import gate_of
+def logs(agent: str | None, workspace: str | None, run_id: str | None, list_recorded: bool, egress: bool,
+         follow: bool, as_json: bool) -> None:
+    """Show the gate's decisions: what was forwarded, what was refused and why.
 
-    for line in gate_of(engine.connect(), agent).logs(stdout=False, stderr=True, stream=True, follow=follow):
-        text = line.decode("utf-8", "replace").strip()
+    Without options: the running bottle of this workspace, else its last run (every run's audit is kept on
+    the host when it ends). AGENT: that agent's running bottle, else its last run. --runs lists what is kept.
+    """
+    from pathlib import Path
+
+    from claude_bottle import records
+    from claude_bottle.errors import DockerError
+    from claude_bottle.runtime import engine
+    from claude_bottle.runtime.bottle import running_run, runs
+
+    if list_recorded:
+        _print_runs(records.recorded(), as_json)
+        return
+    # with AGENT and no --workspace, any workspace of that agent's
+    place = None if agent and workspace is None else Path(workspace or os.getcwd()).expanduser().resolve()
+    live, client = None, None
+    with contextlib.suppress(DockerError):  # no engine: no running bottle, the recorded runs still show
+        client = engine.connect()
+        live = (run_id if any(r["run"] == run_id for r in runs(client)) else None) if run_id else \
+            running_run(client, agent, place)
+    if live and client is not None:
+        gate = client.containers.get(f"claude-bottle-{live}-gate")
+        lines: Iterator[str] = (chunk.decode("utf-8", "replace") for chunk in
+                                gate.logs(stdout=False, stderr=True, stream=True, follow=follow))
+    elif follow:
+        raise ConfigError("--follow shows a running bottle's decisions as they come, and none is running here; "
+                          "without --follow, the last run's are shown")
+    else:
+        record = records.find(run_id) if run_id else records.latest(agent, place)
+        lines = records.audit_lines(record)
+    for line in lines:
+        text = line.strip()
         if not text.startswith("{"):
             continue
-        record = json.loads(text)
-        if egress and record.get("listener") != "proxy":
+        entry = json.loads(text)
+        if egress and entry.get("listener") != "proxy":
             continue
         click.echo(text if as_json else
-                   f"{record['time']} {record['decision']:5} {record['status']:3} {record['method']:7} "
-                   f"{record['target']}{record.get('path', '')}  {record['reason']}")
+                   f"{entry['time']} {entry['decision']:5} {entry['status']:3} {entry['method']:7} "
+                   f"{entry['target']}{entry.get('path', '')}  {entry['reason']}")
 
 
-@cli.command("exec", context_settings=CONTEXT)
-@click.argument("agent", required=False)
-@click.argument("command", nargs=-1, required=True)
-def exec_(agent: str | None, command: tuple[str, ...]) -> None:
-    """Run COMMAND inside a running bottle as the agent user: claude-bottle exec [AGENT] -- CMD..."""
+class _AfterDoubleDash(click.Command):
+    """Everything after the first ``--`` is the command to run, whatever it looks like; click would take its
+    first word as the optional AGENT."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            ctx.meta["command"] = args[args.index("--") + 1:]
+            args = args[:args.index("--")]
+        return super().parse_args(ctx, args)
+
+
+@cli.command("exec", cls=_AfterDoubleDash, context_settings=CONTEXT)
+@_agent_argument
+@click.option("--workspace", metavar="DIR", help="Prefer the bottle of this workspace (default: here).")
+@click.pass_context
+def exec_(ctx: click.Context, agent: str | None, workspace: str | None) -> None:
+    """Run a command inside a running bottle, as its user: claude-bottle exec [AGENT] -- CMD...
+
+    Without AGENT: the bottle of this workspace, or the only one running.
+    """
+    from pathlib import Path
+
     from claude_bottle.launch import docker_cli
     from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import bottle_of, bottle_user
+    from claude_bottle.runtime.bottle import bottle_of
 
-    bottle = bottle_of(engine.connect(), agent)
+    command = ctx.meta.get("command")
+    if command is None:
+        raise click.UsageError("put the command after --: claude-bottle exec [AGENT] -- CMD...", ctx)
+    if not command:
+        raise click.UsageError("no command after --: claude-bottle exec [AGENT] -- CMD...", ctx)
+    place = Path(workspace or os.getcwd()).expanduser().resolve()
+    bottle = bottle_of(engine.connect(), agent, place)
     terminal = ["-it"] if sys.stdin.isatty() else ["-i"]
-    user = bottle_user(os.getuid(), os.getgid())
-    sys.exit(subprocess.call([docker_cli(), "exec", *terminal, "-u", user, bottle.name, *command]))
+    # no -u: docker exec runs as the container's own user, the one the bottle was started as
+    sys.exit(subprocess.call([docker_cli(), "exec", *terminal, bottle.name, *command]))
 
 
 @cli.command(context_settings=CONTEXT)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from claude_bottle import trust
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.config import DEFAULT_UPSTREAM, parse_upstream
-from claude_bottle.paths import config_dir
+from claude_bottle.paths import config_dir, state_dir
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import InvalidHost, normalize_host, parse_pattern, parse_port
 from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
@@ -54,9 +54,10 @@ _MEMORY = re.compile(r"\d+[kmg]?", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Mount:
-    source: Path
+    source: Path  # checked: a real file or folder, its path free of symlinks, nothing the bottle must not reach
     target: str
     read_only: bool
+    origin: str = ""  # "FILE: mounts[N].source", for messages
 
 
 @dataclass(frozen=True)
@@ -313,15 +314,81 @@ def _mounts(value: Any, top: _Fields) -> tuple[Mount, ...]:
     for i, entry in enumerate(value):
         fields = _Fields(entry if isinstance(entry, dict) else {}, top.source, f"mounts[{i}].")
         fields.check_keys({"source", "target", "mode"})
-        source = _existing(Path(fields.string("source")).expanduser(), fields, "source")
+        source = _mount_source(fields.string("source"), fields)
         target = fields.string("target")
         if not target.startswith("/") or target in ("/", "/workspace") or ".." in target.split("/"):
             raise fields.fail("target", f"{target!r} must be an absolute path other than / and /workspace")
         mode = fields.string("mode", "ro")
         if mode not in ("ro", "rw"):
             raise fields.fail("mode", f"{mode!r} must be 'ro' or 'rw'")
-        mounts.append(Mount(source.resolve(), target, mode == "ro"))
+        mounts.append(Mount(source, target, mode == "ro", f"{top.source}: mounts[{i}].source"))
     return tuple(mounts)
+
+
+def engine_paths() -> tuple[Path, ...]:
+    """Where a Docker engine may listen on this host, and the Docker client's folder (its credentials): a
+    bottle that reached one would own the host."""
+    paths = [Path("/var/run/docker.sock"), Path("/run/docker.sock"), Path.home() / ".docker"]
+    host = os.environ.get("DOCKER_HOST", "")
+    if host.startswith("unix://"):
+        paths.append(Path(host.removeprefix("unix://")))
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        paths.append(Path(os.environ["XDG_RUNTIME_DIR"], "docker.sock"))
+    return tuple(paths)
+
+
+def _relation(source: Path, protected: Path) -> str:
+    """How ``source`` touches ``protected`` ("is", "contains", "lies under"), or "" if it does not."""
+    protected = Path(os.path.realpath(protected))
+    if source == protected:
+        return "is"
+    return "contains" if protected.is_relative_to(source) else "lies under" if source.is_relative_to(protected) else ""
+
+
+_KINDS = {stat.S_IFSOCK: "socket", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+          stat.S_IFIFO: "named pipe"}
+
+
+def _mount_source(written: str, fields: _Fields) -> Path:
+    """A mount source exactly as it will be mounted: an existing regular file or folder, named by its real
+    path (a symlink anywhere on the way could be pointed elsewhere later), and none of the engine's socket,
+    the Docker client's folder, or claude-bottle's own config and state (the token file, the runs' audit)."""
+    path = Path(os.path.expanduser(written))
+    if not path.is_absolute():
+        raise fields.fail("source", f"{written!r} must be an absolute path or start with ~")
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise fields.fail("source", f"{path} does not exist") from None
+    except OSError as exc:
+        raise fields.fail("source", f"{path}: cannot be read ({exc.strerror})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise fields.fail("source", f"{path} is a symlink (to {os.path.realpath(path)}); name the real file or "
+                                    "folder, as long as nothing below forbids it")
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+        kind = _KINDS.get(stat.S_IFMT(info.st_mode), "special file")
+        raise fields.fail("source", f"{path} is a {kind}: only regular files and folders can be mounted")
+    resolved = Path(os.path.realpath(path))
+    if resolved != path:
+        raise fields.fail("source", f"{path} resolves to {resolved} (through a symlink or '..' on the way); "
+                                    "write the real path")
+    forbidden = [(p, "the Docker engine's socket or client folder") for p in engine_paths()] + \
+        [(config_dir(), "claude-bottle's config folder (the token file, the agents)"),
+         (state_dir(), "claude-bottle's state folder (the runs' audit)")]
+    for protected, what in forbidden:
+        if relation := _relation(resolved, protected):
+            raise fields.fail("source", f"{path} {relation} {what}, {protected}: a bottle must never reach it; "
+                                        "mount a folder of its own instead")
+    return resolved
+
+
+def check_mounts(agent: AgentConfig, workspace: Path) -> None:
+    """No mount may reach the workspace: it is at /workspace already, with its .git protections, which a
+    second, writable view of it (or of a folder around it) would bypass."""
+    for mount in agent.mounts:
+        if relation := _relation(mount.source, workspace):
+            raise ConfigError(f"{mount.origin}: {mount.source} {relation} the workspace {workspace}, which the "
+                              "bottle has at /workspace already; mount another folder")
 
 
 def _resources(fields: _Fields) -> Resources:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -17,11 +16,11 @@ from types import FrameType
 import docker
 
 from claude_bottle import trust, workspace
-from claude_bottle.config import AgentConfig
+from claude_bottle.config import AgentConfig, check_mounts
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.runtime import engine, images
-from claude_bottle.runtime.bottle import Run, RunSpec, protective_mounts
+from claude_bottle.runtime.bottle import Run, RunSpec, bottle_user, protective_mounts
 
 EXTRA_CA_VARIABLE = "CLAUDE_BOTTLE_EXTRA_CA_CERTS"
 
@@ -67,15 +66,11 @@ class Launch:
     upstream_networks: tuple[str, ...] = ()
 
 
-# The bottle is the sandbox the bypass-mode warning asks for; accepted per run, so the user's own settings
-# in the persistent ~/.claude volume are left alone.
-BOTTLE_SETTINGS = json.dumps({"skipDangerousModePermissionPrompt": True})
-
-
 def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
+    """The bypass-mode warning is accepted in the bottle's read-only ~/.claude/settings.json
+    (``runtime.bottle.CLAUDE_SETTINGS``)."""
     model = ["--model", agent.model] if agent.model else []
-    return ["claude", "--dangerously-skip-permissions", "--settings", BOTTLE_SETTINGS, *model, *agent.claude_args,
-            *extra]
+    return ["claude", "--dangerously-skip-permissions", *model, *agent.claude_args, *extra]
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -100,13 +95,14 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], None] | signal.Ha
             signal.signal(sig, old)
 
 
-def run_spec(launch: Launch, bottle_image: str, gate_image: str,
+def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
              protected: tuple[str, ...] = workspace.PROTECTED) -> RunSpec:
-    """``protected``: the workspace paths to mount read-only where they exist (``workspace.protected_paths``)."""
+    """``user``: uid:gid from ``bottle_user``; ``protected``: the workspace paths to mount read-only where they
+    exist (``workspace.protected_paths``)."""
     agent = launch.agent
     return RunSpec(
         agent=agent.name, workspace=launch.workspace, bottle_image=bottle_image, gate_image=gate_image,
-        credential=launch.credential, upstream=launch.upstream or agent.upstream,
+        credential=launch.credential, user=user, upstream=launch.upstream or agent.upstream,
         allow=agent.egress_allowlist, allow_private=agent.allow_private, env=agent.env,
         resources=agent.resources, upstream_networks=launch.upstream_networks,
         mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
@@ -124,13 +120,15 @@ def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[
     review, or while its .git is unsafe to mount; after the run, whatever changed there is reported and
     recorded for review (``claude_bottle.trust``)."""
     with on_stop_signals(interrupt):
+        agent = launch.agent
         trust.check(launch.workspace)
+        check_mounts(agent, launch.workspace)
+        user = bottle_user(os.getuid(), os.getgid(), launch.workspace)
         found = workspace.protected_paths(launch.workspace)
         protective_mounts(launch.workspace, found[0])  # a .git that cannot be mounted safely fails here
         client = engine.connect()
-        bottle_image, gate_image = build_images(client, launch.agent, progress)
-        agent = launch.agent
-        run = Run(client, run_spec(launch, bottle_image, gate_image, tuple(found[0])))
+        bottle_image, gate_image = build_images(client, agent, progress)
+        run = Run(client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0])))
         watch = trust.Watch(launch.workspace, run.id)
         try:
             watch.begin(found)

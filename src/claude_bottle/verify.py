@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import secrets
 import socket
 import tempfile
@@ -32,7 +31,7 @@ from claude_bottle.errors import DockerError, GateError
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import engine
-from claude_bottle.runtime.bottle import AGENT_LABEL, LABEL, RUN_LABEL, Run, bottle_user, remove_run
+from claude_bottle.runtime.bottle import AGENT_LABEL, LABEL, RUN_LABEL, Run, remove_run, state_volume
 
 STUB_PORT = 8000
 PRIVATE_NAME = f"canary:{STUB_PORT}"  # allowlisted on purpose: the name resolves to a private address
@@ -168,19 +167,21 @@ def verification(agent: AgentConfig, progress: Progress,
         finally:
             with on_stop_signals(lambda signum, frame: None):
                 remove_run(client, verify_id)
+                with contextlib.suppress(docker.errors.APIError):  # the scratch workspace's: of no later use
+                    client.volumes.get(state_volume(agent.name, Path(scratch) / "workspace")).remove(force=True)
             host.close()
 
 
 # ---- attacks in the bottle, as the agent user --------------------------------------------------------------
 
 def in_bottle(run: Run, script: str, stdin: str | None = None) -> tuple[int, str]:
-    """``script`` in bash in the bottle, as the agent user; ``stdin`` goes in as a here-document (a pipe,
-    never a file or argv)."""
+    """``script`` in bash in the bottle, as the agent user (the bottle's own); ``stdin`` goes in as a
+    here-document (a pipe, never a file or argv)."""
     bottle = run.bottle
     assert bottle is not None
     if stdin is not None:
         script = f"{script} <<'__CLAUDE_BOTTLE_END__'\n{stdin}\n__CLAUDE_BOTTLE_END__"
-    code, output = bottle.exec_run(["bash", "-c", script], user=bottle_user(os.getuid(), os.getgid()))
+    code, output = bottle.exec_run(["bash", "-c", script])
     return code, output.decode("utf-8", "replace")
 
 
@@ -287,7 +288,7 @@ def network_attacks(target: Verification) -> list[Outcome]:
     probe = run.client.containers.create(
         target.gate_image, entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle.probe", json.dumps(targets)],
         name=f"claude-bottle-{run.id}-probe", labels=run.labels, network_mode=f"container:{run.bottle.id}",
-        user=bottle_user(os.getuid(), os.getgid()), cap_drop=["ALL"], security_opt=["no-new-privileges"],
+        user=run.spec.user, cap_drop=["ALL"], security_opt=["no-new-privileges"],
         read_only=True)
     try:
         probe.start()

@@ -21,6 +21,7 @@ from claude_bottle.config import AgentConfig
 from claude_bottle.errors import DockerError
 from claude_bottle.launch import build_images
 from claude_bottle.runtime import engine
+from claude_bottle.runtime.bottle import WORKSPACE_LABEL
 from claude_bottle.verify import stub_container
 
 TEST_LABEL = "claude-bottle.test"
@@ -79,13 +80,13 @@ def upstream(client: docker.DockerClient, built_images: tuple[str, str]) -> Iter
 
 
 @pytest.fixture(autouse=True)
-def forget_state_volumes(client: docker.DockerClient) -> Iterator[None]:
-    """Agents' state volumes outlive runs by design; the tests' own are removed after each test."""
-    before = {v.name for v in client.volumes.list(filters={"label": "claude-bottle"})}
+def forget_state_volumes(client: docker.DockerClient, tmp_path: Path) -> Iterator[None]:
+    """State volumes outlive runs by design; a test's own (those of workspaces in its tmp_path) are removed
+    after it, and no other: on an engine shared with other test runs, theirs are in use or about to be."""
     yield
-    for volume in client.volumes.list(filters={"label": "claude-bottle"}):
-        if volume.name not in before:
-            with contextlib.suppress(docker.errors.APIError):  # in use: another test run's, on the same engine
+    for volume in client.volumes.list(filters={"label": WORKSPACE_LABEL}):
+        if Path(volume.attrs["Labels"][WORKSPACE_LABEL]).is_relative_to(tmp_path):
+            with contextlib.suppress(docker.errors.APIError):
                 volume.remove(force=True)
 
 

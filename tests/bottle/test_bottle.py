@@ -131,7 +131,7 @@ def test_bottle_has_limits_and_points_claude_code_at_the_gate(running: Run) -> N
 
 def test_bottle_runs_unprivileged(running: Run) -> None:
     status = inside(running, "id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status")[1].split()
-    assert status[0] != "0" and status[0] == bottle_user(os.getuid(), os.getgid()).split(":")[0]
+    assert status[0] == running.spec.user.split(":")[0] != "0"
     assert status[status.index("CapEff:") + 1] == "0000000000000000"
     assert status[status.index("NoNewPrivs:") + 1] == "1"
     assert inside(running, "test -e /var/run/docker.sock")[0] != 0
@@ -189,8 +189,8 @@ def test_claude_state_persists_per_agent_and_holds_no_token(
     def in_volume(script: str) -> str:
         return client.containers.run(
             bottle_image, ["bash", "-c", script], environment={"TOKEN": token}, remove=True,
-            user=bottle_user(os.getuid(), os.getgid()),
-            volumes={state_volume("stateful"): {"bind": "/home/agent/.claude", "mode": "ro"}},
+            user=bottle_user(os.getuid(), os.getgid(), workspace),
+            volumes={state_volume("stateful", workspace): {"bind": "/home/agent/.claude", "mode": "ro"}},
         ).decode()
 
     assert "/home/agent/.claude/projects/" in in_volume("find /home/agent/.claude -type f"), "no session kept"
@@ -210,9 +210,10 @@ def test_ls_logs_exec_and_stop(running: Run, upstream: Upstream, workspace: Path
     assert any(r["target"] == "denied.example:80" and r["decision"] == "deny" for r in records)
     assert all(r["listener"] == "proxy" for r in records)
 
-    whoami = subprocess.run([*CLI, "exec", "probe", "--", "id", "-u"], capture_output=True, text=True,
-                            timeout=60, stdin=subprocess.DEVNULL)
-    assert whoami.returncode == 0 and whoami.stdout.strip() == bottle_user(os.getuid(), os.getgid()).split(":")[0]
+    for agent in (["probe"], []):  # the documented form names no agent: the bottle of this workspace
+        whoami = subprocess.run([*CLI, "exec", *agent, "--", "id", "-u"], capture_output=True, text=True,
+                                timeout=60, stdin=subprocess.DEVNULL, cwd=workspace)
+        assert whoami.returncode == 0 and whoami.stdout.strip() == running.spec.user.split(":")[0], whoami.stderr
 
     stopped = subprocess.run([*CLI, "stop", "probe"], capture_output=True, text=True, timeout=120)
     assert stopped.returncode == 0 and running.id in stopped.stdout
@@ -302,3 +303,24 @@ def test_sigterm_during_an_interactive_start_removes_the_run(
     finally:
         child.close(force=not child.isalive())
     assert leftovers(client, agent) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="who a bottle runs as when root starts it: needs root to chown")
+def test_root_runs_the_bottle_as_the_workspace_owner_or_refuses_what_uid_1000_cannot_write(
+    client: docker.DockerClient, upstream: Upstream, token: str, tmp_path: Path, built_images: tuple[str, str],
+) -> None:
+    write_agent("owner", "")
+    owned = tmp_path / "owned"
+    owned.mkdir(mode=0o755)
+    os.chown(owned, 1234, 1234)
+    result = cli("run", "owner", "-p", "run: id -u > /workspace/uid", upstream=upstream, cwd=owned)
+    assert result.returncode == 0, result.stderr
+    assert (owned / "uid").read_text() == "1234\n" and (owned / "uid").stat().st_uid == 1234
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o755)  # root's, not writable by uid 1000
+    result = cli("run", "owner", "-p", "hi", upstream=upstream, cwd=private)
+    assert result.returncode == 2
+    assert f"the workspace {private} is not writable by the bottle's user 1000:1000" in result.stderr
+    assert f"chown -R 1000:1000 {private}" in result.stderr
+    assert leftovers(client, "owner") == []

@@ -33,7 +33,7 @@ from claude_bottle.config import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, claude_command, docker_cli, started
 from claude_bottle.runtime import bottle as bottle_module
-from claude_bottle.runtime.bottle import state_volume
+from claude_bottle.runtime.bottle import AGENT_LABEL
 from claude_bottle.stub import DEFAULT_TEXT
 from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent
 
@@ -47,8 +47,9 @@ def agent(client: docker.DockerClient) -> Iterator[str]:
     """A fresh agent name; its state volume is removed afterwards."""
     name = f"audit-{secrets.token_hex(3)}"
     yield name
-    with contextlib.suppress(docker.errors.NotFound):
-        client.volumes.get(state_volume(name)).remove(force=True)
+    for volume in client.volumes.list(filters={"label": f"{AGENT_LABEL}={name}"}):
+        with contextlib.suppress(docker.errors.NotFound):
+            volume.remove(force=True)
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import tomllib
 from pathlib import Path
 
@@ -10,15 +12,72 @@ import pytest
 
 from claude_bottle.config import AgentConfig, parse_agent
 from claude_bottle.credentials import Credential, CredentialKind
-from claude_bottle.launch import BOTTLE_SETTINGS, Launch, claude_command, run_spec
-from claude_bottle.runtime.bottle import bottle_user, gate_command, seeded_claude_json
+from claude_bottle.errors import ConfigError
+from claude_bottle.launch import Launch, claude_command, run_spec
+from claude_bottle.paths import workspace_key
+from claude_bottle.runtime.bottle import (
+    CLAUDE_SETTINGS,
+    gate_command,
+    seeded_claude_json,
+    seeded_settings,
+    state_volume,
+    user_for,
+)
 from tests.helpers import make_token
 
 
-@pytest.mark.parametrize(("uid", "gid", "user"), [(0, 0, "1000:1000"), (1000, 1000, "1000:1000"),
-                                                  (1234, 99, "1234:99")])
-def test_bottle_runs_as_the_invoking_user_but_never_root(uid: int, gid: int, user: str) -> None:
-    assert bottle_user(uid, gid) == user
+def owned(uid: int, gid: int, mode: int) -> os.stat_result:
+    """The stat of a folder owned by uid:gid with these permission bits."""
+    return os.stat_result((stat.S_IFDIR | mode, 0, 0, 2, uid, gid, 4096, 0, 0, 0))
+
+
+WORKSPACE = Path("/srv/project")
+
+
+@pytest.mark.parametrize(("uid", "gid", "info", "user"), [
+    (1234, 99, owned(1234, 99, 0o755), "1234:99"),  # the invoking user, whoever owns what
+    (1000, 1000, owned(1000, 1000, 0o700), "1000:1000"),
+    (1234, 99, owned(0, 99, 0o775), "1234:99"),  # writable through the group
+    (0, 0, owned(1234, 99, 0o755), "1234:99"),  # root: the workspace's owner
+    (0, 0, owned(0, 0, 0o777), "1000:1000"),  # root on a folder root owns: uid 1000, which can write it
+    (0, 0, owned(0, 1000, 0o770), "1000:1000"),
+])
+def test_bottle_runs_as_a_user_who_can_write_the_workspace_never_root(
+    uid: int, gid: int, info: os.stat_result, user: str
+) -> None:
+    assert user_for(uid, gid, info, WORKSPACE) == user
+
+
+@pytest.mark.parametrize(("uid", "gid", "info", "fix"), [
+    (0, 0, owned(0, 0, 0o755), "chown -R 1000:1000 /srv/project"),  # root's own folder: uid 1000 cannot write
+    (0, 0, owned(0, 0, 0o776), "chown -R 1000:1000 /srv/project"),  # writable, but not searchable, by others
+    (0, 0, owned(1234, 99, 0o555), "chown -R 1000:1000 /srv/project"),  # its owner cannot write it either
+    (1234, 99, owned(4321, 98, 0o755), "chown -R 1234:99 /srv/project"),
+])
+def test_a_workspace_the_bottle_could_not_write_is_refused_before_start(
+    uid: int, gid: int, info: os.stat_result, fix: str
+) -> None:
+    with pytest.raises(ConfigError, match="the workspace /srv/project is not writable by the bottle's user") as caught:
+        user_for(uid, gid, info, WORKSPACE)
+    assert fix in str(caught.value)
+
+
+def test_state_volume_is_per_agent_and_workspace() -> None:
+    a, b = Path("/srv/a"), Path("/srv/b")
+    assert state_volume("dev", a) == f"claude-bottle-dev-{workspace_key(a)}-state"
+    assert len({state_volume("dev", a), state_volume("dev", b), state_volume("ops", a)}) == 3
+
+
+def test_seeded_settings_are_the_products_and_readable_by_any_bottle_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    path = seeded_settings()
+    assert path.is_relative_to(tmp_path / "claude-bottle")
+    assert json.loads(path.read_text()) == CLAUDE_SETTINGS == {"skipDangerousModePermissionPrompt": True}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    path.write_text('{"hooks": {}}')  # changed on the host: put back at the next start
+    assert json.loads(seeded_settings().read_text()) == CLAUDE_SETTINGS
 
 
 def test_seeded_state_skips_onboarding_trusts_the_workspace_and_carries_mcp_servers() -> None:
@@ -37,21 +96,19 @@ def test_api_key_placeholder_is_preapproved_so_no_dialog_asks() -> None:
     assert state["customApiKeyResponses"] == {"approved": [placeholder[-20:]], "rejected": []}
 
 
-def test_claude_command_skips_the_bypass_warning_and_adds_model_and_args() -> None:
+def test_claude_command_adds_model_and_args_and_no_settings_flag() -> None:
     command = claude_command(AgentConfig(model="m", claude_args=("--verbose",)), "-p", "hi")
-    assert command[:4] == ["claude", "--dangerously-skip-permissions", "--settings", BOTTLE_SETTINGS]
-    assert json.loads(BOTTLE_SETTINGS) == {"skipDangerousModePermissionPrompt": True}
-    assert command[4:] == ["--model", "m", "--verbose", "-p", "hi"]
+    assert command == ["claude", "--dangerously-skip-permissions", "--model", "m", "--verbose", "-p", "hi"]
 
 
 def test_the_agents_server_tools_and_mcp_hosts_reach_the_gate_command(tmp_path: Path) -> None:
     agent = parse_agent("a", tomllib.loads(
         'version = 1\nallow = ["x.example"]\n[api]\nserver_tools = ["web_fetch", "code_execution"]\n'
         '[mcp.servers.docs]\nurl = "https://mcp.example.com:8443/mcp"\n'), "a.toml")
-    spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "bottle", "gate")
+    spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "bottle", "gate", "1000:1000")
     command = gate_command(spec)
     assert " ".join(command).endswith("--allow x.example --allow mcp.example.com:8443 "
                                       "--allow-server-tool web_fetch --allow-server-tool code_execution")
     assert spec.mcp_servers == {"docs": {"type": "http", "url": "https://mcp.example.com:8443/mcp"}}
     assert "--allow-server-tool" not in gate_command(run_spec(Launch(AgentConfig(), tmp_path, spec.credential),
-                                                              "bottle", "gate"))
+                                                              "bottle", "gate", "1000:1000"))

@@ -26,19 +26,26 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 from docker.models.networks import Network
-from docker.types import Mount
+from docker.types import LogConfig, Mount
 
+from claude_bottle import records
 from claude_bottle.credentials import Credential, CredentialKind
-from claude_bottle.errors import ConfigError, DockerError, GateError
+from claude_bottle.errors import BottleError, ConfigError, DockerError, GateError
+from claude_bottle.paths import state_dir, workspace_key
 from claude_bottle.workspace import GIT, PROTECTED, lstat_inside
 
 LABEL = "claude-bottle"
 RUN_LABEL = "claude-bottle.run"
 AGENT_LABEL = "claude-bottle.agent"
+WORKSPACE_LABEL = "claude-bottle.workspace"
 API_PORT = 8080
 PROXY_PORT = 3128
 GATE_READY_SECONDS = 30
+GATE_STOP_SECONDS = 3
 HOME = "/home/agent"
+AGENT_UID = 1000  # the image's user: who a bottle runs as when root starts it on a folder root owns
+# What a container may leave in the engine's logs (the gate's audit, the bottle's output), whatever it floods.
+LOG_CONFIG = LogConfig(type=LogConfig.types.JSON, config={"max-size": "5m", "max-file": "2"})
 
 # Claude Code's own calls home that the bottle never needs (see docs/gate.md).
 CLAUDE_ENV = {
@@ -48,6 +55,10 @@ CLAUDE_ENV = {
     "DISABLE_TELEMETRY": "1",
     "DISABLE_ERROR_REPORTING": "1",
 }
+
+# ~/.claude/settings.json in every bottle: the bottle is the sandbox the bypass-mode warning asks for. It is
+# the product's file, mounted read-only: hooks or settings a bottle writes there would run in later runs.
+CLAUDE_SETTINGS = {"skipDangerousModePermissionPrompt": True}
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,7 @@ class RunSpec:
     bottle_image: str
     gate_image: str
     credential: Credential
+    user: str  # uid:gid, from bottle_user()
     upstream: str = "https://api.anthropic.com"
     allow: tuple[str, ...] = ()
     allow_private: tuple[str, ...] = ()
@@ -113,14 +125,50 @@ def gate_command(spec: RunSpec) -> list[str]:
             "--token-file", "-", "--audit-log", "-", *allow_args, *private_args, *tool_args]
 
 
-def bottle_user(uid: int, gid: int) -> str:
-    """The invoking user, so files created in /workspace are theirs; never root: root gets uid 1000."""
-    return "1000:1000" if uid == 0 else f"{uid}:{gid}"
+def bottle_user(uid: int, gid: int, workspace: Path) -> str:
+    """Who the bottle runs as (uid:gid): the invoking user, so files made in /workspace are theirs. Never root:
+    for root, the workspace's owner, or uid 1000 when root owns it too. A ConfigError, before anything starts,
+    when that user cannot write the workspace: a session must not find out halfway that it cannot save."""
+    return user_for(uid, gid, workspace.stat(), workspace)
 
 
-def state_volume(agent: str) -> str:
-    """Claude Code's ~/.claude for an agent: sessions and history, kept across runs for --continue."""
-    return f"claude-bottle-{agent}-state"
+def user_for(uid: int, gid: int, info: os.stat_result, workspace: Path) -> str:
+    """``bottle_user`` for a workspace whose stat is ``info``."""
+    if uid != 0:
+        user, group, who = uid, gid, "you"
+    elif info.st_uid != 0:
+        user, group, who = info.st_uid, info.st_gid, "its owner, as root started it"
+    else:
+        user, group, who = AGENT_UID, AGENT_UID, "uid 1000, as root started it on a folder root owns"
+    owner, member = info.st_uid == user, info.st_gid == group
+    write, search = ((stat.S_IWUSR, stat.S_IXUSR) if owner else (stat.S_IWGRP, stat.S_IXGRP) if member
+                     else (stat.S_IWOTH, stat.S_IXOTH))
+    if info.st_mode & write and info.st_mode & search:
+        return f"{user}:{group}"
+    fix = (f"run claude-bottle as a user who can write it, or `chown -R {AGENT_UID}:{AGENT_UID} {workspace}`"
+           if uid == 0 else f"make it yours (`chown -R {uid}:{gid} {workspace}`) or writable for you")
+    raise ConfigError(f"the workspace {workspace} is not writable by the bottle's user {user}:{group} ({who}): "
+                      f"{fix}")
+
+
+def state_volume(agent: str, workspace: Path) -> str:
+    """Claude Code's ~/.claude for one agent on one workspace: sessions and history, kept across runs for
+    --continue and --resume, and seen by no other project's bottle."""
+    return f"claude-bottle-{agent}-{workspace_key(workspace)}-state"
+
+
+def seeded_settings() -> Path:
+    """The host file mounted read-only at ~/.claude/settings.json (rewritten only when its content changes;
+    a replaced file does not disturb running bottles, which hold the old one)."""
+    path = state_dir() / "claude-settings.json"
+    content = json.dumps(CLAUDE_SETTINGS, indent=2) + "\n"
+    if not path.is_file() or path.read_text() != content:
+        state_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(content)
+        partial.chmod(0o644)  # read by the bottle's user, whoever that is
+        os.replace(partial, path)
+    return path
 
 
 @dataclass(frozen=True)
@@ -183,7 +231,7 @@ class Run:
         self.client = client
         self.spec = spec
         self.id = f"{spec.agent}-{secrets.token_hex(4)}"
-        self.labels = {LABEL: "1", RUN_LABEL: self.id, AGENT_LABEL: spec.agent}
+        self.labels = {LABEL: "1", RUN_LABEL: self.id, AGENT_LABEL: spec.agent, WORKSPACE_LABEL: str(spec.workspace)}
         self.internal: Network | None = None
         self.egress: Network | None = None
         self.gate: Container | None = None
@@ -216,6 +264,7 @@ class Run:
                     name=f"claude-bottle-{self.id}-gate", labels=self.labels, stdin_open=True,
                     network=self.egress.name, read_only=True, tmpfs={"/tmp": "size=16m"},
                     cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=256, mem_limit="256m",
+                    log_config=LOG_CONFIG,
                 )
             self.internal.connect(self.gate, aliases=["gate"])
             for name in spec.upstream_networks:
@@ -269,11 +318,12 @@ class Run:
         assert self.internal is not None
         resources = spec.resources
         try:
-            state = self.client.volumes.create(state_volume(spec.agent), labels={LABEL: "1", AGENT_LABEL: spec.agent})
+            state = self.client.volumes.create(state_volume(spec.agent, spec.workspace), labels={
+                LABEL: "1", AGENT_LABEL: spec.agent, WORKSPACE_LABEL: str(spec.workspace)})
             with _uninterrupted():
                 self.bottle = self.client.containers.create(
                     spec.bottle_image, command=command, name=f"claude-bottle-{self.id}-bottle", labels=self.labels,
-                    user=bottle_user(os.getuid(), os.getgid()), environment=self.bottle_environment(),
+                    user=spec.user, environment=self.bottle_environment(), log_config=LOG_CONFIG,
                     network=self.internal.name,
                     dns=[self.gate_ip], dns_search=["."], dns_opt=["timeout:1", "attempts:1"],
                     working_dir="/workspace", tty=tty, stdin_open=tty,
@@ -282,13 +332,14 @@ class Run:
                     volumes={
                         str(spec.workspace): {"bind": "/workspace", "mode": "rw"},
                         state.name: {"bind": f"{HOME}/.claude", "mode": "rw"},
+                        str(seeded_settings()): {"bind": f"{HOME}/.claude/settings.json", "mode": "ro"},
                         **{str(source): {"bind": target, "mode": "ro" if read_only else "rw"}
                            for source, target, read_only in spec.mounts},
                     },
                     mounts=[protection.mount() for protection in protective_mounts(spec.workspace, spec.protected)],
                 )
             seed = seeded_claude_json(spec.credential.kind, spec.credential.placeholder(), spec.mcp_servers)
-            uid, gid = (int(n) for n in bottle_user(os.getuid(), os.getgid()).split(":"))
+            uid, gid = (int(n) for n in spec.user.split(":"))
             self.bottle.put_archive(HOME, _tar({".claude.json": seed}, uid, gid))
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot create the bottle: {exc.explanation or exc}") from None
@@ -299,9 +350,30 @@ class Run:
         remove_run(self.client, self.id)
 
 
+def keep_audit(gate: Container) -> None:
+    """Stop the gate, then copy its audit to the host (``claude_bottle.records``).
+
+    The copy is taken here, at removal, because removal is the one step every ending of a run goes through:
+    ``run -p``, the end or Ctrl-C of ``start``, ``stop`` from another terminal, ``start --keep`` then ``stop``,
+    ``verify``. The gate writes a connection's line when it closes, so it is stopped first (SIGTERM: it
+    finishes what is in flight, the bottle being gone). Its log is bounded by the engine (LOG_CONFIG) and the
+    copy by the records' caps. A run whose CLI was killed outright is copied when `stop` removes it."""
+    with contextlib.suppress(docker.errors.APIError):
+        gate.stop(timeout=GATE_STOP_SECONDS)
+    labels = gate.labels
+    started = str(gate.attrs.get("Created", ""))[:23] + "Z"  # to the millisecond, like the end
+    try:
+        records.save(labels.get(RUN_LABEL, ""), labels.get(AGENT_LABEL, ""), labels.get(WORKSPACE_LABEL, ""),
+                     started, gate.logs(stdout=False, stderr=True, stream=True))
+    except OSError as exc:
+        raise BottleError(f"cannot keep the audit of run {labels.get(RUN_LABEL)} in {records.runs_dir()}: "
+                          f"{exc.strerror or exc}; its gate stays, so nothing is lost: fix that, then run "
+                          f"`claude-bottle stop {labels.get(AGENT_LABEL)}`") from None
+
+
 def remove_run(client: docker.DockerClient, run_id: str) -> None:
-    """Remove every container, then every network, of a run, each kind at once. Safe to call at any point
-    and more than once."""
+    """Remove a run: its bottle (and any other container), then its gate once its audit is kept on the host,
+    then its networks; each kind at once. Safe to call at any point and more than once."""
     run = {"label": f"{RUN_LABEL}={run_id}"}
 
     def remove(resource: Container | Network) -> None:
@@ -311,8 +383,12 @@ def remove_run(client: docker.DockerClient, run_id: str) -> None:
             else:
                 resource.remove()
 
+    containers = client.containers.list(all=True, filters=run)
+    gates = [c for c in containers if c.name.endswith("-gate")]
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(remove, client.containers.list(all=True, filters=run)))
+        list(pool.map(remove, [c for c in containers if c not in gates]))
+        list(pool.map(keep_audit, gates))
+        list(pool.map(remove, gates))
         list(pool.map(remove, client.networks.list(filters=run)))
 
 
@@ -322,27 +398,40 @@ def runs(client: docker.DockerClient) -> list[dict[str, str]]:
     for container in client.containers.list(all=True, filters={"label": LABEL}):
         run_id = container.labels.get(RUN_LABEL, "")
         entry = found.setdefault(run_id, {"agent": container.labels.get(AGENT_LABEL, ""), "run": run_id,
-                                          "status": container.status, "workspace": ""})
+                                          "status": container.status,
+                                          "workspace": container.labels.get(WORKSPACE_LABEL, "")})
         if container.name.endswith("-bottle"):
             entry["status"] = container.status
             for mount in container.attrs.get("Mounts", []):
-                if mount.get("Destination") == "/workspace":
+                if mount.get("Destination") == "/workspace" and not entry["workspace"]:
                     entry["workspace"] = mount.get("Source", "")
     return sorted(found.values(), key=lambda r: (r["agent"], r["run"]))
 
 
-def _container_of(client: docker.DockerClient, agent: str | None, role: str) -> Container:
-    active = [r for r in runs(client) if agent is None or r["agent"] == agent]
-    if not active:
-        raise DockerError(f"no running bottle{f' for agent {agent}' if agent else ''}; see `claude-bottle ls`")
-    if len(active) > 1 and agent is None:
+def running_run(client: docker.DockerClient, agent: str | None, workspace: Path | None) -> str | None:
+    """The run (still present: running, or kept) of ``agent`` on ``workspace``, None meaning any; None when
+    there is none, a DockerError when several match and no agent was named."""
+    matching = [r for r in runs(client) if (agent is None or r["agent"] == agent)
+                and (workspace is None or r["workspace"] == str(workspace))]
+    if len(matching) > 1 and agent is None:
         raise DockerError("several bottles are running; name the AGENT (see `claude-bottle ls`)")
-    return client.containers.get(f"claude-bottle-{active[-1]['run']}-{role}")
+    return matching[-1]["run"] if matching else None
 
 
-def gate_of(client: docker.DockerClient, agent: str | None) -> Container:
-    return _container_of(client, agent, "gate")
+def _container_of(client: docker.DockerClient, agent: str | None, workspace: Path | None, role: str) -> Container:
+    """The workspace's bottle first, else any matching one (the only one, when no agent is named)."""
+    run_id = (workspace and running_run(client, agent, workspace)) or running_run(client, agent, None)
+    if run_id is None:
+        raise DockerError(f"no running bottle{f' for agent {agent}' if agent else ''}; see `claude-bottle ls`")
+    try:
+        return client.containers.get(f"claude-bottle-{run_id}-{role}")
+    except docker.errors.NotFound:
+        raise DockerError(f"run {run_id} has no {role} container; remove it with `claude-bottle stop`") from None
 
 
-def bottle_of(client: docker.DockerClient, agent: str | None) -> Container:
-    return _container_of(client, agent, "bottle")
+def gate_of(client: docker.DockerClient, agent: str | None, workspace: Path | None = None) -> Container:
+    return _container_of(client, agent, workspace, "gate")
+
+
+def bottle_of(client: docker.DockerClient, agent: str | None, workspace: Path | None = None) -> Container:
+    return _container_of(client, agent, workspace, "bottle")

@@ -1,0 +1,98 @@
+"""`exec` takes everything after `--` as the command; `logs` reads the recorded runs without an engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from claude_bottle import records
+from claude_bottle.cli import cli
+from claude_bottle.errors import DockerError
+from claude_bottle.runtime import bottle, engine
+
+
+@pytest.fixture
+def docker_exec(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What `exec` would run, and for which AGENT and workspace it looked up the bottle."""
+    calls: list[Any] = []
+
+    class Bottle:
+        name = "claude-bottle-dev-1-bottle"
+
+    def bottle_of(client: object, agent: str | None, workspace: Path | None = None) -> Bottle:
+        calls.append((agent, workspace))
+        return Bottle()
+
+    monkeypatch.setattr(engine, "connect", lambda: None)
+    monkeypatch.setattr(bottle, "bottle_of", bottle_of)
+    monkeypatch.setattr("claude_bottle.launch.docker_cli", lambda: "docker")
+    monkeypatch.setattr("subprocess.call", lambda argv: calls.append(argv) or 0)
+    return calls
+
+
+@pytest.mark.parametrize(("args", "agent", "command"), [
+    (["--", "id", "-u"], None, ["id", "-u"]),
+    (["dev", "--", "id", "-u"], "dev", ["id", "-u"]),
+    (["--", "dev", "--", "x"], None, ["dev", "--", "x"]),  # only the first -- separates
+])
+def test_exec_runs_what_follows_the_double_dash_as_the_bottles_own_user(
+    docker_exec: list[Any], args: list[str], agent: str | None, command: list[str], tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(cli, ["exec", "--workspace", str(tmp_path), *args])
+    assert result.exit_code == 0, result.output
+    assert docker_exec[0] == (agent, tmp_path)
+    assert docker_exec[1] == ["docker", "exec", "-i", "claude-bottle-dev-1-bottle", *command], "no -u"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["id"], "put the command after --: claude-bottle exec [AGENT] -- CMD..."),
+    (["dev"], "put the command after --"),
+    (["dev", "--"], "no command after --"),
+    (["dev", "extra", "--", "id"], "unexpected extra argument"),
+])
+def test_exec_without_a_command_is_a_usage_error(docker_exec: list[Any], args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["exec", *args])
+    assert result.exit_code == 2 and message in result.output
+    assert docker_exec == []
+
+
+@pytest.fixture
+def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Two recorded runs of one workspace and no engine."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+    def no_engine() -> None:
+        raise DockerError("no engine")
+
+    monkeypatch.setattr(engine, "connect", no_engine)
+    workspace = tmp_path / "project"
+    for n, agent in enumerate(("dev", "ops")):
+        line = {"time": "t", "listener": "proxy" if n else "api", "decision": "deny", "status": 403,
+                "method": "CONNECT", "target": f"run{n}.example:443", "reason": "not in the allowlist"}
+        records.save(f"{agent}-{n}", agent, str(workspace), "t", [json.dumps(line).encode()])
+    return workspace
+
+
+def test_logs_shows_the_last_run_of_this_workspace_or_of_an_agent_or_a_given_run(recorded: Path) -> None:
+    runner = CliRunner()
+    assert "run1.example:443" in runner.invoke(cli, ["logs", "--workspace", str(recorded)]).output
+    assert "run0.example:443" in runner.invoke(cli, ["logs", "dev"]).output
+    assert "run0.example:443" in runner.invoke(cli, ["logs", "--run", "dev-0"]).output
+    raw = runner.invoke(cli, ["logs", "--run", "dev-0", "--json"]).output
+    assert json.loads(raw)["target"] == "run0.example:443"
+    assert runner.invoke(cli, ["logs", "--run", "dev-0", "--egress"]).output == "", "an API route line"
+    listed = runner.invoke(cli, ["logs", "--runs"]).output.splitlines()
+    assert listed[0].split()[:2] == ["RUN", "AGENT"] and [line.split()[0] for line in listed[1:]] == ["dev-0", "ops-1"]
+
+
+def test_logs_errors_say_what_to_do(recorded: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    other = runner.invoke(cli, ["logs", "--workspace", str(tmp_path / "other")])
+    assert isinstance(other.exception, Exception) and "no runs recorded for this workspace" in str(other.exception)
+    assert "logs --runs" in str(other.exception)
+    follow = runner.invoke(cli, ["logs", "--workspace", str(recorded), "--follow"])
+    assert "--follow shows a running bottle's decisions" in str(follow.exception)

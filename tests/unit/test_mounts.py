@@ -1,0 +1,111 @@
+"""Agent mount sources: only a real file or folder, named by its real path, that reaches nothing a bottle must
+never reach (the engine's socket, claude-bottle's own config and state, the workspace)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from claude_bottle import config
+from claude_bottle.config import AgentConfig, check_mounts, engine_paths, parse_agent
+from claude_bottle.errors import ConfigError
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A home of the test's own, with claude-bottle's config and state in their default places under it, a
+    fake engine socket, and a few things to mount or not."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    (home / ".config/claude-bottle").mkdir(parents=True)
+    (home / ".config/claude-bottle/token").write_text("secret")
+    (home / ".local/state/claude-bottle/runs").mkdir(parents=True)
+    (home / ".docker").mkdir()
+    (home / ".docker/config.json").write_text("{}")
+    (home / "data/sub").mkdir(parents=True)
+    (home / "data/file.txt").write_text("x")
+    (home / "link-to-data").symlink_to(home / "data")
+    (home / "link-to-file").symlink_to(home / "data/file.txt")
+    (home / "link-to-token").symlink_to(home / ".config/claude-bottle/token")
+    (home / "run").mkdir()
+    engine = socket.socket(socket.AF_UNIX)
+    engine.bind(str(home / "run/docker.sock"))
+    os.mkfifo(home / "pipe")
+    monkeypatch.setattr(config, "engine_paths", lambda: (home / "run/docker.sock", home / ".docker"))
+    yield home
+    engine.close()
+
+
+def agent_with(source: str) -> AgentConfig:
+    text = f'version = 1\n[[mounts]]\nsource = "{source}"\ntarget = "/data"\n'
+    return parse_agent("a", tomllib.loads(text), "agent.toml")
+
+
+@pytest.mark.parametrize(("source", "problem"), [
+    ("data", "'data' must be an absolute path or start with ~"),
+    ("~/missing", "{home}/missing does not exist"),
+    ("~/link-to-data", "{home}/link-to-data is a symlink (to {home}/data)"),
+    ("~/link-to-file", "{home}/link-to-file is a symlink (to {home}/data/file.txt)"),
+    ("~/link-to-token", "{home}/link-to-token is a symlink (to {home}/.config/claude-bottle/token)"),
+    ("~/link-to-data/sub", "{home}/link-to-data/sub resolves to {home}/data/sub (through a symlink or '..'"),
+    ("~/data/../.config", "{home}/data/../.config resolves to {home}/.config"),
+    ("~/run/docker.sock", "{home}/run/docker.sock is a socket: only regular files and folders"),
+    ("~/pipe", "{home}/pipe is a named pipe"),
+    ("/dev/null", "/dev/null is a character device"),
+    ("~/run", "{home}/run contains the Docker engine's socket or client folder, {home}/run/docker.sock"),
+    ("~/.docker", "{home}/.docker is the Docker engine's socket or client folder"),
+    ("~/.docker/config.json", "{home}/.docker/config.json lies under the Docker engine's socket or client folder"),
+    ("~", "{home} contains the Docker engine's socket"),
+    ("~/.config", "{home}/.config contains claude-bottle's config folder (the token file, the agents)"),
+    ("~/.config/claude-bottle", "{home}/.config/claude-bottle is claude-bottle's config folder"),
+    ("~/.config/claude-bottle/token", "lies under claude-bottle's config folder"),
+    ("~/.local", "{home}/.local contains claude-bottle's state folder (the runs' audit)"),
+    ("~/.local/state/claude-bottle/runs", "lies under claude-bottle's state folder"),
+])
+def test_bad_mount_sources_are_refused_naming_file_key_and_problem(home: Path, source: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        agent_with(source)
+    message = str(caught.value)
+    assert message.startswith("agent.toml: mounts[0].source: ")
+    assert problem.format(home=home) in message
+
+
+def test_real_files_and_folders_are_mounted_as_written(home: Path) -> None:
+    for source, real in (("~/data", home / "data"), ("~/data/file.txt", home / "data/file.txt"),
+                         (f"{home}/data/sub/", home / "data/sub")):
+        (mount,) = agent_with(source).mounts
+        assert mount.source == real and mount.origin == "agent.toml: mounts[0].source"
+
+
+@pytest.mark.parametrize(("workspace", "relation"), [("data", "is"), ("data/sub", "contains"), ("", "lies under")])
+def test_a_mount_may_not_reach_the_workspace(home: Path, workspace: str, relation: str) -> None:
+    agent = agent_with("~/data")
+    if relation == "lies under":
+        check_mounts(agent, home / "elsewhere")
+        agent = agent_with("~/data/sub")
+        workspace = "data"
+    with pytest.raises(ConfigError) as caught:
+        check_mounts(agent, home / workspace)
+    assert str(caught.value).startswith(f"agent.toml: mounts[0].source: {home}/data")
+    assert f"{relation} the workspace {home / workspace}, which the bottle has at /workspace already" \
+        in str(caught.value)
+
+
+def test_the_engine_paths_cover_the_usual_sockets_the_docker_host_and_the_client_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("DOCKER_HOST", "unix:///srv/engine/docker.sock")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1234")
+    assert set(engine_paths()) == {Path("/var/run/docker.sock"), Path("/run/docker.sock"), tmp_path / ".docker",
+                                   Path("/srv/engine/docker.sock"), Path("/run/user/1234/docker.sock")}
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:2375")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert Path("/srv/engine/docker.sock") not in engine_paths()
