@@ -66,13 +66,13 @@ def _python_hello(port: int) -> None:
 
 
 NODE = ("const https = require('https');"
-        "https.get({host: '127.0.0.1', port: Number(process.argv[1]), servername: '%s', path: '/'})"
-        ".on('error', () => {});" % SERVER_NAME)
+        "https.get({host: '127.0.0.1', port: Number(process.argv[1]), servername: process.argv[2], path: '/'})"
+        ".on('error', () => {});")
 CLIENTS: dict[str, list[str] | None] = {
     "python-ssl": None,
     "curl": ["curl", "-s", "-m", "5", "--resolve", f"{SERVER_NAME}:{{port}}:127.0.0.1",
              f"https://{SERVER_NAME}:{{port}}/"],
-    "node": ["node", "-e", NODE, "{port}"],
+    "node": ["node", "-e", NODE, "{port}", SERVER_NAME],
     "git": ["git", "-c", "http.connectTimeout=5", "-c", "http.lowSpeedTime=3", "-c", "http.lowSpeedLimit=1",
             "-c", f"http.curloptResolve={SERVER_NAME}:{{port}}:127.0.0.1",
             "ls-remote", f"https://{SERVER_NAME}:{{port}}/repo.git"],

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from claude_bottle.config import AgentConfig
 from claude_bottle.credentials import Credential, CredentialKind
 from claude_bottle.launch import BOTTLE_SETTINGS, claude_command
-from claude_bottle.runtime.bottle import bottle_user, seeded_claude_json
+from claude_bottle.runtime.bottle import RunSpec, bottle_user, gate_command, seeded_claude_json
 
 
 @pytest.mark.parametrize(("uid", "gid", "user"), [(0, 0, "1000:1000"), (1000, 1000, "1000:1000"),
@@ -39,3 +40,16 @@ def test_claude_command_skips_the_bypass_warning_and_adds_model_and_args() -> No
     assert command[:4] == ["claude", "--dangerously-skip-permissions", "--settings", BOTTLE_SETTINGS]
     assert json.loads(BOTTLE_SETTINGS) == {"skipDangerousModePermissionPrompt": True}
     assert command[4:] == ["--model", "m", "--verbose", "-p", "hi"]
+
+
+def test_the_gate_command_carries_the_agents_egress_policy() -> None:
+    spec = RunSpec(agent="a", workspace=Path("/w"), bottle_image="b", gate_image="g",
+                   credential=Credential.parse("sk-ant-api03-" + "k" * 60, "t"), upstream="http://stub:8000",
+                   allow=("registry.npmjs.org",), allow_tcp=("git.example.com:22",), allow_private=("10.0.0.0/8",))
+    command = gate_command(spec)
+    pairs = list(zip(command[::2], command[1::2], strict=True))
+    assert ("--allow", "registry.npmjs.org") in pairs
+    assert ("--allow-tcp", "git.example.com:22") in pairs
+    assert ("--allow-private", "10.0.0.0/8") in pairs
+    assert ("--upstream", "http://stub:8000") in pairs and ("--token-file", "-") in pairs
+    assert spec.credential.secret not in " ".join(command)

@@ -34,7 +34,7 @@ class AuditRecord:
 
     def fail(self, reason: str, status: int) -> None:
         """Allowed, then failed. A status already sent to the client stays: it is what the client saw."""
-        self.decision, self.reason = "error", f"{self.reason}; then {reason}"
+        self.decision, self.reason = "error", f"{self.reason}; then {reason}" if self.reason else reason
         self.status = self.status or status
 
 

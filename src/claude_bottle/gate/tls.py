@@ -73,7 +73,8 @@ def read_client_hello(data: bytes) -> ClientHello | None:
     at = 0
     while True:
         if len(data) - at < 5:
-            return _incomplete(data)
+            _check_bound(data)
+            return None
         kind, major, length = data[at], data[at + 1], int.from_bytes(data[at + 3 : at + 5], "big")
         if kind != HANDSHAKE:
             raise BadHello(f"a TLS record of type {kind} before the ClientHello was complete")
@@ -82,7 +83,8 @@ def read_client_hello(data: bytes) -> ClientHello | None:
         if not 0 < length <= MAX_RECORD:
             raise BadHello(f"a TLS record of {length} bytes")
         if len(data) - at - 5 < length:
-            return _incomplete(data)
+            _check_bound(data)
+            return None
         handshake += data[at + 5 : at + 5 + length]
         at += 5 + length
         if handshake[0] != CLIENT_HELLO:
@@ -97,10 +99,10 @@ def read_client_hello(data: bytes) -> ClientHello | None:
                 return ClientHello(_server_name(bytes(handshake[4:size])), at)
 
 
-def _incomplete(data: bytes) -> None:
+def _check_bound(data: bytes) -> None:
+    """An incomplete hello may not grow past the bound (many tiny records cost 5 bytes each)."""
     if len(data) > MAX_HELLO + 64:
         raise BadHello(f"no complete ClientHello in the first {MAX_HELLO} bytes")
-    return None
 
 
 def _server_name(body: bytes) -> str | None:

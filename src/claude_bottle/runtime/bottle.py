@@ -65,6 +65,7 @@ class RunSpec:
     credential: Credential
     upstream: str = "https://api.anthropic.com"
     allow: tuple[str, ...] = ()
+    allow_tcp: tuple[str, ...] = ()  # HOST:PORT patterns whose tunnels may carry any TCP (--allow-tcp)
     allow_private: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     resources: Resources = Resources()
@@ -97,6 +98,15 @@ def _uninterrupted() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def gate_command(spec: RunSpec) -> list[str]:
+    """The gate's arguments: where it listens, its upstream, and the agent's egress policy. The token is
+    never among them (it goes in on stdin)."""
+    policy = [*(("--allow", p) for p in spec.allow), *(("--allow-tcp", p) for p in spec.allow_tcp),
+              *(("--allow-private", c) for c in spec.allow_private)]
+    return ["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}", "--upstream", spec.upstream,
+            "--token-file", "-", "--audit-log", "-", *(arg for pair in policy for arg in pair)]
 
 
 def bottle_user(uid: int, gid: int) -> str:
@@ -151,15 +161,11 @@ class Run:
         with _uninterrupted(), ThreadPoolExecutor(2) as pool:  # its threads inherit the blocked signals
             internal, egress = pool.submit(self._network, "internal", True), pool.submit(self._network, "egress", False)
             self.internal, self.egress = internal.result(), egress.result()
-        allow_args = [arg for pattern in spec.allow for arg in ("--allow", pattern)]
-        private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
         try:
             with _uninterrupted():
                 self.gate = self.client.containers.create(
                 spec.gate_image,
-                    command=["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}",
-                             "--upstream", spec.upstream, "--token-file", "-", "--audit-log", "-",
-                             *allow_args, *private_args],
+                    command=gate_command(spec),
                     name=f"claude-bottle-{self.id}-gate", labels=self.labels, stdin_open=True,
                     network=self.egress.name, read_only=True, tmpfs={"/tmp": "size=16m"},
                     cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=256, mem_limit="256m",
