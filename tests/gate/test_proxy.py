@@ -269,3 +269,73 @@ async def test_idle_tunnel_is_closed(make_gate: GateFactory) -> None:
         writer.close()
         await eventually(gate.records, what="the audit record")
     assert "idle" in gate.records()[0]["reason"]
+
+
+@pytest.mark.parametrize(("host", "forwarded"), [
+    ("127.0.0.2:{port}", True),
+    ("127.000.000.002:{port}", True),  # the same address, spelled otherwise
+    ("other.example", False),
+    ("other.example:{port}", False),
+    ("127.0.0.2", False),  # port 80, not the URL's
+    ("127.0.0.2:{port}\r\nHost: other.example", False),
+])
+async def test_plain_http_host_header_must_name_the_urls_host(make_gate: GateFactory, host: str,
+                                                               forwarded: bool) -> None:
+    async with StubUpstream("127.0.0.2") as origin, make_gate(allow=(f"127.0.0.2:{origin.port}",),
+                                                              allow_private=LOOPBACK) as gate:
+        response = await exchange(gate.proxy, (
+            f"GET http://127.0.0.2:{origin.port}/v1/models HTTP/1.1\r\nHost: {host.format(port=origin.port)}\r\n"
+            "Connection: close\r\n\r\n").encode(), 2)
+        status, headers = parse_head(response)
+    if forwarded:
+        assert status == 200 and len(origin.requests) == 1
+    else:
+        assert status == 400 and origin.requests == []
+        assert "Host" in headers["x-deny-reason"]
+
+
+async def test_plain_http_host_header_compares_as_host_names_do(make_gate: GateFactory) -> None:
+    resolver = StaticResolver({"svc.example.test": [ip("127.0.0.2")]})
+    async with StubUpstream("127.0.0.2") as origin, make_gate(allow=(f"svc.example.test:{origin.port}",),
+                                                              allow_private=LOOPBACK, resolver=resolver) as gate:
+        response = await exchange(gate.proxy, (
+            f"GET http://svc.example.test:{origin.port}/v1/models HTTP/1.1\r\nHost: SVC.Example.Test.:{origin.port}\r\n"
+            "Connection: close\r\n\r\n").encode(), 2)
+    assert parse_head(response)[0] == 200 and len(origin.requests) == 1
+
+
+@pytest.mark.parametrize("request_line", [
+    "GET http://[::1/ HTTP/1.1",
+    "GET http://[::1]x/ HTTP/1.1",
+    "GET http://[fe80::1%25eth0]/ HTTP/1.1",
+    "GET http://example.com:99999/ HTTP/1.1",
+    "GET http://example.com:0/ HTTP/1.1",
+    "GET http://example.com:8o/ HTTP/1.1",
+    "GET http://:80/ HTTP/1.1",
+    "GET http:///path HTTP/1.1",
+    "GET http://ex%61mple.com/ HTTP/1.1",
+    "GET http://example.com/#fragment HTTP/1.1",
+    "GET http://a..b/ HTTP/1.1",
+    "GET http://-a.example/ HTTP/1.1",
+    "GET http://xn--zz.example/ HTTP/1.1",
+    "GET http://1.2.3.4.5/ HTTP/1.1",
+    "GET http://" + "a" * 300 + ".example/ HTTP/1.1",
+    "GET http://ex\xe4mple.com/ HTTP/1.1",
+    "CONNECT :443 HTTP/1.1",
+    "CONNECT example.com: HTTP/1.1",
+    "CONNECT example.com:0 HTTP/1.1",
+    "CONNECT example.com:443:1 HTTP/1.1",
+    "CONNECT [::1]443 HTTP/1.1",
+    "CONNECT http://example.com:443 HTTP/1.1",
+    "CONNECT ex\xe4mple.com:443 HTTP/1.1",
+])
+async def test_every_unparsable_target_is_answered_400_and_audited(make_gate: GateFactory, request_line: str) -> None:
+    resolver = StaticResolver({})
+    async with make_gate(allow=("example.com",), resolver=resolver) as gate:
+        response = await exchange(gate.proxy, request_line.encode("latin-1") + b"\r\nHost: example.com\r\n"
+                                  b"Connection: close\r\n\r\n", 2)
+        status, headers = parse_head(response)
+        (record,) = gate.records()
+    assert status == 400 and headers["x-deny-reason"]
+    assert record["decision"] == "deny" and record["status"] == 400 and record["reason"]
+    assert resolver.calls == [], "nothing unparsed goes further"
