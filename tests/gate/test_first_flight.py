@@ -171,7 +171,7 @@ async def test_the_server_name_must_be_the_connect_host(
         assert record["decision"] == "deny" and "TLS" in str(record["reason"])
 
 
-@pytest.mark.parametrize(("pieces", "record_size"), [(1, 1 << 14), (517, 1 << 14), (7, 50), (40, 1)])
+@pytest.mark.parametrize(("pieces", "record_size"), [(1, 1 << 14), (517, 1 << 14), (7, 50), (517, 9)])
 async def test_a_hello_in_many_segments_and_records_is_put_together(
     make_gate: GateFactory, pieces: int, record_size: int
 ) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from claude_bottle.gate.tls import MAX_HELLO, BadHello, ClientHello, NotTls, read_client_hello
+from claude_bottle.gate.tls import MAX_HELLO, MAX_RECORDS, BadHello, ClientHello, NotTls, read_client_hello, wanted
 
 CAPTURED = Path(__file__).parent.parent / "testdata" / "first-flight"
 CLIENTS = ("python-ssl", "curl", "node", "git")
@@ -81,7 +81,7 @@ def test_a_real_hello_split_at_every_byte_is_incomplete_until_its_last_byte(clie
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 7, 64, 200])
+@pytest.mark.parametrize("size", [9, 10, 16, 64, 200, 1 << 14])
 def test_a_real_hello_spread_over_many_records(client: str, size: int) -> None:
     data = records(handshake_of(captured(client)), size)
     assert read_client_hello(data) == ClientHello(NAME, len(data))
@@ -168,11 +168,30 @@ def test_a_handshake_record_carrying_more_than_the_hello_is_refused() -> None:
         read_client_hello(records(body + b"\x10\x00\x00\x00", 1 << 14))
 
 
-def test_an_endless_stream_of_tiny_records_is_cut_at_the_bound() -> None:
+def test_a_hello_in_too_many_records_is_refused() -> None:
+    body = handshake_of(captured("curl"))
+    assert read_client_hello(records(body, -(-len(body) // MAX_RECORDS))) is not None
+    with pytest.raises(BadHello, match=f"more than {MAX_RECORDS} TLS records"):
+        read_client_hello(records(body, 1))
+
+
+def test_an_incomplete_hello_is_cut_at_the_bound() -> None:
     header = b"\x01" + (MAX_HELLO - 4).to_bytes(3, "big")
-    data = records(header + b"\x00" * (MAX_HELLO // 3), 1)  # 6 bytes on the wire per byte of hello
+    data = records(header + b"\x00" * 29_996, 10_000) + b"\x16\x03\x01\x27\x10" + b"\x00" * 3_000
     with pytest.raises(BadHello, match="no complete ClientHello"):
         read_client_hello(data)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_wanted_is_the_end_of_the_record_being_received(client: str) -> None:
+    data = records(handshake_of(captured(client)), 100)
+    starts = list(range(0, len(data), 105))  # 5-byte header + 100 bytes each (the last one shorter)
+    for cut in range(len(data)):
+        start = max(s for s in starts if s <= cut)
+        header_seen = cut - start >= 5
+        expected = min(start + 105, len(data)) if header_seen else start + 5
+        assert wanted(data[:cut]) == expected, cut
+    assert wanted(data) == len(data) + 5
 
 
 def test_garbage_never_raises_anything_but_bad_hello() -> None:

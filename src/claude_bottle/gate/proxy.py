@@ -21,7 +21,7 @@ from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.http import READ_SIZE, ClientProtocolError, HttpConnection, end_to_end, header_values
 from claude_bottle.gate.resolver import ResolveError
-from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello
+from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
 from claude_bottle.gate.upstream import UpstreamError, dial, from_upstream, translate
 from claude_bottle.policy.addresses import IPAddress
@@ -154,27 +154,30 @@ async def first_flight(reader: asyncio.StreamReader, early: bytes, target: Targe
     """Read the client's first bytes in a tunnel (``early`` already came with the CONNECT head) until they
     are a whole ClientHello, or something else, or ``timeout`` passes. Returns what was read, to go upstream
     first if the decision allows it."""
-    data = early
+    data = bytearray(early)
+    need = 0  # parse again only once a record is complete: a trickle costs one parse per record
     try:
         async with asyncio.timeout(timeout):
             while True:
-                hello = read_client_hello(data)
-                if hello is not None:
-                    return data, decide_server_name(target, hello.server_name)
+                if len(data) >= need:
+                    hello = read_client_hello(data)
+                    if hello is not None:
+                        return bytes(data), decide_server_name(target, hello.server_name)
+                    need = wanted(data)
                 chunk = await reader.read(READ_SIZE)
                 if not chunk:
-                    return data, Decision(False, f"client closed the tunnel after {len(data)} bytes, before a "
-                                                 "complete TLS ClientHello")
+                    return bytes(data), Decision(False, f"client closed the tunnel after {len(data)} bytes, "
+                                                        "before a complete TLS ClientHello")
                 data += chunk
     except NotTls as exc:
-        return data, Decision(False, f"{exc} in a tunnel to {target}: only TLS may pass unless raw TCP is "
+        return bytes(data), Decision(False, f"{exc} in a tunnel to {target}: only TLS may pass unless raw TCP is "
                                      "allowed for it (--allow-tcp)")
     except BadHello as exc:
-        return data, Decision(False, f"malformed TLS ClientHello: {exc}")
+        return bytes(data), Decision(False, f"malformed TLS ClientHello: {exc}")
     except TimeoutError:
-        return data, Decision(False, f"no TLS ClientHello within {timeout:g}s ({len(data)} bytes received)")
+        return bytes(data), Decision(False, f"no TLS ClientHello within {timeout:g}s ({len(data)} bytes received)")
     except OSError:
-        return data, Decision(False, f"client connection lost after {len(data)} bytes, before a complete "
+        return bytes(data), Decision(False, f"client connection lost after {len(data)} bytes, before a complete "
                                      "TLS ClientHello")
 
 

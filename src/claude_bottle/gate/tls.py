@@ -21,6 +21,7 @@ CLIENT_HELLO = 1  # handshake message type
 SERVER_NAME = 0  # extension type
 HOST_NAME = 0  # server name type
 MAX_RECORD = 16384 + 256  # RFC 8446 5.1: a plaintext record's fragment is at most 2^14 bytes
+MAX_RECORDS = 64  # clients use one record, two for a hello past 16 KiB; splitters a few more
 
 
 class BadHello(ValueError):
@@ -61,7 +62,7 @@ class _Reader:
         return len(self.data) - self.at
 
 
-def read_client_hello(data: bytes) -> ClientHello | None:
+def read_client_hello(data: bytes | bytearray) -> ClientHello | None:
     """The ClientHello at the start of ``data``, or None while it is incomplete. Raises NotTls or BadHello."""
     if not data:
         return None
@@ -70,8 +71,11 @@ def read_client_hello(data: bytes) -> ClientHello | None:
             raise NotTls("an SSLv2-format hello, which no current TLS client sends")
         raise NotTls("not a TLS handshake")
     handshake = bytearray()
-    at = 0
+    at = count = 0
     while True:
+        if count == MAX_RECORDS:
+            raise BadHello(f"a ClientHello spread over more than {MAX_RECORDS} TLS records")
+        count += 1
         if len(data) - at < 5:
             _check_bound(data)
             return None
@@ -99,7 +103,20 @@ def read_client_hello(data: bytes) -> ClientHello | None:
                 return ClientHello(_server_name(bytes(handshake[4:size])), at)
 
 
-def _check_bound(data: bytes) -> None:
+def wanted(data: bytes | bytearray) -> int:
+    """How many bytes ``data`` must reach before ``read_client_hello`` can get further: the end of the
+    first incomplete record (only record headers are read). Lets a caller receiving a trickle parse once per
+    record, not once per segment."""
+    at = 0
+    while len(data) - at >= 5:
+        end = at + 5 + int.from_bytes(data[at + 3 : at + 5], "big")
+        if end > len(data):
+            return end
+        at = end
+    return at + 5
+
+
+def _check_bound(data: bytes | bytearray) -> None:
     """An incomplete hello may not grow past the bound (many tiny records cost 5 bytes each)."""
     if len(data) > MAX_HELLO + 64:
         raise BadHello(f"no complete ClientHello in the first {MAX_HELLO} bytes")
