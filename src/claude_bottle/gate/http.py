@@ -197,7 +197,7 @@ class HttpConnection:
         await self.send_simple(status, reason)
 
     async def refuse_unread(self, status: int, reason: str) -> None:
-        """Answer without reading a request (a connection over the limit), then close."""
+        """Answer without a request to answer (a connection over the limit, a head too slow), then close."""
         body = (reason + "\n").encode()
         head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
                 f"content-length: {len(body)}\r\nx-deny-reason: {_header_text(reason)}\r\n"

@@ -198,8 +198,7 @@ async def _tunnel(
             early, verdict = await first_flight(conn.reader, bytes(early), target,
                                                 ctx.config.limits.first_flight_timeout)
             if not verdict.allow:
-                record.deny(f"{record.reason}; then refused: {verdict.reason}", 200)
-                record.bytes_up = len(early)  # read by the gate, never sent on
+                record.deny(f"{record.reason}; then refused: {verdict.reason}", 200)  # nothing went upstream
                 conn.abort()
                 return
             record.reason += f"; {verdict.reason}"

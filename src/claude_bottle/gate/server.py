@@ -172,8 +172,7 @@ class Gate:
                     record = AuditRecord(listener, conn.peer, "-", "-")
                     record.deny(f"request head not complete within {limits.header_timeout:g}s", 408)
                     self.audit.write(record)
-                    with contextlib.suppress(ClientGone, h11.LocalProtocolError):
-                        await conn.refuse_unread(408, record.reason)
+                    await conn.refuse_unread(408, record.reason)
                 return  # else an idle keep-alive: nothing was asked, nothing to audit
             except ClientGone:
                 return  # a client that left between requests
@@ -211,9 +210,10 @@ def raise_open_files_limit() -> int:
     file descriptors, and the usual soft limit (1024) is below what the connection caps allow. Returns the
     new soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20  # the kernel's usual nr_open
+    if soft < wanted:
         with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 

@@ -8,7 +8,9 @@ several TLS records and any number of TCP segments; ``MAX_HELLO`` bounds what is
 Only what the gate decides on is parsed (RFC 8446 4.1.2, RFC 6066 3); the rest is length-checked and
 skipped. Strict where a lenient parser could be fooled into reading a different name than the server
 would: every length must add up exactly, an extension may appear once, and the name list may hold one
-host name.
+host name. Written here rather than taken from a TLS library: those that parse hellos (scapy, dpkt,
+tlslite-ng) are general dissectors, large for the gate image and lenient by design, and none takes input
+incrementally with a bound; the gate needs one field and strictness.
 """
 
 from __future__ import annotations
