@@ -339,3 +339,23 @@ async def test_every_unparsable_target_is_answered_400_and_audited(make_gate: Ga
     assert status == 400 and headers["x-deny-reason"]
     assert record["decision"] == "deny" and record["status"] == 400 and record["reason"]
     assert resolver.calls == [], "nothing unparsed goes further"
+
+
+@pytest.mark.parametrize("framing", ["Content-Length: 5\r\n", "Transfer-Encoding: chunked\r\n"])
+async def test_a_connect_declaring_a_body_is_answered_400_and_never_dialled(make_gate: GateFactory,
+                                                                             framing: str) -> None:
+    async with EchoServer() as echo, make_gate(allow_tcp=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK) as gate:
+        response = await exchange(gate.proxy, f"CONNECT 127.0.0.2:{echo.port} HTTP/1.1\r\nHost: x\r\n{framing}\r\n"
+                                              "hello".encode(), 2)
+        status, headers = parse_head(response)
+    assert status == 400 and "declares a body" in headers["x-deny-reason"]
+    assert echo.peers == []
+
+
+async def test_a_connect_with_an_empty_content_length_is_a_tunnel(make_gate: GateFactory) -> None:
+    async with EchoServer() as echo, make_gate(allow_tcp=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK) as gate:
+        reader, writer = await asyncio.open_connection(gate.proxy.host, gate.proxy.port)
+        writer.write(f"CONNECT 127.0.0.2:{echo.port} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\nping".encode())
+        assert parse_head(await reader.readuntil(b"\r\n\r\n"))[0] == 200
+        assert await asyncio.wait_for(reader.readexactly(4), 3) == b"ping"
+        writer.close()

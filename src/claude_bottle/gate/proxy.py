@@ -86,6 +86,14 @@ def check_host_header(request: h11.Request, target: Target) -> None:
         raise ClientProtocolError(f"Host header {named} does not match the URL's host {target}")
 
 
+def check_connect_framing(request: h11.Request) -> None:
+    """A CONNECT carries no body: bytes after its head belong to the tunnel. One that declares a body is
+    ambiguous (a body to one reader, tunnel bytes to another), so it is refused."""
+    lengths = header_values(request.headers, b"content-length")
+    if header_values(request.headers, b"transfer-encoding") or any(v.strip() != b"0" for v in lengths):
+        raise ClientProtocolError("a CONNECT request declares a body (Content-Length or Transfer-Encoding)")
+
+
 async def vetted_addresses(target: Target, record: AuditRecord, ctx: GateContext) -> list[IPAddress] | None:
     """Resolve (unless an IP literal) and keep the addresses the policy allows. None means refused; the
     record and the client have been told why."""
@@ -112,11 +120,16 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
     try:
         target, path = parse_proxy_target(method, request.target)
         record.target = str(target)
-        if method != "CONNECT":
+        if method == "CONNECT":
+            check_connect_framing(request)
+        else:
             check_host_header(request, target)
     except ClientProtocolError as exc:
         record.deny(str(exc), 400)
-        await conn.refuse(400, str(exc), limits.idle_timeout)
+        if method == "CONNECT":
+            await conn.fail(400, str(exc))  # what follows a CONNECT head is not HTTP: answer and close
+        else:
+            await conn.refuse(400, str(exc), limits.idle_timeout)
         return
 
     decision = ctx.egress.decide_tunnel(target) if method == "CONNECT" else ctx.egress.decide_target(target)
