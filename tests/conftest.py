@@ -72,10 +72,11 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         upstream: str | None = None,
         resolver: Resolver | None = None,
         api_paths: tuple[str, ...] = (),
+        server_tools: tuple[str, ...] = (),
         extra_ca: tuple[str, ...] = (),
         api_port: int = 0,
         proxy_port: int = 0,
-        **limits: float,
+        **limits: float | int,
     ) -> AsyncIterator[RunningGate]:
         token = token or make_token()
         config = gc.GateConfig(
@@ -87,6 +88,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
             allow_private=gc.parse_networks(allow_private),
             api_policy=gc.parse_api_paths(api_paths),
+            messages_policy=gc.parse_server_tools(server_tools),
             extra_ca_files=tuple(Path(p) for p in extra_ca),
             limits=replace(gc.Limits(header_timeout=5, idle_timeout=5, connect_timeout=2, drain_seconds=2),
                            **limits),

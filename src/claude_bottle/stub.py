@@ -8,6 +8,7 @@ request may steer it with a top-level ``"stub"`` object in its JSON body (Claude
 - ``{"mode": "echo"}``: answer with the request headers as JSON (a reflecting endpoint).
 - ``{"mode": "echo-header"}``: put the received credential headers in response headers.
 - ``{"mode": "echo-split"}``: stream the received credential split across chunks, slowly.
+- ``{"mode": "echo-reason"}``: put the received credential in the status line's reason phrase.
 - ``{"mode": "gzip"}``: answer with a gzip-encoded body.
 - ``{"mode": "vanish"}``: start a stream, then drop the connection.
 
@@ -15,8 +16,9 @@ What an answer says is steered by the conversation itself, so real Claude Code c
 
 - The last user message has a line ``run: <shell command>`` and the request offers the ``Bash`` tool: the
   answer is a ``tool_use`` block asking ``Bash`` to run that command (stop reason ``tool_use``; streamed as
-  ``input_json_delta`` events when the request streams). A request without the tool (a session title, say)
-  gets the usual text, as a real model could not call a tool it was not offered.
+  ``input_json_delta`` events when the request streams). ``search: <query>`` calls ``WebSearch`` and
+  ``fetch: <url>`` calls ``WebFetch`` the same way. A request without the tool (a session title, say) gets
+  the usual text, as a real model could not call a tool it was not offered.
 - The last user message carries a ``tool_result``: the answer is ``Tool said: <first line of its output>``.
 - Anything else: the stub's text (``DEFAULT_TEXT`` unless it was started with another).
 """
@@ -31,6 +33,7 @@ import re
 import secrets
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -57,6 +60,19 @@ class RecordedRequest:
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
 
+    def outline(self) -> dict[str, list[str]]:
+        """The body's top-level fields and tool types: what a log shows of it (never the conversation)."""
+        try:
+            payload = self.json()
+        except ValueError:
+            return {"fields": [], "tool_types": []}
+        if not isinstance(payload, dict):
+            return {"fields": [], "tool_types": []}
+        tools = payload.get("tools")
+        tools = tools if isinstance(tools, list) else []
+        return {"fields": sorted(payload), "tool_types": sorted({str(t.get("type", "custom")) for t in tools
+                                                                 if isinstance(t, dict)})}
+
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
@@ -64,8 +80,13 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
 
 Block = dict[str, Any]  # one content block of an answer: {"type": "text", ...} or {"type": "tool_use", ...}
 
-RUN_LINE = re.compile(r"^run: (.+)$", re.MULTILINE)
-TOOL = "Bash"
+# A line of the prompt that makes the answer a call of one of Claude Code's tools: (tool, its input).
+TOOL_LINES: dict[str, tuple[str, Callable[[str], dict[str, str]]]] = {
+    "run": ("Bash", lambda arg: {"command": arg, "description": "Run the command the prompt names"}),
+    "search": ("WebSearch", lambda arg: {"query": arg}),
+    "fetch": ("WebFetch", lambda arg: {"url": arg, "prompt": "Summarize the page"}),
+}
+TOOL_LINE = re.compile(rf"^({'|'.join(TOOL_LINES)}): (.+)$", re.MULTILINE)
 
 
 def _content(message: Any) -> list[Block]:
@@ -92,11 +113,13 @@ def answer_block(payload: dict[str, Any], text: str) -> Block:
     if results:
         lines = [line.strip() for line in _text_of(results[-1]).splitlines() if line.strip()]
         return {"type": "text", "text": f"Tool said: {lines[0] if lines else '(no output)'}"}
-    offered = any(isinstance(t, dict) and t.get("name") == TOOL for t in payload.get("tools") or [])
-    commands = [m for b in blocks if b.get("type") == "text" for m in RUN_LINE.findall(_text_of(b))]
-    if offered and commands:
-        return {"type": "tool_use", "id": f"toolu_stub{secrets.token_hex(8)}", "name": TOOL,
-                "input": {"command": commands[-1].strip(), "description": "Run the command the prompt names"}}
+    offered = {t.get("name") for t in payload.get("tools") or [] if isinstance(t, dict)}
+    calls = [m for b in blocks if b.get("type") == "text" for m in TOOL_LINE.findall(_text_of(b))]
+    if calls:
+        tool, make_input = TOOL_LINES[calls[-1][0]]
+        if tool in offered:
+            return {"type": "tool_use", "id": f"toolu_stub{secrets.token_hex(8)}", "name": tool,
+                    "input": make_input(calls[-1][1].strip())}
     return {"type": "text", "text": text}
 
 
@@ -183,8 +206,8 @@ class StubUpstream:
                 self.requests.append(recorded)
                 if self.log:
                     print(json.dumps({"method": recorded.method, "target": recorded.target, "peer": recorded.peer,
-                                      "headers": [[n.decode(), v.decode()] for n, v in recorded.headers]}),
-                          flush=True)
+                                      "headers": [[n.decode(), v.decode()] for n, v in recorded.headers],
+                                      **recorded.outline()}), flush=True)
                 if not await self._answer(conn, recorded) or not conn.can_reuse():
                     break
         except ClientProtocolError as exc:  # answered, as real servers do: a probe can tell it got here
@@ -227,6 +250,9 @@ class StubUpstream:
         elif mode == "echo-header":
             await self._json(conn, 200, message_json(block, model),
                              [(b"x-echo-" + n.lower(), v) for n, v in credentials])
+        elif mode == "echo-reason":
+            reason = b" ".join(v for _, v in credentials) or b"no credential"
+            await self._json(conn, 200, message_json(block, model), reason=reason)
         elif mode == "echo-split":
             await conn.send(h11.Response(status_code=200, headers=SSE_HEADERS))
             secret = b"".join(v for _, v in credentials)
@@ -268,9 +294,10 @@ class StubUpstream:
         return True
 
     @staticmethod
-    async def _json(conn: HttpConnection, status: int, payload: Any, extra: Headers | None = None) -> None:
+    async def _json(conn: HttpConnection, status: int, payload: Any, extra: Headers | None = None,
+                    reason: bytes = b"") -> None:
         body = json.dumps(payload).encode()
-        await conn.send(h11.Response(status_code=status, headers=[
+        await conn.send(h11.Response(status_code=status, reason=reason, headers=[
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             (b"request-id", b"req_stub"), *(extra or [])]))
         await conn.send(h11.Data(data=body))

@@ -313,13 +313,20 @@ def _address(container: Container) -> str:
 
 
 def _judged_by_evidence(target: Verification, outcome: Outcome) -> Outcome:
-    """What came back from the gate is the proof: the credential must never be in it, and the attacker's key
-    must never reach the upstream, which must get the real credential instead."""
+    """What came back from the gate is the proof: the credential must never be in it, the attacker's key
+    must never reach the upstream, which must get the real credential instead, and a request asking the
+    provider to reach out for the bottle must never reach the upstream."""
     secret = target.credential.secret
     if secret in outcome.evidence:
         return dataclasses.replace(outcome, actual="the credential came back", blocked=False)
     if outcome.expected == "the credential never comes back":
         return dataclasses.replace(outcome, actual=f"not in the answer: {outcome.actual}", blocked=True)
+    if outcome.expected == "refused before the upstream":
+        forbidden = outcome.attack.rsplit(" ", 1)[-1]  # the field or server-tool type the attack adds
+        got = [r for r in _stub_requests(target) if forbidden in r.get("fields", []) + r.get("tool_types", [])]
+        if got:
+            return dataclasses.replace(outcome, actual=f"the upstream got {forbidden}", blocked=False)
+        return dataclasses.replace(outcome, blocked=True, actual=f"the upstream never got it: {outcome.actual}")
     if outcome.expected == "stripped before the upstream":
         seen = _stub_requests(target)
         attacker = [r for r in seen if target.attacker_key in json.dumps(r["headers"])]

@@ -91,10 +91,11 @@ def forget_state_volumes(client: docker.DockerClient) -> Iterator[None]:
 
 @pytest.fixture
 def token(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
-    """A fresh OAuth token in the environment, and a config home of the test's own."""
+    """A fresh OAuth token in the environment, and config and state homes of the test's own."""
     value = "sk-ant-oat01-" + secrets.token_urlsafe(60)
     monkeypatch.setenv("CLAUDE_BOTTLE_OAUTH_TOKEN", value)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     return value
 
 

@@ -133,7 +133,7 @@ def test_bottle_has_limits_and_points_claude_code_at_the_gate(running: Run) -> N
 
 def test_bottle_runs_unprivileged(running: Run) -> None:
     status = inside(running, "id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status")[1].split()
-    assert status[0] == "1000"
+    assert status[0] != "0" and status[0] == bottle_user(os.getuid(), os.getgid()).split(":")[0]
     assert status[status.index("CapEff:") + 1] == "0000000000000000"
     assert status[status.index("NoNewPrivs:") + 1] == "1"
     assert inside(running, "test -e /var/run/docker.sock")[0] != 0
@@ -191,6 +191,7 @@ def test_claude_state_persists_per_agent_and_holds_no_token(
     def in_volume(script: str) -> str:
         return client.containers.run(
             bottle_image, ["bash", "-c", script], environment={"TOKEN": token}, remove=True,
+            user=bottle_user(os.getuid(), os.getgid()),
             volumes={state_volume("stateful"): {"bind": "/home/agent/.claude", "mode": "ro"}},
         ).decode()
 

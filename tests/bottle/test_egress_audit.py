@@ -176,16 +176,20 @@ def _address(endpoint: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 
 def _host_link_local_chatter(direction: str, what: str) -> bool:
-    """IPv6 housekeeping of the host's own interfaces on the bottle's network (the bridge, the bottle's veth):
-    duplicate address detection, multicast listener reports, router solicitations, sent to link-local
-    multicast groups from their link-local (or the unspecified) address. The bottle receives them but can
-    answer none: IPv6 is off in its namespace (the engine turns it off on a network without IPv6), and it
-    has no capability to turn it on; a packet it sent would be "Out", and found."""
+    """Housekeeping of the host's own interfaces on the bottle's network (the bridge, the bottle's veth),
+    received by the bottle as multicast: IPv6 duplicate address detection, multicast listener reports and
+    router solicitations, sent to link-local groups from a link-local (or the unspecified) address, and IGMP
+    membership reports from the bridge, which has no IPv4 address (so they come from 0.0.0.0). The bottle
+    answers none: IPv6 is off in its namespace (the engine turns it off on a network without IPv6) and it has
+    no capability to turn it on; a packet it sent would be "Out", and found."""
     match = IP_PACKET.match(what)
-    if direction != "M" or not what.startswith("IP6 ") or " ICMP6, " not in what or match is None:
+    if direction != "M" or match is None:
         return False
     source, destination = _address(match[1]), _address(match[2])
-    return (source.is_link_local or source.is_unspecified) and destination in ipaddress.ip_network("ff02::/16")
+    if what.startswith("IP6 ") and " ICMP6, " in what:
+        return (source.is_link_local or source.is_unspecified) and destination in ipaddress.ip_network("ff02::/16")
+    return (what.startswith("IP ") and ": igmp " in what and source.is_unspecified
+            and destination in ipaddress.ip_network("224.0.0.0/24"))
 
 
 def strays(session: Session) -> list[str]:
@@ -239,6 +243,8 @@ def test_a_session_talks_only_to_the_gate_and_its_refusals_are_documented(
     refused = session.refused()
     print(f"\n{setting} the switches: {len(session.packets)} packets; refused: {sorted(refused)}")
     assert (workspace / "out.txt").read_text() == "tool-ran\n", "the tool call did not run"
+    api = [r for r in session.audit if r["listener"] == "api"]
+    assert api and all(r["decision"] == "allow" for r in api), f"the API route refused the session: {api}"
     assert session.packets, "the capture recorded nothing"
     offending = strays(session)
     assert not offending, "packets with another peer than the gate:\n" + "\n".join(offending)
@@ -255,6 +261,9 @@ def test_a_session_talks_only_to_the_gate_and_its_refusals_are_documented(
     ("21:40:18.804097 ?     M   IP6 fe80::42:98ff:feab:aa1 > ff02::16: HBH ICMP6, multicast listener report v2, 2 group record(s), length 48", False),
     ("21:40:19.348101 ?     Out IP6 fe80::6005:15ff:fe08:ebf1 > ff02::2: ICMP6, router solicitation, length 16", True),
     ("21:40:19.348101 ?     M   IP6 fe80::1.5353 > ff02::fb.5353: 0 PTR (QM)? _x._tcp.local. (30)", True),
+    ("19:07:38.037375 ?     M   IP 0.0.0.0 > 224.0.0.22: igmp v3 report, 1 group record(s)", False),
+    ("19:07:38.037375 ?     Out IP 172.27.0.3 > 224.0.0.22: igmp v3 report, 1 group record(s)", True),
+    ("19:07:38.037375 ?     M   IP 172.27.0.1 > 224.0.0.22: igmp v3 report, 1 group record(s)", True),
     ("21:40:19.813394 ?     Out IP 172.27.0.3.41000 > 10.0.0.1.443: Flags [S], seq 1, length 0", True),
     ("21:40:19.813394 ?     Out IP 172.27.0.3.41000 > 172.27.0.2.53: 1+ A? example.com. (29)", False),
     ("21:40:19.813438 ?     In  IP 172.27.0.3.8080 > 172.27.0.2.55636: Flags [S.], seq 3, length 0", True),

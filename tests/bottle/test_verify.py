@@ -112,6 +112,17 @@ def test_raw_tcp_allowed_to_an_allowed_host_fails_verify(
     assert leftovers(client, "rawfront") == []
 
 
+def test_server_tools_opened_to_the_provider_fail_verify(
+    client: docker.DockerClient, built_images: tuple[str, str],
+) -> None:
+    agent = AgentConfig(name="provider", server_tools=("web_fetch", "code_execution"))
+    with verification(agent, quiet) as target:
+        outcomes = attack(target)
+    assert leaked(outcomes) == {"the provider fetches a URL for the bottle: web_fetch_20250910",
+                                "the provider runs code for the bottle: code_execution_20250825"}
+    assert leftovers(client, "provider") == []
+
+
 def test_interrupted_verify_leaves_nothing_behind(
     client: docker.DockerClient, built_images: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -79,12 +79,13 @@ def request_heads(raw: bytes) -> list[h11.Request]:
             return heads
 
 
-async def run_claude(binary: Path, home: Path, env: dict[str, str], prompt: str) -> subprocess.CompletedProcess[str]:
+async def run_claude(binary: Path, home: Path, env: dict[str, str], prompt: str,
+                     args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     environment = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", "TERM": "dumb",
                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
                    "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", **env}
     return await asyncio.to_thread(
-        subprocess.run, [str(binary), "-p", prompt], capture_output=True, text=True, timeout=180,
+        subprocess.run, [str(binary), *args, "-p", prompt], capture_output=True, text=True, timeout=180,
         env=environment, cwd=home, stdin=subprocess.DEVNULL,
     )
 

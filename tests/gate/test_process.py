@@ -79,6 +79,8 @@ def test_bad_token_files_are_refused_at_start(tmp_path: Path, content: str, mode
     (["--api-listen", "0.0.0.0:8080"], "every interface"),
     (["--proxy-listen", "localhost"], "--proxy-listen"),
     (["--extra-ca", "/nonexistent/ca.pem"], "--extra-ca"),
+    (["--allow-server-tool", "web_fetch_20250910"], "--allow-server-tool 'web_fetch_20250910': name the family"),
+    (["--allow-server-tool", "mcp_servers"], "--allow-server-tool 'mcp_servers' is not a server tool"),
 ])
 def test_bad_flags_are_refused_naming_the_flag(tmp_path: Path, extra: list[str], words: str) -> None:
     result = subprocess.run(gate_args(token_file(tmp_path, make_token()), *extra), capture_output=True, timeout=30)
@@ -164,5 +166,16 @@ def test_help_describes_every_flag() -> None:
     result = subprocess.run([*CLI, "gate", "--help"], capture_output=True, text=True, timeout=30, check=True,
                             env={**os.environ, "COLUMNS": "200"})
     for flag in ("--api-listen", "--proxy-listen", "--upstream", "--token-file", "--allow", "--allow-private",
-                 "--audit-log", "--extra-ca", "--allow-api-path"):
+                 "--audit-log", "--extra-ca", "--allow-api-path", "--allow-server-tool"):
         assert flag in result.stdout
+
+
+@pytest.mark.asyncio
+async def test_allow_server_tool_lets_that_family_through(tmp_path: Path, stub: StubUpstream) -> None:
+    fetch = {"model": "m", "max_tokens": 1, "messages": [], "tools": [{"type": "web_fetch_20250910", "name": "f"}]}
+    code = {**fetch, "tools": [{"type": "code_execution_20250825", "name": "c"}]}
+    args = gate_args(token_file(tmp_path, make_token()), "--upstream", stub.url, "--allow-server-tool", "web_fetch")
+    with gate_process(args) as (_, api, _):
+        assert parse_head(await exchange(api, messages_request(fetch), 2))[0] == 200
+        assert parse_head(await exchange(api, messages_request(code), 2))[0] == 403
+    assert [r.json()["tools"][0]["type"] for r in stub.requests] == ["web_fetch_20250910"]

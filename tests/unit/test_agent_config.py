@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from claude_bottle.config import PRESETS, AgentConfig, load_agent, parse_agent
+from claude_bottle import trust
+from claude_bottle.config import PRESETS, AgentConfig, load_agent, parse_agent, read_project_file
 from claude_bottle.errors import ConfigError
 
 FULL = """
@@ -38,6 +39,10 @@ mode = "rw"
 command = ["npx", "server-filesystem", "/workspace"]
 [mcp.servers.docs]
 url = "https://mcp.example.com/mcp"
+[mcp.servers.tickets]
+url = "http://Tickets.Example.com:8080/mcp?team=a"
+[api]
+server_tools = ["web_fetch", "code_execution"]
 """
 
 
@@ -58,8 +63,10 @@ def test_every_key_is_parsed(tmp_path: Path) -> None:
     assert (agent.claude_version, agent.model, agent.claude_args) == ("2.1.126", "claude-sonnet-4-5", ("--verbose",))
     assert (agent.resources.memory, agent.resources.cpus, agent.resources.pids) == ("2g", 1.5, 256)
     assert [(m.target, m.read_only) for m in agent.mounts] == [("/data", True), ("/scratch", False)]
-    assert [s.name for s in agent.mcp_servers] == ["files", "docs"]
-    assert "mcp.example.com" in agent.egress_allowlist, "a remote MCP server's host joins the allowlist"
+    assert [s.name for s in agent.mcp_servers] == ["files", "docs", "tickets"]
+    assert agent.egress_allowlist[-2:] == ("mcp.example.com", "tickets.example.com:8080"), \
+        "a remote MCP server's host (and port, unless the default) joins the allowlist"
+    assert agent.server_tools == ("web_fetch", "code_execution")
     assert agent.extra_packages == ("python3",)
 
 
@@ -88,6 +95,21 @@ def test_every_key_is_parsed(tmp_path: Path) -> None:
     ('version = 1\n[[mounts]]\nsource = "{data}"\ntarget = "/d"\nmode = "w"', "mounts[0].mode:"),
     ('version = 1\n[mcp.servers.x]\ncommand = ["a"]\nurl = "https://x"', "mcp.servers.x.command: give either"),
     ('version = 1\n[mcp.servers.x]\nurl = "file:///etc/passwd"', "mcp.servers.x.url:"),
+    ('version = 1\n[mcp.servers.x]\nurl = "https://user:pw@mcp.example.com/"', "mcp.servers.x.url: 'https://user:pw@mcp.example.com/' carries credentials"),
+    ('version = 1\n[mcp.servers.x]\nurl = "https://token@mcp.example.com/"', "mcp.servers.x.url: 'https://token@mcp.example.com/' carries credentials"),
+    ('version = 1\n[mcp.servers.x]\nurl = "https://*.example.com/mcp"', "mcp.servers.x.url: 'https://*.example.com/mcp': a wildcard"),
+    ('version = 1\n[mcp.servers.x]\nurl = "https://mcp.example.com:0/"', "mcp.servers.x.url: 'https://mcp.example.com:0/': the port '0'"),
+    ('version = 1\n[mcp.servers.x]\nurl = "https://mcp.example.com:99999/"', "mcp.servers.x.url:"),
+    ('version = 1\n[mcp.servers.x]\nurl = "https://mcp.example.com:x/"', "mcp.servers.x.url:"),
+    ('version = 1\n[mcp.servers.x]\nurl = "https://[::1/"', "mcp.servers.x.url: 'https://[::1/' is not a URL"),
+    ('version = 1\n[mcp.servers.x]\nurl = "https://mcp..example.com/"', "is not a valid host name"),
+    ('version = 1\n[mcp.servers.x]\nurl = "https://mcp.example.com/#frag"', "a fragment"),
+    ('version = 1\n[mcp.servers.x]\nurl = "https:///mcp"', "is not an http(s) URL"),
+    ('version = 1\n[api]\nserver_tools = ["web_fetch_20250910"]', "api.server_tools: 'web_fetch_20250910': name the family"),
+    ('version = 1\n[api]\nserver_tools = ["browse"]', "api.server_tools: 'browse' is not a server tool (known: web_search"),
+    ('version = 1\n[api]\nserver_tools = "web_fetch"', "api.server_tools: must be a list of strings"),
+    ('version = 1\n[api]\nmcp_servers = true', "api.mcp_servers: unknown key"),
+    ('version = 1\napi = 1', "api: must be a table"),
     ('version = 1\nextra_ca_certificates = ["/nonexistent.crt"]', "extra_ca_certificates: /nonexistent.crt does not exist"),
 ])
 def test_mistakes_name_the_file_and_key(tmp_path: Path, text: str, words: str) -> None:
@@ -103,6 +125,7 @@ def test_lookup_order_and_missing_agents(tmp_path: Path, monkeypatch: pytest.Mon
     workspace.mkdir()
     assert load_agent(None, workspace) == AgentConfig(), "no config at all: the defaults"
     (workspace / ".claude-bottle.toml").write_text('version = 1\nallow = ["project.example"]\n')
+    trust.approve(workspace, read_project_file(workspace).digest)  # type: ignore[union-attr]
     assert load_agent(None, workspace).allow == ("project.example",)
     with pytest.raises(ConfigError, match=r"no agent 'ci'.*agents: none yet"):
         load_agent("ci", workspace)
@@ -115,3 +138,17 @@ def test_lookup_order_and_missing_agents(tmp_path: Path, monkeypatch: pytest.Mon
         load_agent("broken", workspace)
     with pytest.raises(ConfigError, match="agent name"):
         load_agent("../etc", workspace)
+
+
+@pytest.mark.parametrize(("url", "entry"), [
+    ("https://mcp.example.com/mcp", "mcp.example.com"),
+    ("https://MCP.Example.com.:443/mcp", "mcp.example.com"),
+    ("http://mcp.example.com:80/", "mcp.example.com"),
+    ("http://mcp.example.com:443/", "mcp.example.com:443"),
+    ("https://mcp.example.com:8443/a/b?c=d", "mcp.example.com:8443"),
+    ("https://[2001:db8::1]:8443/mcp", "[2001:db8::1]:8443"),
+    ("https://bücher.example/mcp", "xn--bcher-kva.example"),
+])
+def test_a_remote_mcp_server_joins_the_allowlist_as_host_and_port(tmp_path: Path, url: str, entry: str) -> None:
+    agent = parse(f'version = 1\n[mcp.servers.x]\nurl = "{url}"\n', tmp_path)
+    assert agent.egress_allowlist == (entry,)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from claude_bottle.config import AgentConfig
+from claude_bottle.config import AgentConfig, parse_agent
 from claude_bottle.credentials import Credential, CredentialKind
-from claude_bottle.launch import BOTTLE_SETTINGS, claude_command
-from claude_bottle.runtime.bottle import RunSpec, bottle_user, gate_command, seeded_claude_json
+from claude_bottle.launch import BOTTLE_SETTINGS, Launch, claude_command, run_spec
+from claude_bottle.runtime.bottle import bottle_user, gate_command, seeded_claude_json
+from tests.helpers import make_token
 
 
 @pytest.mark.parametrize(("uid", "gid", "user"), [(0, 0, "1000:1000"), (1000, 1000, "1000:1000"),
@@ -42,14 +44,25 @@ def test_claude_command_skips_the_bypass_warning_and_adds_model_and_args() -> No
     assert command[4:] == ["--model", "m", "--verbose", "-p", "hi"]
 
 
-def test_the_gate_command_carries_the_agents_egress_policy() -> None:
-    spec = RunSpec(agent="a", workspace=Path("/w"), bottle_image="b", gate_image="g",
-                   credential=Credential.parse("sk-ant-api03-" + "k" * 60, "t"), upstream="http://stub:8000",
-                   allow=("registry.npmjs.org",), allow_tcp=("git.example.com:22",), allow_private=("10.0.0.0/8",))
+def test_raw_tcp_targets_reach_the_gate_command(tmp_path: Path) -> None:
+    agent = parse_agent("a", tomllib.loads('version = 1\nallow = ["x.example"]\nallow_tcp = ["git.example.com:22"]\n'
+                                           'allow_private = ["10.0.0.0/8"]\n'), "a.toml")
+    spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "bottle", "gate")
     command = gate_command(spec)
     pairs = list(zip(command[::2], command[1::2], strict=True))
-    assert ("--allow", "registry.npmjs.org") in pairs
     assert ("--allow-tcp", "git.example.com:22") in pairs
-    assert ("--allow-private", "10.0.0.0/8") in pairs
-    assert ("--upstream", "http://stub:8000") in pairs and ("--token-file", "-") in pairs
+    assert ("--allow", "x.example") in pairs and ("--allow-private", "10.0.0.0/8") in pairs
     assert spec.credential.secret not in " ".join(command)
+
+
+def test_the_agents_server_tools_and_mcp_hosts_reach_the_gate_command(tmp_path: Path) -> None:
+    agent = parse_agent("a", tomllib.loads(
+        'version = 1\nallow = ["x.example"]\n[api]\nserver_tools = ["web_fetch", "code_execution"]\n'
+        '[mcp.servers.docs]\nurl = "https://mcp.example.com:8443/mcp"\n'), "a.toml")
+    spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "bottle", "gate")
+    command = gate_command(spec)
+    assert " ".join(command).endswith("--allow x.example --allow mcp.example.com:8443 "
+                                      "--allow-server-tool web_fetch --allow-server-tool code_execution")
+    assert spec.mcp_servers == {"docs": {"type": "http", "url": "https://mcp.example.com:8443/mcp"}}
+    assert "--allow-server-tool" not in gate_command(run_spec(Launch(AgentConfig(), tmp_path, spec.credential),
+                                                              "bottle", "gate"))

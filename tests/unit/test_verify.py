@@ -12,8 +12,17 @@ import pytest
 
 from claude_bottle import probe
 from claude_bottle.config import AgentConfig
+from claude_bottle.credentials import Credential
 from claude_bottle.probe import Outcome
-from claude_bottle.verify import BOTTLE_CHECKS, FILE_SEARCH, HostCanary, as_json, report
+from claude_bottle.verify import (
+    BOTTLE_CHECKS,
+    FILE_SEARCH,
+    HostCanary,
+    Verification,
+    _judged_by_evidence,
+    as_json,
+    report,
+)
 
 SECRET = "sk-ant-oat01-secret-value"
 
@@ -146,3 +155,46 @@ def test_the_suite_covers_every_group() -> None:
     suite = probe.attacks(targets)
     assert {group for group, *_ in suite} == {"direct egress", "egress proxy", "API route"}
     assert len({name for _, name, *_ in suite}) == len(suite), "attack names are unique"
+
+
+class FakeStub:
+    """The stub container's log: one JSON line per request it received."""
+
+    def __init__(self, *requests: dict[str, object]) -> None:
+        self.lines = "\n".join(json.dumps({"method": "POST", "headers": [], **r}) for r in requests)
+
+    def logs(self, stdout: bool = True, stderr: bool = True) -> bytes:
+        return ("stub upstream on http://stub:8000\n" + self.lines).encode()
+
+
+@pytest.mark.parametrize(("attack", "received", "blocked", "words"), [
+    ("the provider connects out for the bottle: mcp_servers", {"fields": ["mcp_servers", "model"]}, False,
+     "the upstream got mcp_servers"),
+    ("the provider connects out for the bottle: mcp_servers", {"fields": ["model"], "tool_types": []}, True,
+     "the upstream never got it"),
+    ("the provider fetches a URL for the bottle: web_fetch_20250910",
+     {"fields": ["tools"], "tool_types": ["web_fetch_20250910"]}, False, "the upstream got web_fetch_20250910"),
+    ("the provider fetches a URL for the bottle: web_fetch_20250910",
+     {"fields": ["tools"], "tool_types": ["web_search_20250305"]}, True, "never got it"),
+])
+def test_a_provider_side_fetch_is_judged_by_what_the_upstream_received(
+    attack: str, received: dict[str, object], blocked: bool, words: str
+) -> None:
+    target = Verification.__new__(Verification)
+    target.credential = Credential.parse("sk-ant-oat01-" + "s" * 60, "t")
+    target.stub = FakeStub(received)  # type: ignore[assignment]
+    outcome = Outcome("API route", attack, "refused before the upstream", "HTTP/1.1 403 Forbidden", True)
+    judged = _judged_by_evidence(target, outcome)
+    assert judged.blocked is blocked and words in judged.actual
+
+
+def test_the_credential_in_the_status_line_is_a_leak() -> None:
+    target = Verification.__new__(Verification)
+    target.credential = Credential.parse("sk-ant-oat01-" + "s" * 60, "t")
+    outcome = Outcome("API route", "an upstream reflecting the credential (echo-reason)",
+                      "the credential never comes back", "HTTP/1.1 200 OK", False,
+                      f"HTTP/1.1 200 Bearer {target.credential.secret}\r\n\r\n")
+    assert _judged_by_evidence(target, outcome).blocked is False
+    safe = _judged_by_evidence(target, Outcome(outcome.group, outcome.attack, outcome.expected, outcome.actual,
+                                               False, "HTTP/1.1 200 OK\r\n\r\n"))
+    assert safe.blocked is True

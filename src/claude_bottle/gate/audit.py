@@ -33,7 +33,8 @@ class AuditRecord:
         self.decision, self.reason, self.status = "deny", reason, status
 
     def fail(self, reason: str, status: int) -> None:
-        """Allowed, then failed. A status already sent to the client stays: it is what the client saw."""
+        """Allowed (or not yet decided, e.g. while a body is read), then failed. A status already sent to the
+        client stays: it is what the client saw."""
         self.decision, self.reason = "error", f"{self.reason}; then {reason}" if self.reason else reason
         self.status = self.status or status
 

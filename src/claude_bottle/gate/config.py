@@ -13,6 +13,7 @@ from claude_bottle.errors import ConfigError
 from claude_bottle.policy.addresses import AddressGuard, IPNetwork, parse_network
 from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy
 from claude_bottle.policy.hosts import Allowlist, InvalidHost, normalize_host, parse_port, split_host_port
+from claude_bottle.policy.messages import MAX_BODY_BYTES, InvalidServerTool, MessagesPolicy, parse_server_tool
 
 DEFAULT_UPSTREAM = "https://api.anthropic.com"
 
@@ -51,6 +52,7 @@ class Limits:
     max_tunnels: int = 256  # concurrent CONNECT tunnels and forwarded requests on the proxy listener
     max_connections: int = 512  # open client connections per listener; more are answered 503 and closed
     max_header_bytes: int = 32 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES  # a Messages request body, read whole before it is judged
     drain_seconds: float = 10.0  # after SIGTERM, how long in-flight exchanges may finish
 
 
@@ -64,6 +66,7 @@ class GateConfig:
     allow_tcp: Allowlist = Allowlist()  # targets whose tunnels may carry other bytes than TLS
     allow_private: tuple[IPNetwork, ...] = ()
     api_policy: ApiPolicy = ApiPolicy()
+    messages_policy: MessagesPolicy = MessagesPolicy()
     extra_ca_files: tuple[Path, ...] = ()
     limits: Limits = field(default_factory=Limits)
 
@@ -132,6 +135,14 @@ def parse_api_paths(texts: tuple[str, ...] | list[str]) -> ApiPolicy:
             raise ConfigError(f"--allow-api-path {text!r}: expected /path or 'METHOD /path', no query")
         allowed.update((m, path) for m in methods)
     return ApiPolicy(frozenset(allowed))
+
+
+def parse_server_tools(texts: tuple[str, ...] | list[str]) -> MessagesPolicy:
+    """``--allow-server-tool`` entries: server-tool families (``web_fetch``) the API route lets through."""
+    try:
+        return MessagesPolicy(frozenset(parse_server_tool(t) for t in texts))
+    except InvalidServerTool as exc:
+        raise ConfigError(f"--allow-server-tool {exc}") from None
 
 
 def parse_networks(texts: tuple[str, ...] | list[str]) -> tuple[IPNetwork, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from collections.abc import AsyncIterator, Iterable
 from http import HTTPStatus
@@ -29,6 +30,15 @@ READ_SIZE = 64 * 1024
 # anyway), but a client that sends them is refused outright.
 _BARE_LF = re.compile(rb"(?<!\r)\n")
 _OBS_FOLD = re.compile(rb"\r\n[ \t]")
+
+
+# Headers a request cannot do without at the next hop: a Connection header that names one (so that a hop
+# would drop it) makes the message's framing or target ambiguous.
+_NEEDED = frozenset({b"content-length", b"transfer-encoding", b"host"})
+
+# The Anthropic API's error types, for refusals on the API listener (Claude Code shows their message).
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}
 
 
 def framing_problem(head: bytes) -> str | None:
@@ -66,6 +76,15 @@ def end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
     return [(n, v) for n, v in headers if n.lower() not in HOP_BY_HOP and n.lower() not in listed]
 
 
+def connection_problem(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """Why a head's Connection header makes it unusable, or None."""
+    listed = {token.strip().lower() for value in header_values(headers, b"connection") for token in value.split(b",")}
+    needed = sorted(listed & _NEEDED)
+    if needed:
+        return f"the Connection header names {needed[0].decode()}, which the message needs end to end"
+    return None
+
+
 def header_values(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> list[bytes]:
     return [v for n, v in headers if n.lower() == name]
 
@@ -86,6 +105,7 @@ class HttpConnection:
         self.h11 = h11.Connection(h11.CLIENT if client else h11.SERVER, max_incomplete_event_size=max_header_bytes)
         self._max_header_bytes = max_header_bytes
         self._head = b""  # raw bytes of a request head still being received, for framing_problem()
+        self.json_errors = False  # refusals as Anthropic API error bodies (the API listener) instead of text
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unknown"
 
@@ -121,7 +141,7 @@ class HttpConnection:
             raise ClientProtocolError(f"message head larger than {self._max_header_bytes} bytes", 431)
         if event.http_version not in (b"1.0", b"1.1"):
             raise ClientProtocolError(f"HTTP/{event.http_version.decode()} is not supported", 505)
-        problem = framing_problem(head)
+        problem = framing_problem(head) or connection_problem(event.headers)
         if problem is None and header_values(event.headers, b"transfer-encoding") and header_values(
             event.headers, b"content-length"
         ):
@@ -158,6 +178,21 @@ class HttpConnection:
             else:
                 raise ClientProtocolError(f"unexpected {type(event).__name__} in a body")
 
+    async def read_body(self, request: h11.Request, max_bytes: int, timeout: float | None) -> bytes:
+        """The whole body of ``request``, refused with 413 past ``max_bytes`` (before reading any of it when
+        its Content-Length already says so; h11 has checked that the value is a number)."""
+        too_large = ClientProtocolError(f"request body larger than {max_bytes} bytes", 413)
+        declared = header_values(request.headers, b"content-length")
+        if declared and int(declared[0]) > max_bytes:
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in self.body(timeout):
+            size += len(chunk)
+            if size > max_bytes:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def send(self, event: h11.Event) -> None:
         if isinstance(event, h11.Response | h11.InformationalResponse) and not event.reason:
             with contextlib.suppress(ValueError):
@@ -172,10 +207,16 @@ class HttpConnection:
                 raise ClientGone(str(exc)) from None
 
     async def send_simple(self, status: int, reason: str, headers: Headers | None = None) -> None:
-        """A complete small text response, e.g. a refusal. ``reason`` also goes in X-Deny-Reason."""
-        body = (reason + "\n").encode()
+        """A complete small response, e.g. a refusal: ``reason`` as a line of text, or as an Anthropic API
+        error body when ``json_errors`` is set. ``reason`` also goes in X-Deny-Reason."""
+        if self.json_errors:
+            kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+            body = json.dumps({"type": "error", "error": {"type": kind, "message": reason}}).encode()
+            content_type = b"application/json"
+        else:
+            body, content_type = (reason + "\n").encode(), b"text/plain; charset=utf-8"
         head = [
-            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-type", content_type),
             (b"content-length", str(len(body)).encode()),
             (b"x-deny-reason", _header_text(reason).encode()),
             *(headers or []),

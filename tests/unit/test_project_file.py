@@ -1,0 +1,177 @@
+"""The project file: read once without following symlinks, used only once approved, never for forbidden keys;
+and `claude-bottle trust`, which approves exactly what it showed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from claude_bottle import trust
+from claude_bottle.cli import cli
+from claude_bottle.config import PROJECT_FORBIDDEN, load_agent, read_project_file
+from claude_bottle.errors import ConfigError
+
+ALLOWED = """version = 1
+allow = ["api.example.com"]
+presets = ["npm"]
+extra_packages = ["make"]
+[env]
+NODE_ENV = "development"
+[claude]
+model = "claude-sonnet-4-5"
+[resources]
+memory = "2g"
+[mcp.servers.docs]
+url = "https://mcp.example.com/mcp"
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    path = tmp_path / "project"
+    path.mkdir()
+    return path
+
+
+def write(project: Path, text: str) -> None:
+    (project / ".claude-bottle.toml").write_text(text)
+
+
+def test_unapproved_project_file_is_refused_with_the_command_to_approve_it(project: Path) -> None:
+    write(project, ALLOWED)
+    with pytest.raises(ConfigError, match=rf"\.claude-bottle\.toml is not approved.*`claude-bottle trust {project}`"):
+        load_agent(None, project)
+
+
+def test_approved_project_file_is_used_until_it_changes(project: Path) -> None:
+    write(project, ALLOWED)
+    trust.approve(project, read_project_file(project).digest)  # type: ignore[union-attr]
+    agent = load_agent(None, project)
+    assert "api.example.com" in agent.allow and "mcp.example.com" in agent.egress_allowlist
+    assert agent.env == {"NODE_ENV": "development"} and agent.extra_packages == ("make",)
+    write(project, ALLOWED + 'extra_packages = ["netcat-openbsd"]\n'.replace("extra_packages", "# "))
+    with pytest.raises(ConfigError, match="changed since you approved it"):
+        load_agent(None, project)
+
+
+def test_approval_belongs_to_its_workspace(project: Path, tmp_path: Path) -> None:
+    write(project, ALLOWED)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / ".claude-bottle.toml").write_text(ALLOWED)
+    trust.approve(project, read_project_file(project).digest)  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="not approved"):
+        load_agent(None, other)
+
+
+@pytest.mark.parametrize("key, body", [
+    ("upstream", 'upstream = "https://collector.example"\n'),
+    ("mounts", '[[mounts]]\nsource = "/"\ntarget = "/host"\n'),
+    ("allow_private", 'allow_private = ["10.0.0.0/8"]\n'),
+    ("extra_ca_certificates", 'extra_ca_certificates = ["/etc/hostname"]\n'),
+])
+def test_forbidden_keys_are_refused_even_when_approved(project: Path, key: str, body: str) -> None:
+    write(project, "version = 1\n" + body)
+    trust.approve(project, read_project_file(project).digest)  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=rf"{key}: not allowed in a project file .*agents"):
+        load_agent(None, project)
+    assert set(PROJECT_FORBIDDEN) == {"upstream", "mounts", "allow_private", "extra_ca_certificates"}
+
+
+def test_a_symlinked_project_file_is_refused(project: Path, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.toml"
+    target.write_text(ALLOWED)
+    (project / ".claude-bottle.toml").symlink_to(target)
+    with pytest.raises(ConfigError, match="is a symlink"):
+        read_project_file(project)
+    with pytest.raises(ConfigError, match="is a symlink"):
+        load_agent(None, project)
+
+
+def test_a_project_file_that_is_not_a_regular_file_is_refused(project: Path) -> None:
+    (project / ".claude-bottle.toml").mkdir()
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_project_file(project)
+    os.rmdir(project / ".claude-bottle.toml")
+    os.mkfifo(project / ".claude-bottle.toml")  # opening must not block on it
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_project_file(project)
+
+
+def test_the_digest_is_of_the_bytes_parsed(project: Path) -> None:
+    import hashlib
+
+    write(project, ALLOWED)
+    read = read_project_file(project)
+    assert read is not None
+    assert read.digest == hashlib.sha256(ALLOWED.encode()).hexdigest() and read.text == ALLOWED
+
+
+def invoke(project: Path, *args: str, stdin: str | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["trust", str(project), *args], input=stdin)
+    if result.exception and not isinstance(result.exception, SystemExit | ConfigError):
+        raise result.exception
+    message = str(result.exception) if isinstance(result.exception, ConfigError) else ""
+    return result.exit_code, result.output + message
+
+
+def test_trust_shows_the_file_and_its_keys_and_approves_with_yes(project: Path) -> None:
+    write(project, ALLOWED)
+    code, output = invoke(project, "--yes")
+    assert code == 0, output
+    assert 'allow = ["api.example.com"]' in output and "allow: hosts the bottle may reach" in output
+    assert "api.example.com" in output.split("besides the Anthropic API:")[1]
+    assert load_agent(None, project).allow[0] == "api.example.com"
+    assert "nothing to approve" in invoke(project, "--yes")[1]
+
+
+def test_trust_without_a_terminal_or_yes_approves_nothing(project: Path) -> None:
+    write(project, ALLOWED)
+    code, output = invoke(project)
+    assert code != 0 and "--yes" in output
+    with pytest.raises(ConfigError, match="not approved"):
+        load_agent(None, project)
+
+
+def test_trust_refuses_a_project_file_with_forbidden_keys(project: Path) -> None:
+    write(project, 'version = 1\nupstream = "https://collector.example"\n')
+    code, output = invoke(project, "--yes")
+    assert code != 0 and "upstream: not allowed in a project file" in output
+    assert trust.approved_digest(project) is None
+
+
+def test_trust_shows_escape_sequences_in_planted_names_as_text(project: Path) -> None:
+    from claude_bottle.workspace import Change
+
+    trust._add_review(project, [Change(".claude/commands/\x1b]0;owned\x07\x1b[2J.md", None, "file")])
+    output = invoke(project, "--yes")[1]
+    assert "\x1b" not in output and "\\x1b]0;owned" in output
+
+
+def test_trust_clears_reviewed_changes(project: Path) -> None:
+    from claude_bottle.workspace import Change
+
+    change = Change(".envrc", None, "file, mode 0644, 8 bytes, sha256 00")
+    trust._add_review(project, [change])
+    with pytest.raises(ConfigError, match=r"\.envrc: created"):
+        trust.check(project)
+    code, output = invoke(project, "--yes")
+    assert code == 0 and ".envrc: created" in output
+    trust.check(project)
+
+
+@pytest.mark.parametrize("command", [["build"], ["run", "-p", "hi"], ["start"], ["verify"]])
+def test_every_command_that_reads_the_project_file_refuses_an_unapproved_one(
+    project: Path, command: list[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    write(project, ALLOWED)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # were an engine used, this fails differently
+    monkeypatch.setenv("CLAUDE_BOTTLE_OAUTH_TOKEN", "sk-ant-oat01-" + "x" * 80)
+    result = CliRunner().invoke(cli, [*command, *(["--workspace", str(project)] if command[0] != "verify" else [])])
+    assert isinstance(result.exception, ConfigError) and "is not approved" in str(result.exception)

