@@ -75,6 +75,9 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
 @click.option("--extra-ca", multiple=True, metavar="PATH", type=click.Path(dir_okay=False),
               help="Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.")
 @click.option("--audit-log", metavar="PATH", help="Append one JSON line per decision here; '-' for stderr.")
+@click.option("--ca-cert-out", metavar="PATH", type=click.Path(dir_okay=False),
+              help="Write the certificate of the gate's CA (public; its key stays in the gate's memory) here "
+                   "at start, for clients to trust.")
 @click.option("--max-tunnels", type=click.IntRange(1, 100_000), default=256, show_default=True,
               help="Concurrent proxy tunnels and forwarded requests.")
 @click.option("--max-connections", type=click.IntRange(1, 1_000_000), default=512, show_default=True,
@@ -86,13 +89,14 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
 def gate(
     api_listen: str, proxy_listen: str, upstream: str, token_file: str, allow: tuple[str, ...],
     allow_tcp: tuple[str, ...], allow_private: tuple[str, ...], allow_api_path: tuple[str, ...],
-    allow_server_tool: tuple[str, ...], extra_ca: tuple[str, ...], audit_log: str | None, max_tunnels: int,
-    max_connections: int, idle_timeout: float, drain_seconds: float,
+    allow_server_tool: tuple[str, ...], extra_ca: tuple[str, ...], audit_log: str | None,
+    ca_cert_out: str | None, max_tunnels: int, max_connections: int, idle_timeout: float, drain_seconds: float,
 ) -> None:
     """Run the gate: hold the credential, forward API calls, filter egress.
 
     The token is read once from --token-file and kept in memory only. Clients never see it: their own
-    credentials are stripped and the real one is added toward the upstream.
+    credentials are stripped and the real one is added toward the upstream. The gate makes a CA of its own
+    at start, limited to the allowed hosts; it prints the CA's certificate (and --ca-cert-out writes it).
     """
     from pathlib import Path
 
@@ -119,7 +123,8 @@ def gate(
         click.echo(f"warning: --upstream {upstream} is plain HTTP: the credential crosses the network "
                    "unencrypted", err=True)
     with _audit_stream(audit_log) as stream:
-        asyncio.run(run(config, AuditLog(stream, secrets=(config.credential.secret,))))
+        asyncio.run(run(config, AuditLog(stream, secrets=(config.credential.secret,)),
+                        ca_cert_out=Path(ca_cert_out) if ca_cert_out else None))
 
 
 @cli.command("stub-upstream", context_settings=CONTEXT)

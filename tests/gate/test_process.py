@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from claude_bottle.gate.ca import announced_ca
 from claude_bottle.gate.config import Endpoint
 from claude_bottle.stub import StubUpstream
 from tests.helpers import exchange, make_token, messages_request, parse_head, read_head
@@ -47,9 +48,11 @@ def gate_process(args: list[str], stdin: bytes | None = None) -> Iterator[tuple[
             proc.stdin.write(stdin)
             proc.stdin.close()
         assert proc.stderr is not None
-        line = proc.stderr.readline().decode()
-        match = READY.search(line)
-        assert match, f"gate did not start: {line}{proc.stderr.read().decode() if proc.poll() is not None else ''}"
+        lines = [proc.stderr.readline().decode()]  # the CA's certificate, then where it listens
+        if (match := READY.search(lines[-1])) is None:
+            lines.append(proc.stderr.readline().decode())
+            match = READY.search(lines[-1])
+        assert match, f"gate did not start: {''.join(lines)}" + (proc.stderr.read().decode() if proc.poll() is not None else "")
         yield proc, Endpoint(match[1], int(match[2])), Endpoint(match[3], int(match[4]))
     finally:
         if proc.poll() is None:
@@ -166,7 +169,7 @@ def test_help_describes_every_flag() -> None:
     result = subprocess.run([*CLI, "gate", "--help"], capture_output=True, text=True, timeout=30, check=True,
                             env={**os.environ, "COLUMNS": "200"})
     for flag in ("--api-listen", "--proxy-listen", "--upstream", "--token-file", "--allow", "--allow-private",
-                 "--audit-log", "--extra-ca", "--allow-api-path", "--allow-server-tool"):
+                 "--audit-log", "--extra-ca", "--allow-api-path", "--allow-server-tool", "--ca-cert-out"):
         assert flag in result.stdout
 
 
@@ -179,3 +182,30 @@ async def test_allow_server_tool_lets_that_family_through(tmp_path: Path, stub: 
         assert parse_head(await exchange(api, messages_request(fetch), 2))[0] == 200
         assert parse_head(await exchange(api, messages_request(code), 2))[0] == 403
     assert [r.json()["tools"][0]["type"] for r in stub.requests] == ["web_fetch_20250910"]
+
+
+def test_ca_cert_out_writes_the_certificate_the_gate_announces(tmp_path: Path) -> None:
+    out = tmp_path / "gate-ca.pem"
+    args = gate_args(token_file(tmp_path, make_token()), "--allow", "example.com", "--ca-cert-out", str(out))
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        first, second = proc.stderr.readline(), proc.stderr.readline()
+        assert READY.search(second), first + second
+        announced = announced_ca(first)
+        assert announced is not None and out.read_bytes() == announced
+        assert out.stat().st_mode & 0o777 == 0o644
+        assert b"PRIVATE KEY" not in out.read_bytes()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_ca_cert_out_that_cannot_be_written_stops_the_start(tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "gate-ca.pem"
+    result = subprocess.run(gate_args(token_file(tmp_path, make_token()), "--ca-cert-out", str(out)),
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert f"--ca-cert-out {out}: No such file or directory" in result.stderr
+    assert result.stderr.count("\n") == 1, "one line, no traceback"
+    assert not (tmp_path / "missing").exists()

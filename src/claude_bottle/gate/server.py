@@ -11,18 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import resource
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Self
 
 import h11
 
-from claude_bottle.errors import GateError
+from claude_bottle.errors import ConfigError, GateError
 from claude_bottle.gate.api import api_exchange
 from claude_bottle.gate.audit import AuditLog, AuditRecord
+from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.config import Endpoint, GateConfig
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.http import ClientGone, ClientProtocolError, HttpConnection
@@ -40,10 +43,12 @@ class Gate:
     """Serves from ``start()`` (or entering ``async with``) until ``stop()``. The bound addresses are in
     ``api_address`` and ``proxy_address`` (useful with port 0)."""
 
-    def __init__(self, config: GateConfig, audit: AuditLog, resolver: Resolver | None = None) -> None:
+    def __init__(self, config: GateConfig, audit: AuditLog, resolver: Resolver | None = None,
+                 ca: RunCA | None = None) -> None:
         self.config = config
         self.audit = audit
         self.resolver = resolver or SystemResolver()
+        self.ca = ca or run_ca(config)
         self.api_address = config.api_listen
         self.proxy_address = config.proxy_listen
         self._servers: list[asyncio.Server] = []
@@ -71,6 +76,7 @@ class Gate:
                                 raw_tcp=self.config.allow_tcp),
             api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
                                   limits.connect_timeout),
+            ca=self.ca,
         )
         try:
             for endpoint, listener in ((self.config.api_listen, "api"), (self.config.proxy_listen, "proxy")):
@@ -206,6 +212,24 @@ class Gate:
                 return
 
 
+def run_ca(config: GateConfig) -> RunCA:
+    """This gate's CA (``claude_bottle.gate.ca``): limited to the allowlisted names, never the upstream's."""
+    return RunCA.generate((*config.allowlist.patterns, *config.allow_tcp.patterns), (config.upstream.host,))
+
+
+def write_ca_certificate(ca: RunCA, path: Path) -> None:
+    """``--ca-cert-out``: the CA certificate (public), readable by all, replaced whole (never half-written)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        partial.write_bytes(ca.certificate_pem)
+        partial.chmod(0o644)
+        os.replace(partial, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise ConfigError(f"--ca-cert-out {path}: {exc.strerror or exc}") from None
+
+
 def raise_open_files_limit() -> int:
     """Raise this process's soft limit on open files to its hard limit: each connection and tunnel holds
     file descriptors, and the usual soft limit (1024) is below what the connection caps allow. Returns the
@@ -218,15 +242,24 @@ def raise_open_files_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-async def run(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate``."""
+async def run(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] | None = None,
+              ca_cert_out: Path | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate``.
+
+    At start it announces its CA's certificate (``RunCA.announcement``), then the line saying where it
+    listens; with ``ca_cert_out`` it first writes the certificate there (a ConfigError if it cannot)."""
     raise_open_files_limit()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with Gate(config, audit) as gate:
-        (announce or (lambda m: print(m, file=sys.stderr, flush=True)))(
+    say = announce or (lambda m: print(m, file=sys.stderr, flush=True))
+    ca = run_ca(config)
+    if ca_cert_out is not None:
+        write_ca_certificate(ca, ca_cert_out)
+    async with Gate(config, audit, ca=ca) as gate:
+        say(ca.announcement())
+        say(
             f"claude-bottle gate: API on {gate.api_address}, proxy on {gate.proxy_address}, "
             f"upstream {config.upstream.scheme}://{config.upstream.authority.decode()}"
         )

@@ -28,7 +28,8 @@ from claude_bottle.errors import ConfigError, DockerError
 BASE_IMAGE = "debian:bookworm-slim"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_CLAUDE_CODE_VERSION = "2.1.126"
-GATE_REQUIREMENTS = ("click", "h11", "idna", "publicsuffixlist")
+# What the gate imports, pinned with what cryptography needs, so the image tag follows every version.
+GATE_REQUIREMENTS = ("click", "h11", "idna", "publicsuffixlist", "cryptography", "cffi", "pycparser")
 
 Progress = Callable[[str], None]
 
