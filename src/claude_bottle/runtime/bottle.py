@@ -31,6 +31,7 @@ from docker.types import LogConfig, Mount
 from claude_bottle import records
 from claude_bottle.credentials import Credential, CredentialKind
 from claude_bottle.errors import BottleError, ConfigError, DockerError, GateError
+from claude_bottle.gate.ca import announced_ca
 from claude_bottle.paths import state_dir, workspace_key
 from claude_bottle.workspace import GIT, PROTECTED, lstat_inside
 
@@ -55,6 +56,15 @@ CLAUDE_ENV = {
     "DISABLE_TELEMETRY": "1",
     "DISABLE_ERROR_REPORTING": "1",
 }
+
+# The bottle's system trust store: the image's bundle, to which the gate's CA is added before the bottle starts
+# (root-owned, 0644: the bottle's user cannot change it). Every variable through which a tool finds its CA
+# certificates points at the whole bundle, so none trusts the gate's CA alone: node and Claude Code
+# (NODE_EXTRA_CA_CERTS adds to their built-in roots), OpenSSL and what uses it, Go and rustls (SSL_CERT_FILE),
+# requests, curl, git, pip and npm (each replaces its own default with the file named).
+SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CA_ENV = {name: SYSTEM_BUNDLE for name in ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE",
+                                           "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "npm_config_cafile")}
 
 # ~/.claude/settings.json in every bottle: the bottle is the sandbox the bypass-mode warning asks for. It is
 # the product's file, mounted read-only: hooks or settings a bottle writes there would run in later runs.
@@ -217,14 +227,33 @@ def protective_mounts(workspace: Path, paths: Iterable[str] = PROTECTED) -> list
     return protections
 
 
-def _tar(files: dict[str, bytes], uid: int, gid: int) -> bytes:
+def _tar(files: dict[str, bytes], uid: int, gid: int, mode: int = 0o600) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, data in files.items():
             info = tarfile.TarInfo(name)
-            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), 0o600, uid, gid, int(time.time())
+            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), mode, uid, gid, int(time.time())
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def trust_in_bottle(container: Container, certificate_pem: bytes) -> None:
+    """Add a CA certificate to a created (not yet started) bottle's system bundle (``SYSTEM_BUNDLE``): the
+    image's bundle, then the certificate, written back root-owned and 0644."""
+    try:
+        chunks, _ = container.get_archive(SYSTEM_BUNDLE)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.next()
+            extracted = tar.extractfile(member) if member is not None and member.isfile() else None
+            if extracted is None:
+                raise DockerError(f"{SYSTEM_BUNDLE} in the bottle image is not a file: rebuild it with "
+                                  "`claude-bottle build`")
+            bundle = extracted.read()
+        bundle = bundle if bundle.endswith(b"\n") or not bundle else bundle + b"\n"
+        directory, name = SYSTEM_BUNDLE.rsplit("/", 1)
+        container.put_archive(directory, _tar({name: bundle + certificate_pem}, 0, 0, 0o644))
+    except docker.errors.APIError as exc:
+        raise DockerError(f"cannot add the gate's CA to the bottle's trust store: {exc.explanation or exc}") from None
 
 
 class Run:
@@ -240,6 +269,7 @@ class Run:
         self.gate: Container | None = None
         self.bottle: Container | None = None
         self.gate_ip = ""
+        self.gate_ca = b""  # the gate's CA certificate (PEM), as it announced it; set by wait_for_gate
 
     def _network(self, suffix: str, internal: bool) -> Network:
         # An internal bridge still gets the gateway address on the host side, and with it anything the host
@@ -285,12 +315,18 @@ class Run:
         self.gate_ip = self.gate.attrs["NetworkSettings"]["Networks"][self.internal.name]["IPAddress"]
 
     def wait_for_gate(self) -> None:
-        """Return once the gate listens; a gate that exits instead is a GateError with its last words."""
+        """Return once the gate listens, with the CA certificate it announced in ``gate_ca``; a gate that exits
+        instead is a GateError with its last words."""
         assert self.gate is not None
         deadline = time.monotonic() + GATE_READY_SECONDS
         while time.monotonic() < deadline:
             logs = self.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace")
             if "claude-bottle gate: API on" in logs:
+                certificate = announced_ca(logs)
+                if certificate is None:
+                    raise GateError("the gate announced no CA certificate: its image is older than this "
+                                    "claude-bottle; run `claude-bottle build`")
+                self.gate_ca = certificate
                 return
             self.gate.reload()
             if self.gate.status in ("exited", "dead"):
@@ -306,6 +342,7 @@ class Run:
         return {
             **spec.env,
             **CLAUDE_ENV,
+            **CA_ENV,
             "ANTHROPIC_BASE_URL": api,
             credential_variable: spec.credential.placeholder(),
             "HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy, "http_proxy": proxy,
@@ -316,7 +353,8 @@ class Run:
     def create_bottle(self, command: list[str], tty: bool) -> Container:
         """The bottle: internal network only, user 1000, no capabilities, no new privileges, limits, and a
         resolver that answers nothing (its only peer is the gate, addressed by IP). Created while the gate
-        boots; returns once the gate is ready, so the bottle can be started."""
+        boots; returns once the gate is ready and its CA is in the bottle's trust store, so the bottle can be
+        started."""
         spec = self.spec
         assert self.internal is not None
         resources = spec.resources
@@ -347,6 +385,7 @@ class Run:
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot create the bottle: {exc.explanation or exc}") from None
         self.wait_for_gate()
+        trust_in_bottle(self.bottle, self.gate_ca)
         return self.bottle
 
     def remove(self) -> None:

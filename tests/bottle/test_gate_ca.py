@@ -1,0 +1,234 @@
+"""The gate's CA in a real bottle: every client there trusts what it signs, the bottle cannot change that, and
+its key is nowhere but the gate's memory.
+
+The key never leaves the gate, so no server outside it can present a leaf of the real CA. The TLS server here
+presents a leaf minted by the same code (``RunCA``) from a CA the test makes, and that CA's certificate rides
+the same plumbing as the gate's: it is appended to what the gate announced, before the host adds the
+announcement to the bottle's trust store and sets the variables. The store is checked to hold the gate's
+own certificate, byte for byte. A second port presents a leaf of a CA nobody installed: every client must
+refuse that one, so the test proves verification, not just connectivity.
+
+The target is on the tests' own network, reached through the gate's proxy as a raw tunnel (``allow_tcp``):
+the client's TLS ends at the test server whatever the gate does with other tunnels.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import secrets
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import pytest
+from cryptography.hazmat.primitives import serialization
+from docker.models.containers import Container
+
+from claude_bottle.config import AgentConfig, load_agent
+from claude_bottle.credentials import Credential
+from claude_bottle.gate import ca as ca_module
+from claude_bottle.gate.ca import RunCA
+from claude_bottle.launch import Launch, build_images, started
+from claude_bottle.policy.hosts import Allowlist
+from claude_bottle.runtime import bottle as bottle_module
+from claude_bottle.runtime.bottle import SYSTEM_BUNDLE, Run
+from claude_bottle.verify import in_bottle as inside
+from tests.bottle.conftest import TEST_LABEL, Upstream, leftovers, write_agent
+
+pytestmark = pytest.mark.docker
+TARGET = "tls-target"
+TRUSTED, UNTRUSTED = 8443, 9443
+PACKAGES = ("python3", "nodejs")  # not in the bottle image by default
+
+SERVER = r'''
+import http.server, ssl, threading
+
+def pkt(text):
+    data = text.encode()
+    return b"%04x" % (len(data) + 4) + data
+
+COMMIT = "1" * 40
+REFS = (pkt("# service=git-upload-pack\n") + b"0000" + pkt(f"{COMMIT} HEAD\0symref=HEAD:refs/heads/main\n")
+        + pkt(f"{COMMIT} refs/heads/main\n") + b"0000")
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        git = "info/refs" in self.path
+        body = REFS if git else b"trusted by the bottle\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-git-upload-pack-advertisement" if git else "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+def serve(port, name):
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(f"/opt/tls/{name}.pem")
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.serve_forever()
+
+threading.Thread(target=serve, args=(9443, "untrusted"), daemon=True).start()
+print("tls target serving", flush=True)
+serve(8443, "trusted")
+'''
+
+NODE = r'''
+const http = require("http"), tls = require("tls");
+const proxy = new URL(process.env.HTTPS_PROXY);
+const req = http.request({host: proxy.hostname, port: proxy.port, method: "CONNECT", path: process.env.TARGET});
+req.on("connect", (res, socket) => {
+  if (res.statusCode !== 200) { console.log("CONNECT answered " + res.statusCode); process.exit(3); }
+  const s = tls.connect({socket, servername: process.env.TARGET.split(":")[0]}, () => {
+    s.write("GET / HTTP/1.1\r\nHost: tls-target\r\nConnection: close\r\n\r\n");
+  });
+  let data = "";
+  s.on("data", d => { data += d; });
+  s.on("end", () => { console.log(data.split("\r\n\r\n")[1]); });
+  s.on("error", e => { console.log("TLS error " + e.code); process.exit(2); });
+});
+req.on("error", e => { console.log("proxy error " + e.message); process.exit(4); });
+req.end();
+'''
+
+
+def leaf_file(ca: RunCA) -> bytes:
+    """A leaf for TARGET from ``ca``, with its key, as one PEM file for the server."""
+    name, ip = ca_module.normalize_host(TARGET)
+    leaf, key = ca._mint(name, ip, time.time())
+    return leaf.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def files(entries: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def images(client: docker.DockerClient) -> tuple[str, str]:
+    """The bottle image with python3 and node, which it lacks by default."""
+    return build_images(client, AgentConfig(extra_packages=PACKAGES), lambda line: None)
+
+
+@pytest.fixture(scope="module")
+def test_ca() -> RunCA:
+    return RunCA.generate(Allowlist.parse([f"{TARGET}:{TRUSTED}"]).patterns)
+
+
+@pytest.fixture(scope="module")
+def tls_target(client: docker.DockerClient, upstream: Upstream, images: tuple[str, str],
+               test_ca: RunCA) -> Iterator[Container]:
+    stranger = RunCA.generate(Allowlist.parse([TARGET]).patterns)  # a CA no bottle trusts
+    container = client.containers.create(
+        images[1], entrypoint=["/opt/gate/bin/python", "/opt/tls/server.py"],
+        name=f"claude-bottle-test-{secrets.token_hex(3)}-tls", labels={TEST_LABEL: "1"}, network=upstream.network,
+        networking_config={upstream.network: client.api.create_endpoint_config(aliases=[TARGET])},
+        cap_drop=["ALL"], security_opt=["no-new-privileges"])
+    try:
+        container.put_archive("/opt", files({"tls/server.py": SERVER.encode(), "tls/trusted.pem": leaf_file(test_ca),
+                                             "tls/untrusted.pem": leaf_file(stranger)}))
+        container.start()
+        deadline = time.monotonic() + 30
+        while b"tls target serving" not in container.logs():
+            assert time.monotonic() < deadline, container.logs().decode()
+            time.sleep(0.1)
+        yield container
+    finally:
+        container.remove(force=True)
+
+
+@dataclass
+class Bottle:
+    run: Run
+    announced: bytes  # the CA certificate the real gate announced
+
+
+@pytest.fixture
+def bottle(client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, images: tuple[str, str],
+           test_ca: RunCA, tls_target: Container, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bottle]:
+    announced: list[bytes] = []
+
+    def gate_ca_and_the_tests(output: str) -> bytes | None:
+        certificate = ca_module.announced_ca(output)
+        if certificate is not None:
+            announced.append(certificate)
+            certificate += test_ca.certificate_pem
+        return certificate
+
+    monkeypatch.setattr(bottle_module, "announced_ca", gate_ca_and_the_tests)
+    write_agent("trusting", f'allow_tcp = ["{TARGET}:{TRUSTED}", "{TARGET}:{UNTRUSTED}"]\n'
+                            f'allow_private = ["{upstream.subnet}"]\nextra_packages = {json.dumps(PACKAGES)}\n')
+    launch = Launch(load_agent("trusting", workspace), workspace, Credential.parse(token, "test"), upstream.url,
+                    (upstream.network,))
+    with started(launch, lambda line: None) as run:
+        run.create_bottle(["sleep", "600"], tty=False).start()
+        yield Bottle(run, announced[-1])
+    assert leftovers(client, "trusting") == []
+
+
+CLIENTS = {
+    "curl": ("curl -sS --max-time 20 https://{target}/", "trusted by the bottle"),
+    "git": ("GIT_TERMINAL_PROMPT=0 timeout 30 git ls-remote https://{target}/repo.git", "refs/heads/main"),
+    "python3": ("timeout 30 python3 -c 'import sys, urllib.request; "
+                "print(urllib.request.urlopen(sys.argv[1], timeout=20).read().decode())' https://{target}/",
+                "trusted by the bottle"),
+    "node": (f"TARGET={{target}} timeout 30 node -e '{NODE}'", "trusted by the bottle"),
+    # Node's own roots, as Claude Code's runtime has them: only NODE_EXTRA_CA_CERTS adds the gate's CA there
+    "node --use-bundled-ca": (f"TARGET={{target}} timeout 30 node --use-bundled-ca -e '{NODE}'",
+                              "trusted by the bottle"),
+}
+
+
+def test_every_client_trusts_the_run_ca_and_refuses_a_stranger(bottle: Bottle, test_ca: RunCA) -> None:
+    code, store = inside(bottle.run, f"cat {SYSTEM_BUNDLE}")
+    assert code == 0 and bottle.announced.decode() in store and test_ca.certificate_pem.decode() in store
+    assert store.count("BEGIN CERTIFICATE") > 100, "the system's roots are still there"
+    failures = []
+    for client, (command, expected) in CLIENTS.items():
+        code, output = inside(bottle.run, command.replace("{target}", f"{TARGET}:{TRUSTED}") + " 2>&1")
+        if code != 0 or expected not in output:
+            failures.append(f"{client} does not trust the run's CA (exit {code}): {output[-300:]}")
+        code, output = inside(bottle.run, command.replace("{target}", f"{TARGET}:{UNTRUSTED}") + " 2>&1")
+        if code == 0 or expected in output:
+            failures.append(f"{client} accepted a leaf of a CA it was never given: {output[-300:]}")
+    assert failures == []
+
+
+def test_the_bottle_cannot_change_what_it_trusts(bottle: Bottle) -> None:
+    assert inside(bottle.run, f"stat -c '%u %g %a' {SYSTEM_BUNDLE}")[1].strip() == "0 0 644"
+    before = inside(bottle.run, f"sha256sum {SYSTEM_BUNDLE}")[1]
+    for attack in (f"echo x >> {SYSTEM_BUNDLE}", f"cp /dev/null {SYSTEM_BUNDLE}", f"rm -f {SYSTEM_BUNDLE}",
+                   f"mv {SYSTEM_BUNDLE} /tmp/x", "update-ca-certificates", f"chmod 666 {SYSTEM_BUNDLE}"):
+        code, output = inside(bottle.run, attack + " 2>&1")
+        assert code != 0, f"{attack}: {output}"
+    assert inside(bottle.run, f"sha256sum {SYSTEM_BUNDLE}")[1] == before
+
+
+def test_the_ca_key_is_nowhere_but_the_gates_memory(client: docker.DockerClient, bottle: Bottle,
+                                                    images: tuple[str, str]) -> None:
+    run = bottle.run
+    assert run.gate is not None and run.bottle is not None
+    code, found = inside(run, "grep -rlsIE -D skip 'PRIVATE KEY|BEGIN EC' / --exclude-dir=proc --exclude-dir=sys")
+    assert code in (1, 2) and found == "", f"private keys in the bottle: {found}"
+    assert inside(run, f"grep -c CERTIFICATE {SYSTEM_BUNDLE}")[1].strip() != "0", "the search must find what is there"
+    code, output = run.gate.exec_run(["ls", "-A", "/tmp"])
+    assert code == 0 and output == b"", f"the gate wrote files: {output!r}"
+    assert not run.gate.diff(), "the gate changed its file system"
+    seen = [json.dumps(client.api.inspect_container(c.id)) for c in (run.gate, run.bottle)]
+    seen += [json.dumps(client.api.inspect_image(image)) for image in images]
+    seen.append(run.gate.logs(stdout=True, stderr=True).decode("utf-8", "replace"))
+    assert all("PRIVATE KEY" not in text and "BEGIN EC" not in text for text in seen)
+    assert bottle.announced.decode() not in seen[-1]  # the log carries it as one base64 line, not as PEM
+    assert ca_module.announced_ca(seen[-1]) == bottle.announced
