@@ -1,15 +1,23 @@
-"""What every connection handler shares: settings, policy, audit, upstream pools, the run CA and counters."""
+"""What every connection handler shares: settings, policy, audit, upstream pools and counters."""
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
+from typing import Protocol
 
 from claude_bottle.gate.audit import AuditLog
-from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.config import GateConfig
 from claude_bottle.gate.resolver import Resolver
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.decide import EgressPolicy
+
+
+class LeafIssuer(Protocol):
+    """The run's CA as TLS termination uses it: a server-side context presenting a leaf for ``host``.
+    Raises ValueError for a host it may not certify."""
+
+    def context_for(self, host: str) -> ssl.SSLContext: ...
 
 
 @dataclass
@@ -19,5 +27,5 @@ class GateContext:
     resolver: Resolver
     egress: EgressPolicy
     api_pool: UpstreamPool
-    ca: RunCA  # mints the leaves TLS termination presents: ca.context_for(host)
+    ca: LeafIssuer | None = None  # None: no termination, every tunnel is opaque (still under the name check)
     active_tunnels: int = 0

@@ -27,7 +27,7 @@ from claude_bottle.gate.api import api_exchange
 from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.config import Endpoint, GateConfig
-from claude_bottle.gate.context import GateContext
+from claude_bottle.gate.context import GateContext, LeafIssuer
 from claude_bottle.gate.http import ClientGone, ClientProtocolError, HttpConnection
 from claude_bottle.gate.proxy import proxy_exchange
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
@@ -44,11 +44,11 @@ class Gate:
     ``api_address`` and ``proxy_address`` (useful with port 0)."""
 
     def __init__(self, config: GateConfig, audit: AuditLog, resolver: Resolver | None = None,
-                 ca: RunCA | None = None) -> None:
+                 ca: LeafIssuer | None = None) -> None:
         self.config = config
+        self.ca = ca
         self.audit = audit
         self.resolver = resolver or SystemResolver()
-        self.ca = ca or run_ca(config)
         self.api_address = config.api_listen
         self.proxy_address = config.proxy_listen
         self._servers: list[asyncio.Server] = []
@@ -213,8 +213,9 @@ class Gate:
 
 
 def run_ca(config: GateConfig) -> RunCA:
-    """This gate's CA (``claude_bottle.gate.ca``): limited to the allowlisted names, never the upstream's."""
-    return RunCA.generate((*config.allowlist.patterns, *config.allow_tcp.patterns), (config.upstream.host,))
+    """This gate's CA (``claude_bottle.gate.ca``): limited to the names of ``--allow`` (tunnels that may carry
+    any TCP are never terminated), never the upstream's."""
+    return RunCA.generate(config.allowlist.patterns, (config.upstream.host,))
 
 
 def write_ca_certificate(ca: RunCA, path: Path) -> None:
