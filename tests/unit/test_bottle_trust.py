@@ -12,7 +12,7 @@ import pytest
 
 from claude_bottle.config import parse_agent
 from claude_bottle.credentials import Credential
-from claude_bottle.errors import DockerError
+from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.launch import Launch, run_spec
 from claude_bottle.runtime.bottle import CA_ENV, SYSTEM_BUNDLE, Run, trust_in_bottle
@@ -77,3 +77,35 @@ def test_every_ca_variable_names_the_whole_bundle_whatever_the_agent_sets(tmp_pa
     assert {name: environment[name] for name in CA_ENV} == dict.fromkeys(CA_ENV, SYSTEM_BUNDLE)
     assert {"NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
             "PIP_CERT", "npm_config_cafile"} <= set(CA_ENV)
+
+
+class FakeGate:
+    """A gate container whose log is ``log``."""
+
+    status = "running"
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def logs(self, stdout: bool, stderr: bool) -> bytes:
+        return self.log.encode()
+
+    def reload(self) -> None:
+        pass
+
+
+def test_the_host_takes_the_ca_the_gate_announced(tmp_path: Path) -> None:
+    ca = RunCA.generate()
+    run = Run(None, run_spec(Launch(parse_agent("a", {"version": 1}, "a.toml"), tmp_path,  # type: ignore[arg-type]
+                                    Credential.parse(make_token(), "t")), "b", "g", "1000:1000"))
+    run.gate = FakeGate(f"{ca.announcement()}\nclaude-bottle gate: API on gate:8080, proxy on gate:3128\n")  # type: ignore[assignment]
+    run.wait_for_gate()
+    assert run.gate_ca == ca.certificate_pem
+
+
+def test_a_gate_that_announces_no_ca_is_refused(tmp_path: Path) -> None:
+    run = Run(None, run_spec(Launch(parse_agent("a", {"version": 1}, "a.toml"), tmp_path,  # type: ignore[arg-type]
+                                    Credential.parse(make_token(), "t")), "b", "g", "1000:1000"))
+    run.gate = FakeGate("claude-bottle gate: API on gate:8080, proxy on gate:3128\n")  # type: ignore[assignment]
+    with pytest.raises(GateError, match="announced no CA certificate"):
+        run.wait_for_gate()
