@@ -202,14 +202,17 @@ def test_gate_flags_round_trip() -> None:
 
 
 @pytest.mark.parametrize(("rules", "opaque", "message"), [
-    (["api.github.com GET /x"], [], "write HOST allow|deny METHOD PATH"),
+    (["api.github.com GET /x"], [], "--egress-rule 'api.github.com GET /x': write HOST allow|deny METHOD PATH"),
     (["api.github.com permit GET /x"], [], "write HOST allow|deny METHOD PATH"),
     (["api.github.com allow get /x"], [], "write GET"),
-    (["api.github.com allow GET /x"], ["api.github.com"], "--no-inspect api.github.com: the host has --egress-rule"),
+    (["* allow GET /x"], [], "--egress-rule '* allow GET /x': allow pattern '*' matches every host"),
+    (["api.github.com allow GET /x"], ["api.github.com"], "--no-inspect 'api.github.com': the host has --egress-rule"),
+    ([], ["*.com"], "--no-inspect '*.com': allow pattern '*.com' would match every site"),
 ])
 def test_bad_gate_flags(rules: list[str], opaque: list[str], message: str) -> None:
-    with pytest.raises(InvalidRule, match=message.replace("|", r"\|")):
+    with pytest.raises(InvalidRule) as caught:
         policy_from_flags(rules, opaque)
+    assert message in str(caught.value)
 
 
 def test_path_errors_are_path_errors() -> None:

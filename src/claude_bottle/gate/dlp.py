@@ -174,16 +174,26 @@ class DlpPolicy:
 
 
 def policy_from_flags(rules: Iterable[str], off: Iterable[str]) -> DlpPolicy:
-    """``--dlp-rule 'NAME REGEX'`` and ``--dlp-off NAME``. Raises InvalidDlpRule."""
+    """``--dlp-rule 'NAME REGEX'`` and ``--dlp-off NAME``. Raises InvalidDlpRule, its message starting with the
+    flag and the value at fault."""
     extra: dict[str, DlpRule] = {}
     for text in rules:
         name, _, regex = text.strip().partition(" ")
         if not regex.strip():
-            raise InvalidDlpRule(f"{text!r}: write NAME REGEX, as in 'internal-token itk_[a-z0-9]{{32}}'")
+            raise InvalidDlpRule(f"--dlp-rule {text!r}: write NAME REGEX, as in 'internal-token itk_[a-z0-9]{{32}}'")
         if name in extra:
-            raise InvalidDlpRule(f"rule {name} is given twice; keep one")
-        extra[name] = parse_dlp_rule(name, regex.strip())
-    return DlpPolicy(tuple(extra.values()), frozenset(parse_builtin_name(n) for n in off))
+            raise InvalidDlpRule(f"--dlp-rule {text!r}: rule {name} is given twice; keep one")
+        try:
+            extra[name] = parse_dlp_rule(name, regex.strip())
+        except InvalidDlpRule as exc:
+            raise InvalidDlpRule(f"--dlp-rule {text!r}: {exc}") from None
+    disabled = set()
+    for name in off:
+        try:
+            disabled.add(parse_builtin_name(name))
+        except InvalidDlpRule as exc:
+            raise InvalidDlpRule(f"--dlp-off {exc}") from None
+    return DlpPolicy(tuple(extra.values()), frozenset(disabled))
 
 
 def _base64_cores(secret: bytes) -> list[bytes]:

@@ -213,6 +213,10 @@ class RequestPolicy:
 
     hosts: tuple[HostRules, ...] = ()
 
+    def args(self) -> list[str]:
+        """The gate flags that carry these entries (an entry without rules needs none: ``--allow`` says it)."""
+        return [arg for entry in self.hosts for arg in entry.args()]
+
     @property
     def patterns(self) -> tuple[HostPattern, ...]:
         """The host patterns of the entries: each joins the allowlist."""
@@ -278,23 +282,30 @@ def parse_egress_flag(text: str) -> tuple[HostPattern, RequestRule]:
     """``--egress-rule 'HOST allow|deny METHOD PATH'``. Raises InvalidHost or InvalidRule."""
     words = text.split()
     if len(words) != 4 or words[1] not in (Verdict.ALLOW, Verdict.DENY):
-        raise InvalidRule(f"{text!r}: write HOST allow|deny METHOD PATH, as in 'api.github.com allow GET /repos/**'")
+        raise InvalidRule("write HOST allow|deny METHOD PATH, as in 'api.github.com allow GET /repos/**'")
     return parse_pattern(words[0]), parse_rule(Verdict(words[1]), f"{words[2]} {words[3]}")
 
 
 def policy_from_flags(rules: tuple[str, ...] | list[str], no_inspect: tuple[str, ...] | list[str]) -> RequestPolicy:
     """The gate's ``--egress-rule`` and ``--no-inspect`` flags as one policy, one entry per host pattern, rules
-    in the order given. Raises InvalidHost or InvalidRule."""
+    in the order given. Raises InvalidRule, its message starting with the flag and the value at fault."""
     entries: dict[HostPattern, tuple[list[RequestRule], list[RequestRule]]] = {}
     for text in rules:
-        host, rule = parse_egress_flag(text)
+        try:
+            host, rule = parse_egress_flag(text)
+        except (InvalidHost, InvalidRule) as exc:
+            raise InvalidRule(f"--egress-rule {text!r}: {exc}") from None
         allow, deny = entries.setdefault(host, ([], []))
         (allow if rule.verdict is Verdict.ALLOW else deny).append(rule)
-    opaque = [parse_pattern(text) for text in no_inspect]
-    for host in opaque:
+    opaque: list[HostPattern] = []
+    for text in no_inspect:
+        try:
+            host = parse_pattern(text)
+        except InvalidHost as exc:
+            raise InvalidRule(f"--no-inspect {text!r}: {exc}") from None
         if host in entries:
-            raise InvalidRule(f"--no-inspect {host}: the host has --egress-rule rules, which need the gate to see "
-                              "its requests; drop one or the other")
+            raise InvalidRule(f"--no-inspect {text!r}: the host has --egress-rule rules, which need the gate to "
+                              "see its requests; drop one or the other")
+        opaque.append(host)
     ruled = tuple(HostRules(host, tuple(allow), tuple(deny)) for host, (allow, deny) in entries.items())
     return RequestPolicy(ruled + tuple(HostRules(host, inspect=False) for host in dict.fromkeys(opaque)))
-
