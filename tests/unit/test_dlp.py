@@ -58,6 +58,9 @@ SAMPLES: dict[str, bytes] = {
     "google-api-key": ("AI" + "za" + rand(35, ALNUM + "-_")).encode(),
     "private-key": b"-----BEGIN " + b"RSA PRIVATE KEY-----\nMIIEow" + rand(60).encode(),
     "private-key/openssh": b"-----BEGIN " + b"OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA",
+    "private-key/ec": b"-----BEGIN " + b"EC PRIVATE KEY-----\nMHcCAQEE",
+    "private-key/pkcs8": b"-----BEGIN " + b"ENCRYPTED PRIVATE KEY-----\nMIIFHDBO",
+    "private-key/pgp": b"-----BEGIN " + b"PGP PRIVATE KEY BLOCK-----\n\nlQOYBF",
     "jwt": (base64.urlsafe_b64encode(b'{"alg":"HS256","typ":"JWT"}').rstrip(b"=") + b"."
             + base64.urlsafe_b64encode(json.dumps({"sub": rand(10), "iat": 1700000000}).encode()).rstrip(b"=")
             + b"." + rand(43, ALNUM + "-_").encode()),
