@@ -218,3 +218,14 @@ def test_bad_gate_flags(rules: list[str], opaque: list[str], message: str) -> No
 def test_path_errors_are_path_errors() -> None:
     with pytest.raises(PathError):
         path_readings("/a/../b")
+
+
+def test_long_paths_against_many_wildcards_take_linear_time() -> None:
+    import time
+
+    policy = RequestPolicy((make_host_rules("x.example.com", allow=["GET /**/a/**/b/**/c/**/d"]),))
+    path = "/" + "/".join(["a", "b", "c"] * 3000) + "/e"
+    started = time.monotonic()
+    assert not policy.decide("GET", "x.example.com", 443, path).allow
+    assert policy.decide("GET", "x.example.com", 443, path[:-1] + "d").allow
+    assert time.monotonic() - started < 2.0

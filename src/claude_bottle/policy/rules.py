@@ -23,6 +23,8 @@ How a request is judged (also in docs/inspection.md):
 
 from __future__ import annotations
 
+import itertools
+import operator
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -65,12 +67,14 @@ class PathPattern:
 
 
 def _match(pattern: tuple[re.Pattern[bytes] | None, ...], path: tuple[bytes, ...]) -> bool:
-    if not pattern:
-        return not path
-    head, rest = pattern[0], pattern[1:]
-    if head is None:  # '**': any number of segments, none included
-        return any(_match(rest, path[i:]) for i in range(len(path) + 1))
-    return bool(path) and head.fullmatch(path[0]) is not None and _match(rest, path[1:])
+    """Whether the segment patterns match the path, in time linear in each (paths come from the bottle)."""
+    reach = [True] + [False] * len(path)  # reach[j]: the pattern so far matches path[:j]
+    for segment in pattern:
+        if segment is None:  # '**': any number of segments, none included
+            reach = list(itertools.accumulate(reach, operator.or_))
+        else:
+            reach = [False] + [reach[j] and segment.fullmatch(path[j]) is not None for j in range(len(path))]
+    return reach[-1]
 
 
 def parse_path_pattern(text: str) -> PathPattern:
