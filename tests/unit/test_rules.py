@@ -64,7 +64,7 @@ GITHUB = RequestPolicy((
     ("POST", "pinned.example.com", "/x", True, "[[egress]] pinned.example.com is not inspected"),
     # host spellings normalise before the entry is chosen
     ("GET", "API.GitHub.com.", "/user", False, "matches no allow rule of [[egress]] api.github.com"),
-    ("GET", "exa mple.com", "/", False, "request host is not valid"),
+    ("GET", "exa mple.com", "/", False, "request host is not a valid host name"),
 ])
 def test_requests_are_judged_by_the_entrys_rules(method: str, host: str, path: str, allow: bool, reason: str) -> None:
     decision = GITHUB.decide(method, host, 443, path)

@@ -237,8 +237,9 @@ class RequestPolicy:
         return entry is None or entry.inspect
 
     def decide(self, method: str, host: str, port: int, path: str) -> Decision:
-        """Judge one request. ``host`` as the client named it (normalised here), ``port`` the tunnel's or the
-        URL's, ``path`` the origin-form target (a query is ignored). The host must already have passed the
+        """Judge one request. ``host`` and ``port``: the tunnel's target (CONNECT, checked against the SNI) or
+        the absolute URL's, never a ``Host`` header the client may set apart from them; normalised here.
+        ``path``: the origin-form target (a query is ignored). The host must already have passed the
         allowlist: this adds the method and path rules on top. Refusals: 405 for CONNECT, 400 for a path
         that is not canonical (only where rules exist), 403 for a rule. The reason names the rule and the
         entry, never the path."""
@@ -246,8 +247,8 @@ class RequestPolicy:
             return Decision(False, "CONNECT is not a request inside a tunnel; the tunnel was judged on its own", 405)
         try:
             name, ip = normalize_host(host)
-        except InvalidHost as exc:
-            return Decision(False, f"request host is not valid ({exc})", 400)
+        except InvalidHost:
+            return Decision(False, "request host is not a valid host name", 400)  # its text stays out of the audit
         target = Target(name, port, ip)
         entry = self.entry(target)
         if entry is None:
