@@ -886,7 +886,7 @@ def run(args: argparse.Namespace) -> int:
             sink_port = int(sink.wait_for_line(re.compile(r"sink on [\d.]+:(\d+)"), 20)[1])
             gate_argv = [*cb, "gate", "--api-listen", f"{LOOPBACK}:0", "--proxy-listen", f"{LOOPBACK}:0",
                          "--upstream", f"http://{LOOPBACK}:{stub_port}", "--token-file", str(token),
-                         "--allow", f"{SINK_HOST}:{sink_port}", "--allow-private", "127.0.0.0/8",
+                         "--allow-tcp", f"{SINK_HOST}:{sink_port}", "--allow-private", "127.0.0.0/8",
                          "--max-tunnels", "256", "--drain-seconds", "1"]
             if args.audit:
                 gate_argv += ["--audit-log", str(tmp / "audit.jsonl")]

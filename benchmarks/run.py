@@ -219,7 +219,7 @@ class Loopback:
         self.sink = (SINK_HOST, sink_port)
         self.gate = ch.start("gate", [*cb, "gate", "--api-listen", f"{LOOPBACK}:0", "--proxy-listen",
                                       f"{LOOPBACK}:0", "--upstream", f"http://{LOOPBACK}:{self.stub_port}",
-                                      "--token-file", str(token), "--allow", f"{SINK_HOST}:{sink_port}",
+                                      "--token-file", str(token), "--allow-tcp", f"{SINK_HOST}:{sink_port}",
                                       "--allow-private", "127.0.0.0/8", "--max-tunnels", "256",
                                       "--drain-seconds", "1"])
         m = self.gate.wait_for_line(re.compile(r"API on ([\d.]+):(\d+), proxy on ([\d.]+):(\d+)"), 30)

@@ -67,6 +67,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         *,
         token: str | None = None,
         allow: tuple[str, ...] = (),
+        allow_tcp: tuple[str, ...] = (),
         allow_private: tuple[str, ...] = (),
         upstream: str | None = None,
         resolver: Resolver | None = None,
@@ -84,6 +85,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             credential=Credential.parse(token, "test token"),
             upstream=gc.parse_upstream(upstream or stub.url),
             allowlist=gc.parse_allowlist(allow),
+            allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
             allow_private=gc.parse_networks(allow_private),
             api_policy=gc.parse_api_paths(api_paths),
             messages_policy=gc.parse_server_tools(server_tools),
@@ -96,5 +98,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             running = RunningGate(gate, token, stream)
             yield running
         assert token not in stream.getvalue(), "the audit log must never hold the credential"
+        unexplained = [r for r in running.records() if not r["reason"]]
+        assert unexplained == [], "every audit line carries a reason"
 
     return factory

@@ -62,6 +62,9 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
 @click.option("--allow", "allow", multiple=True, metavar="PATTERN",
               help="Allow proxy traffic to HOST or *.SUFFIX, optionally :PORT (default ports 443 and 80). "
                    "Repeatable.")
+@click.option("--allow-tcp", multiple=True, metavar="PATTERN",
+              help="Let tunnels to this HOST:PORT carry any TCP, not only TLS naming the host (e.g. SSH). "
+                   "Implies --allow. Repeatable.")
 @click.option("--allow-private", multiple=True, metavar="CIDR",
               help="Let the proxy reach these non-public addresses (refused by default). Repeatable.")
 @click.option("--allow-api-path", multiple=True, metavar="[METHOD] PATH",
@@ -83,16 +86,18 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
 @click.option("--audit-log", metavar="PATH", help="Append one JSON line per decision here; '-' for stderr.")
 @click.option("--max-tunnels", type=click.IntRange(1, 100_000), default=256, show_default=True,
               help="Concurrent proxy tunnels and forwarded requests.")
+@click.option("--max-connections", type=click.IntRange(1, 1_000_000), default=512, show_default=True,
+              help="Open client connections per listener; more are answered 503 and closed.")
 @click.option("--idle-timeout", type=click.FloatRange(1, 86_400), default=600, show_default=True,
               help="Seconds without traffic before a stream or tunnel is closed.")
 @click.option("--drain-seconds", type=click.FloatRange(0, 3600), default=10, show_default=True,
               help="On SIGTERM, how long in-flight requests may finish.")
 def gate(
     api_listen: str, proxy_listen: str, upstream: str, token_file: str, allow: tuple[str, ...],
-    allow_private: tuple[str, ...], allow_api_path: tuple[str, ...], allow_server_tool: tuple[str, ...],
-    egress_rule: tuple[str, ...], no_inspect: tuple[str, ...], dlp_rule: tuple[str, ...], dlp_off: tuple[str, ...],
-    extra_ca: tuple[str, ...],
-    audit_log: str | None, max_tunnels: int, idle_timeout: float, drain_seconds: float,
+    allow_tcp: tuple[str, ...], allow_private: tuple[str, ...], allow_api_path: tuple[str, ...],
+    allow_server_tool: tuple[str, ...], egress_rule: tuple[str, ...], no_inspect: tuple[str, ...],
+    dlp_rule: tuple[str, ...], dlp_off: tuple[str, ...], extra_ca: tuple[str, ...], audit_log: str | None,
+    max_tunnels: int, max_connections: int, idle_timeout: float, drain_seconds: float,
 ) -> None:
     """Run the gate: hold the credential, forward API calls, filter egress.
 
@@ -110,7 +115,8 @@ def gate(
         api_listen=gc.parse_listen(api_listen, "--api-listen"),
         proxy_listen=gc.parse_listen(proxy_listen, "--proxy-listen"),
         upstream=gc.parse_upstream(upstream),
-        allowlist=gc.parse_allowlist(allow, request_policy.patterns),
+        allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns),
+        allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
         request_policy=request_policy,
         dlp=gc.parse_dlp(dlp_rule, dlp_off),
         allow_private=gc.parse_networks(allow_private),
@@ -118,7 +124,8 @@ def gate(
         messages_policy=gc.parse_server_tools(allow_server_tool),
         extra_ca_files=tuple(Path(p) for p in extra_ca),
         credential=read_token_file(token_file),
-        limits=gc.Limits(max_tunnels=max_tunnels, idle_timeout=idle_timeout, drain_seconds=drain_seconds),
+        limits=gc.Limits(max_tunnels=max_tunnels, max_connections=max_connections, idle_timeout=idle_timeout,
+                         drain_seconds=drain_seconds),
     )
     config.ssl_context()  # fail now, not on the first request, if an extra CA cannot be loaded
     if config.upstream.scheme == "http" and not gc.loopback(config.upstream.host):

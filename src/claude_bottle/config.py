@@ -96,6 +96,7 @@ class McpServer:
 class AgentConfig:
     name: str = DEFAULT_AGENT
     allow: tuple[str, ...] = ()
+    allow_tcp: tuple[str, ...] = ()  # HOST:PORT whose tunnels may carry any TCP, not only TLS (e.g. SSH)
     allow_private: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
@@ -277,8 +278,8 @@ class _Fields:
 
 def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     top = _Fields(data, source)
-    top.check_keys({"version", "allow", "presets", "allow_private", "env", "mounts", "resources", "claude",
-                    "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp"})
+    top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
+                    "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp"})
     if data.get("version") != CONFIG_VERSION:
         raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
 
@@ -296,6 +297,12 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
             parse_pattern(pattern)
         except InvalidHost as exc:
             raise top.fail("allow", str(exc)) from None
+    allow_tcp = top.strings("allow_tcp")
+    for pattern in allow_tcp:
+        try:
+            parse_pattern(pattern)
+        except InvalidHost as exc:
+            raise top.fail("allow_tcp", str(exc)) from None
     allow_private = top.strings("allow_private")
     for cidr in allow_private:
         try:
@@ -323,6 +330,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     return AgentConfig(
         name=name,
         allow=tuple(dict.fromkeys(allow)),
+        allow_tcp=tuple(dict.fromkeys(allow_tcp)),
         allow_private=allow_private,
         env=dict(env),
         mounts=_mounts(data.get("mounts", []), top),

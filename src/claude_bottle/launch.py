@@ -103,7 +103,8 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
     return RunSpec(
         agent=agent.name, workspace=launch.workspace, bottle_image=bottle_image, gate_image=gate_image,
         credential=launch.credential, user=user, upstream=launch.upstream or agent.upstream,
-        allow=agent.egress_allowlist, allow_private=agent.allow_private, env=agent.env,
+        allow=agent.egress_allowlist, allow_tcp=agent.allow_tcp, allow_private=agent.allow_private,
+        env=agent.env,
         resources=agent.resources, upstream_networks=launch.upstream_networks,
         mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
         mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}

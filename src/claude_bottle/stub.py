@@ -210,7 +210,10 @@ class StubUpstream:
                                       **recorded.outline()}), flush=True)
                 if not await self._answer(conn, recorded) or not conn.can_reuse():
                     break
-        except (ClientGone, ClientProtocolError, asyncio.CancelledError):
+        except ClientProtocolError as exc:  # answered, as real servers do: a probe can tell it got here
+            with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+                await conn.fail(exc.status, f"stub: {exc}")
+        except (ClientGone, asyncio.CancelledError):
             pass
         finally:
             self._tasks.discard(task)

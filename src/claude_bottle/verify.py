@@ -28,6 +28,7 @@ from docker.models.containers import Container
 from claude_bottle.config import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
+from claude_bottle.gate.config import Limits
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import engine
@@ -35,6 +36,7 @@ from claude_bottle.runtime.bottle import AGENT_LABEL, LABEL, RUN_LABEL, Run, rem
 
 STUB_PORT = 8000
 PRIVATE_NAME = f"canary:{STUB_PORT}"  # allowlisted on purpose: the name resolves to a private address
+FRONT = "front"  # an allowed host the bottle may reach (its address too), to attack what tunnels carry
 PUBLIC_IPV4 = ("1.1.1.1", "8.8.8.8")
 PUBLIC_IPV6 = ("2606:4700:4700::1111",)
 PROBE_SECONDS = 120
@@ -151,10 +153,11 @@ def verification(agent: AgentConfig, progress: Progress,
             progress("starting the stub upstream and a host outside the bottle")
             outside = client.networks.create(f"claude-bottle-{verify_id}-outside", driver="bridge", internal=True,
                                              labels=labels)
-            stub, canary = (stub_container(client, gate_image, outside.name, alias,
-                                           f"claude-bottle-{verify_id}-{alias}", labels)
-                            for alias in ("stub", "canary"))
-            tested = dataclasses.replace(agent, allow=(*agent.allow, PRIVATE_NAME))
+            stub, canary, front = (stub_container(client, gate_image, outside.name, alias,
+                                                  f"claude-bottle-{verify_id}-{alias}", labels)
+                                   for alias in ("stub", "canary", FRONT))
+            tested = dataclasses.replace(agent, allow=(*agent.allow, PRIVATE_NAME, f"{FRONT}:{STUB_PORT}", FRONT),
+                                         allow_private=(*agent.allow_private, f"{_address(front)}/32"))
             launch = Launch(tested, _scratch_workspace(scratch), credential, f"http://stub:{STUB_PORT}",
                             (outside.name,))
             with started(launch, progress) as run:
@@ -284,6 +287,8 @@ def network_attacks(target: Verification) -> list[Outcome]:
         "api_host": f"stub:{STUB_PORT}", "unlisted_host": "exfiltrate.example", "attacker_key": target.attacker_key,
         "host_port": target.host.port, "host_addresses": list(target.host_addresses),
         "public_ipv4": list(PUBLIC_IPV4), "public_ipv6": list(PUBLIC_IPV6),
+        "front_host": FRONT, "front_port": STUB_PORT,
+        "header_timeout": Limits().header_timeout, "max_connections": Limits().max_connections,
     }
     probe = run.client.containers.create(
         target.gate_image, entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle.probe", json.dumps(targets)],

@@ -54,7 +54,9 @@ def test_run_p_answers_through_the_gate_with_the_real_token(
 def running(client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
             built_images: tuple[str, str]) -> Iterator[Run]:
     """A bottle that sleeps, so the tests can act inside it as the agent would."""
-    write_agent("probe", f'allow = ["target:8000"]\nallow_private = ["{upstream.subnet}"]\n')
+    # target:8000 speaks plain HTTP: its tunnels carry no TLS, so raw TCP is allowed there (allow_tcp)
+    write_agent("probe", f'allow = ["target:8000"]\nallow_tcp = ["target:8000"]\n'
+                         f'allow_private = ["{upstream.subnet}"]\n')
     launch = Launch(load_agent("probe", workspace), workspace, Credential.parse(token, "test"), upstream.url,
                     (upstream.network,))
     with started(launch, lambda line: None) as run:
@@ -100,7 +102,7 @@ def test_proxy_allows_the_allowlisted_host_only(running: Run) -> None:
     code, output = inside(running, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://target:8000/v1/models")
     assert (code, output) == (0, "200")
     code, output = inside(running, "curl -sS -m 10 --proxytunnel -o /dev/null -w '%{http_code}' "
-                                   "http://target:8000/v1/models")  # through a CONNECT tunnel, as HTTPS goes
+                                   "http://target:8000/v1/models")  # a CONNECT tunnel, raw TCP allowed
     assert (code, output) == (0, "200")
     code, output = inside(running, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://stub:8000/v1/models")
     assert output == "403", "the API upstream must not be reachable through the proxy"

@@ -99,6 +99,19 @@ def test_private_addresses_opened_to_the_proxy_fail_verify(
     assert leftovers(client, "opened") == []
 
 
+def test_raw_tcp_allowed_to_an_allowed_host_fails_verify(
+    client: docker.DockerClient, built_images: tuple[str, str],
+) -> None:
+    """allow_tcp lifts the first-flight check for that target: fronting and plain bytes get through, and
+    verify says so (the attacks reach the real gate and the host behind it, and are judged on what came back)."""
+    agent = AgentConfig(name="rawfront", allow_tcp=("front:8000",))
+    with verification(agent, quiet) as target:
+        outcomes = attack(target)
+    assert leaked(outcomes) == {"TLS hello naming exfiltrate.example in a tunnel to front:8000 (domain fronting)",
+                                "plain HTTP for exfiltrate.example in a tunnel to front:8000"}
+    assert leftovers(client, "rawfront") == []
+
+
 def test_server_tools_opened_to_the_provider_fail_verify(
     client: docker.DockerClient, built_images: tuple[str, str],
 ) -> None:

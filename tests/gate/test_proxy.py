@@ -27,7 +27,7 @@ def ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 
 async def test_connect_to_an_allowlisted_host_tunnels_bytes_both_ways(make_gate: GateFactory) -> None:
-    async with EchoServer() as echo, make_gate(allow=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK) as gate:
+    async with EchoServer() as echo, make_gate(allow_tcp=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK) as gate:
         status, _, reader, writer = await connect_via(gate.proxy, f"127.0.0.2:{echo.port}")
         assert status == 200
         writer.write(b"ping through the tunnel")
@@ -36,11 +36,11 @@ async def test_connect_to_an_allowlisted_host_tunnels_bytes_both_ways(make_gate:
         await eventually(gate.records, what="the audit record")
         (record,) = gate.records()
     assert record["decision"] == "allow" and record["bytes_up"] == 23 and record["bytes_down"] == 23
-    assert "matches allow pattern" in record["reason"]
+    assert "matches allow-tcp pattern" in record["reason"] and "raw TCP allowed" in record["reason"]
 
 
 async def test_bytes_sent_with_the_connect_head_are_not_lost(make_gate: GateFactory) -> None:
-    async with EchoServer() as echo, make_gate(allow=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK) as gate:
+    async with EchoServer() as echo, make_gate(allow_tcp=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK) as gate:
         reader, writer = await asyncio.open_connection(gate.proxy.host, gate.proxy.port)
         target = f"127.0.0.2:{echo.port}"
         writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\nearly-bytes".encode())
@@ -54,8 +54,8 @@ async def test_unlisted_host_refused_with_a_reason_and_never_dialled(make_gate: 
     async with EchoServer() as echo, make_gate(allow=("example.com",), allow_private=LOOPBACK) as gate:
         status, headers, _, writer = await connect_via(gate.proxy, f"127.0.0.2:{echo.port}")
         writer.close()
-        response = await exchange(gate.proxy, f"GET http://127.0.0.2:{echo.port}/ HTTP/1.1\r\nHost: x\r\n"
-                                              "Connection: close\r\n\r\n".encode(), 2)
+        response = await exchange(gate.proxy, f"GET http://127.0.0.2:{echo.port}/ HTTP/1.1\r\n"
+                                              f"Host: 127.0.0.2:{echo.port}\r\nConnection: close\r\n\r\n".encode(), 2)
     assert status == 403 and "not in the allowlist" in headers["x-deny-reason"]
     assert parse_head(response)[0] == 403
     assert echo.peers == []
@@ -109,7 +109,7 @@ async def test_gate_dials_the_address_it_vetted_and_resolves_once(make_gate: Gat
     name is not resolved again between the check and the dial (DNS rebinding)."""
     async with EchoServer("127.0.0.2") as vetted, EchoServer("127.0.0.3", vetted.port) as forbidden:
         resolver = StaticResolver({"rebind.example.com": [ip("127.0.0.3"), ip("127.0.0.2")]})
-        async with make_gate(allow=(f"rebind.example.com:{vetted.port}",), allow_private=("127.0.0.2/32",),
+        async with make_gate(allow_tcp=(f"rebind.example.com:{vetted.port}",), allow_private=("127.0.0.2/32",),
                              resolver=resolver) as gate:
             status, _, reader, writer = await connect_via(gate.proxy, f"rebind.example.com:{vetted.port}")
             writer.write(b"x")
@@ -129,7 +129,7 @@ async def test_api_upstream_never_reachable_through_the_proxy(make_gate: GateFac
         by_name, h1, _, w1 = await connect_via(gate.proxy, f"127.0.0.1:{stub.port}")
         by_alias, h2, _, w2 = await connect_via(gate.proxy, f"alias.example.com:{stub.port}")
         forward = await exchange(gate.proxy, f"GET http://127.0.0.1:{stub.port}/v1/messages HTTP/1.1\r\n"
-                                             "Host: x\r\nx-api-key: sk-ant-api03-attackers-own\r\n\r\n".encode(), 1)
+                                             f"Host: 127.0.0.1:{stub.port}\r\nx-api-key: sk-ant-api03-attackers-own\r\n\r\n".encode(), 1)
         w1.close()
         w2.close()
     assert by_name == 403 and "credential route" in h1["x-deny-reason"]
@@ -163,7 +163,7 @@ async def test_plain_http_is_forwarded_without_any_gate_credential(make_gate: Ga
                                                               allow_private=LOOPBACK) as gate:
         body = b'{"model": "m"}'
         response = await exchange(gate.proxy, (
-            f"POST http://127.0.0.2:{origin.port}/v1/messages?x=1 HTTP/1.1\r\nHost: ignored.example\r\n"
+            f"POST http://127.0.0.2:{origin.port}/v1/messages?x=1 HTTP/1.1\r\nHost: 127.0.0.2:{origin.port}\r\n"
             "Authorization: Bearer users-own-registry-token\r\nProxy-Authorization: Basic c2VjcmV0\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
         ).encode() + body, 3)
@@ -179,7 +179,7 @@ async def test_plain_http_is_forwarded_without_any_gate_credential(make_gate: Ga
 
 
 async def test_no_credential_is_added_to_tunnelled_bytes(make_gate: GateFactory) -> None:
-    async with EchoServer() as echo, make_gate(allow=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK) as gate:
+    async with EchoServer() as echo, make_gate(allow_tcp=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK) as gate:
         status, _, reader, writer = await connect_via(gate.proxy, f"127.0.0.2:{echo.port}")
         request = b"GET / HTTP/1.1\r\nHost: 127.0.0.2\r\n\r\n"
         writer.write(request)
@@ -261,7 +261,7 @@ async def test_concurrent_tunnels_are_capped(make_gate: GateFactory) -> None:
 
 
 async def test_idle_tunnel_is_closed(make_gate: GateFactory) -> None:
-    async with EchoServer() as echo, make_gate(allow=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK,
+    async with EchoServer() as echo, make_gate(allow_tcp=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK,
                                                idle_timeout=0.3) as gate:
         status, _, reader, writer = await connect_via(gate.proxy, f"127.0.0.2:{echo.port}")
         assert status == 200
@@ -269,3 +269,93 @@ async def test_idle_tunnel_is_closed(make_gate: GateFactory) -> None:
         writer.close()
         await eventually(gate.records, what="the audit record")
     assert "idle" in gate.records()[0]["reason"]
+
+
+@pytest.mark.parametrize(("host", "forwarded"), [
+    ("127.0.0.2:{port}", True),
+    ("127.000.000.002:{port}", True),  # the same address, spelled otherwise
+    ("other.example", False),
+    ("other.example:{port}", False),
+    ("127.0.0.2", False),  # port 80, not the URL's
+    ("127.0.0.2:{port}\r\nHost: other.example", False),
+])
+async def test_plain_http_host_header_must_name_the_urls_host(make_gate: GateFactory, host: str,
+                                                               forwarded: bool) -> None:
+    async with StubUpstream("127.0.0.2") as origin, make_gate(allow=(f"127.0.0.2:{origin.port}",),
+                                                              allow_private=LOOPBACK) as gate:
+        response = await exchange(gate.proxy, (
+            f"GET http://127.0.0.2:{origin.port}/v1/models HTTP/1.1\r\nHost: {host.format(port=origin.port)}\r\n"
+            "Connection: close\r\n\r\n").encode(), 2)
+        status, headers = parse_head(response)
+    if forwarded:
+        assert status == 200 and len(origin.requests) == 1
+    else:
+        assert status == 400 and origin.requests == []
+        assert "Host" in headers["x-deny-reason"]
+
+
+async def test_plain_http_host_header_compares_as_host_names_do(make_gate: GateFactory) -> None:
+    resolver = StaticResolver({"svc.example.test": [ip("127.0.0.2")]})
+    async with StubUpstream("127.0.0.2") as origin, make_gate(allow=(f"svc.example.test:{origin.port}",),
+                                                              allow_private=LOOPBACK, resolver=resolver) as gate:
+        response = await exchange(gate.proxy, (
+            f"GET http://svc.example.test:{origin.port}/v1/models HTTP/1.1\r\nHost: SVC.Example.Test.:{origin.port}\r\n"
+            "Connection: close\r\n\r\n").encode(), 2)
+    assert parse_head(response)[0] == 200 and len(origin.requests) == 1
+
+
+@pytest.mark.parametrize("request_line", [
+    "GET http://[::1/ HTTP/1.1",
+    "GET http://[::1]x/ HTTP/1.1",
+    "GET http://[fe80::1%25eth0]/ HTTP/1.1",
+    "GET http://example.com:99999/ HTTP/1.1",
+    "GET http://example.com:0/ HTTP/1.1",
+    "GET http://example.com:8o/ HTTP/1.1",
+    "GET http://:80/ HTTP/1.1",
+    "GET http:///path HTTP/1.1",
+    "GET http://ex%61mple.com/ HTTP/1.1",
+    "GET http://example.com/#fragment HTTP/1.1",
+    "GET http://a..b/ HTTP/1.1",
+    "GET http://-a.example/ HTTP/1.1",
+    "GET http://xn--zz.example/ HTTP/1.1",
+    "GET http://1.2.3.4.5/ HTTP/1.1",
+    "GET http://" + "a" * 300 + ".example/ HTTP/1.1",
+    "GET http://ex\xe4mple.com/ HTTP/1.1",
+    "CONNECT :443 HTTP/1.1",
+    "CONNECT example.com: HTTP/1.1",
+    "CONNECT example.com:0 HTTP/1.1",
+    "CONNECT example.com:443:1 HTTP/1.1",
+    "CONNECT [::1]443 HTTP/1.1",
+    "CONNECT http://example.com:443 HTTP/1.1",
+    "CONNECT ex\xe4mple.com:443 HTTP/1.1",
+])
+async def test_every_unparsable_target_is_answered_400_and_audited(make_gate: GateFactory, request_line: str) -> None:
+    resolver = StaticResolver({})
+    async with make_gate(allow=("example.com",), resolver=resolver) as gate:
+        response = await exchange(gate.proxy, request_line.encode("latin-1") + b"\r\nHost: example.com\r\n"
+                                  b"Connection: close\r\n\r\n", 2)
+        status, headers = parse_head(response)
+        (record,) = gate.records()
+    assert status == 400 and headers["x-deny-reason"]
+    assert record["decision"] == "deny" and record["status"] == 400 and record["reason"]
+    assert resolver.calls == [], "nothing unparsed goes further"
+
+
+@pytest.mark.parametrize("framing", ["Content-Length: 5\r\n", "Transfer-Encoding: chunked\r\n"])
+async def test_a_connect_declaring_a_body_is_answered_400_and_never_dialled(make_gate: GateFactory,
+                                                                             framing: str) -> None:
+    async with EchoServer() as echo, make_gate(allow_tcp=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK) as gate:
+        response = await exchange(gate.proxy, f"CONNECT 127.0.0.2:{echo.port} HTTP/1.1\r\nHost: x\r\n{framing}\r\n"
+                                              "hello".encode(), 2)
+        status, headers = parse_head(response)
+    assert status == 400 and "declares a body" in headers["x-deny-reason"]
+    assert echo.peers == []
+
+
+async def test_a_connect_with_an_empty_content_length_is_a_tunnel(make_gate: GateFactory) -> None:
+    async with EchoServer() as echo, make_gate(allow_tcp=(f"127.0.0.2:{echo.port}",), allow_private=LOOPBACK) as gate:
+        reader, writer = await asyncio.open_connection(gate.proxy.host, gate.proxy.port)
+        writer.write(f"CONNECT 127.0.0.2:{echo.port} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\nping".encode())
+        assert parse_head(await reader.readuntil(b"\r\n\r\n"))[0] == 200
+        assert await asyncio.wait_for(reader.readexactly(4), 3) == b"ping"
+        writer.close()

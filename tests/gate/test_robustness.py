@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import os
 
 import pytest
 
+from claude_bottle.gate import server
+from claude_bottle.gate.resolver import StaticResolver
+from claude_bottle.gate.server import UPSTREAM_ADDRESS_TTL
 from claude_bottle.stub import StubUpstream
 from tests.conftest import GateFactory, RunningGate
-from tests.helpers import eventually, exchange, messages_request, parse_head, read_all
+from tests.helpers import connect_via, eventually, exchange, messages_request, parse_head, read_all
 
 pytestmark = pytest.mark.asyncio
 
@@ -66,10 +71,12 @@ async def test_slow_client_is_cut_off_after_the_header_timeout(make_gate: GateFa
         writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: g\r\n")  # and then nothing more
         loop = asyncio.get_running_loop()
         started = loop.time()
-        assert await read_all(reader, 5) == b""
+        answer = await read_all(reader, 5)
         assert loop.time() - started < 3, "the gate waited far beyond its header timeout"
+        assert parse_head(answer)[0] == 408
         writer.close()
         await still_serving(gate)
+        assert "not complete within 0.5s" in gate.records()[0]["reason"]
 
 
 async def test_slow_body_is_cut_off_after_the_idle_timeout(make_gate: GateFactory, stub: StubUpstream) -> None:
@@ -96,3 +103,86 @@ async def test_many_requests_leave_no_tasks_or_sockets_behind(make_gate: GateFac
         assert len(asyncio.all_tasks()) <= tasks_before
         assert len(os.listdir("/proc/self/fd")) <= fds_before + 4  # keep-alive upstream connections may stay
         assert len(gate.records()) == 1 + 450
+
+
+@pytest.mark.parametrize("listener", ["api", "proxy"])
+async def test_a_head_trickled_in_is_cut_at_the_head_deadline(make_gate: GateFactory, listener: str) -> None:
+    """One byte every 0.1 s: each read is quick, the whole head is not."""
+    async with make_gate(header_timeout=0.5) as gate:
+        reader, writer = await asyncio.open_connection(gate.api.host, getattr(gate, listener).port)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        head = b"GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\nX-Slow: " + b"a" * 100
+        answer = b""
+        for byte in head:  # at most 140 bytes, 0.1 s apart
+            writer.write(bytes([byte]))
+            with contextlib.suppress(TimeoutError):
+                answer = await asyncio.wait_for(reader.read(65536), 0.1)
+            if answer:
+                break
+        elapsed = loop.time() - started
+        answer += await read_all(reader, 2)
+        writer.close()
+        await still_serving(gate)
+    assert elapsed < 2, f"the gate took bytes for {elapsed:.1f}s past a 0.5s head deadline"
+    assert parse_head(answer)[0] == 408
+    assert "request head not complete within 0.5s" in gate.records()[0]["reason"]
+
+
+@pytest.mark.parametrize("listener", ["api", "proxy"])
+async def test_connections_past_the_cap_are_refused_503_and_the_gate_recovers(
+    make_gate: GateFactory, listener: str
+) -> None:
+    async with make_gate(max_connections=3) as gate:
+        endpoint = getattr(gate, listener)
+        held = [await asyncio.open_connection(endpoint.host, endpoint.port) for _ in range(3)]
+        await eventually(lambda: gate.gate._open[listener] == 3, what="three connections served")
+        extra = await exchange(endpoint, b"", 2)
+        status, headers = parse_head(extra)
+        for _, writer in held:
+            writer.close()
+        await eventually(lambda: gate.gate._open[listener] == 0, what="the held connections to close")
+        await still_serving(gate)
+        refusal = gate.records()[0]
+    assert status == 503 and f"too many connections to the {listener} listener (limit 3)" in headers["x-deny-reason"]
+    assert refusal["decision"] == "deny" and refusal["status"] == 503 and refusal["listener"] == listener
+
+
+async def test_the_other_listener_is_not_starved_by_a_flood(make_gate: GateFactory) -> None:
+    async with make_gate(max_connections=2) as gate:
+        held = [await asyncio.open_connection(gate.proxy.host, gate.proxy.port) for _ in range(2)]
+        await eventually(lambda: gate.gate._open["proxy"] == 2, what="the proxy listener full")
+        await still_serving(gate)  # the API listener has its own cap
+        for _, writer in held:
+            writer.close()
+
+
+async def test_protected_upstream_addresses_survive_a_failed_refresh(make_gate: GateFactory, stub: StubUpstream) -> None:
+    """The upstream by name resolves to the stub's address; then its DNS fails. An alias of that address must
+    stay refused: the last addresses that resolved stay protected."""
+    resolver = StaticResolver({"api.upstream.test": [ipaddress.ip_address("127.0.0.1")],
+                               "alias.example.com": [ipaddress.ip_address("127.0.0.1")]})
+    async with make_gate(upstream=f"http://api.upstream.test:{stub.port}", allow=(f"alias.example.com:{stub.port}",),
+                         allow_private=("127.0.0.0/8",), resolver=resolver) as gate:
+        del resolver.table["api.upstream.test"]
+        gate.gate._upstream_resolved_at = -UPSTREAM_ADDRESS_TTL  # due for a refresh on the next connection
+        status, headers, _, writer = await connect_via(gate.proxy, f"alias.example.com:{stub.port}")
+        writer.close()
+        assert resolver.calls.count("api.upstream.test") == 2, "the refresh did run, and failed"
+    assert status == 403 and "credential upstream" in headers["x-deny-reason"]
+    assert stub.requests == []
+
+
+async def test_a_fault_inside_an_exchange_is_answered_and_audited_with_its_reason(
+    make_gate: GateFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*args: object) -> None:
+        raise RuntimeError("simulated fault")
+
+    monkeypatch.setattr(server, "proxy_exchange", broken)
+    async with make_gate() as gate:
+        response = await exchange(gate.proxy, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com\r\n\r\n", 2)
+        await still_serving(gate)
+        record = gate.records()[0]
+    assert parse_head(response)[0] == 500
+    assert record["decision"] == "error" and "RuntimeError: simulated fault" in record["reason"]

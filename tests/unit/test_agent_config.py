@@ -15,6 +15,7 @@ FULL = """
 version = 1
 allow = ["api.example.com", "*.internal.example.com:8443"]
 presets = ["npm", "github"]
+allow_tcp = ["git.example.com:22"]
 allow_private = ["10.20.0.0/16"]
 upstream = "https://llm.example.com/anthropic"
 extra_packages = ["python3"]
@@ -57,6 +58,7 @@ def test_every_key_is_parsed(tmp_path: Path) -> None:
     assert agent.allow[:2] == ("api.example.com", "*.internal.example.com:8443")
     assert set(PRESETS["npm"] + PRESETS["github"]) <= set(agent.allow)
     assert agent.allow_private == ("10.20.0.0/16",)
+    assert agent.allow_tcp == ("git.example.com:22",)
     assert agent.upstream == "https://llm.example.com/anthropic"
     assert agent.env == {"NODE_ENV": "development"}
     assert (agent.claude_version, agent.model, agent.claude_args) == ("2.1.126", "claude-sonnet-4-5", ("--verbose",))
@@ -75,6 +77,9 @@ def test_every_key_is_parsed(tmp_path: Path) -> None:
     ("version = 1\nallowed = []", "allowed: unknown key"),
     ('version = 1\nallow = "x.com"', "allow: must be a list of strings"),
     ('version = 1\nallow = ["*.com"]', "allow: allow pattern '*.com'"),
+    ('version = 1\nallow_tcp = ["*:22"]', "allow_tcp: allow pattern '*:22' matches every host"),
+    ('version = 1\nallow_tcp = ["ssh://git.example.com"]', "allow_tcp: allow pattern 'ssh://git.example.com'"),
+    ('version = 1\nallow_tcp = "git.example.com:22"', "allow_tcp: must be a list of strings"),
     ('version = 1\npresets = ["maven"]', "presets: unknown preset 'maven'"),
     ('version = 1\nallow_private = ["10.0.0.1/8"]', "allow_private:"),
     ('version = 1\nupstream = "ftp://x"', "upstream:"),

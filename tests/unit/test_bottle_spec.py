@@ -101,6 +101,17 @@ def test_claude_command_adds_model_and_args_and_no_settings_flag() -> None:
     assert command == ["claude", "--dangerously-skip-permissions", "--model", "m", "--verbose", "-p", "hi"]
 
 
+def test_raw_tcp_targets_reach_the_gate_command(tmp_path: Path) -> None:
+    agent = parse_agent("a", tomllib.loads('version = 1\nallow = ["x.example"]\nallow_tcp = ["git.example.com:22"]\n'
+                                           'allow_private = ["10.0.0.0/8"]\n'), "a.toml")
+    spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "bottle", "gate", "1000:1000")
+    command = gate_command(spec)
+    pairs = list(zip(command[::2], command[1::2], strict=True))
+    assert ("--allow-tcp", "git.example.com:22") in pairs
+    assert ("--allow", "x.example") in pairs and ("--allow-private", "10.0.0.0/8") in pairs
+    assert spec.credential.secret not in " ".join(command)
+
+
 def test_the_agents_server_tools_and_mcp_hosts_reach_the_gate_command(tmp_path: Path) -> None:
     agent = parse_agent("a", tomllib.loads(
         'version = 1\nallow = ["x.example"]\n[api]\nserver_tools = ["web_fetch", "code_execution"]\n'

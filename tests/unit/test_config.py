@@ -246,7 +246,7 @@ def test_egress_rules_and_no_inspect_become_the_request_policy_and_join_the_allo
     assert policy.decide("GET", "api.github.com", 443, "/repos/a").allow
     assert not policy.decide("POST", "api.github.com", 443, "/gists").allow
     assert not policy.inspects(Target("pinned.example.net", 443))
-    allowlist = parse_allowlist(["api.github.com", "registry.npmjs.org"], policy.patterns)
+    allowlist = parse_allowlist(["api.github.com", "registry.npmjs.org"], extra=policy.patterns)
     assert [str(p) for p in allowlist.patterns] == ["api.github.com", "registry.npmjs.org", "*.example.com:8443",
                                                     "pinned.example.net"]
 

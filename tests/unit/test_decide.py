@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from claude_bottle.policy.addresses import AddressGuard
-from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy, Decision, EgressPolicy
+from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy, Decision, EgressPolicy, decide_server_name
 from claude_bottle.policy.hosts import Allowlist, parse_authority
 
 
@@ -175,3 +175,53 @@ def test_api_policy_allows_configured_path_with_dot_inside_segment(path: str) ->
     policy = ApiPolicy(frozenset({("GET", path)}))
     decision = policy.decide("GET", path)
     assert decision == Decision(True, f"GET {path} is an allowed API path")
+
+
+def _raw_policy() -> EgressPolicy:
+    return EgressPolicy(allowlist=Allowlist.parse(["example.com", "*.github.com"]), guard=AddressGuard(()),
+                        protected_hosts=frozenset({"api.anthropic.com"}),
+                        raw_tcp=Allowlist.parse(["git.example.org:22", "legacy.example.net:80", "api.anthropic.com:22"]))
+
+
+@pytest.mark.parametrize(("authority", "allow", "raw", "words"), [
+    ("example.com:443", True, False, "matches allow pattern example.com"),
+    ("example.com:80", False, False, "CONNECT to port 80 is refused"),
+    ("a.github.com:80", False, False, "absolute URL"),
+    ("git.example.org:22", True, True, "matches allow-tcp pattern git.example.org:22"),
+    ("git.example.org:443", False, False, "not in the allowlist"),  # raw TCP on one port only
+    ("legacy.example.net:80", True, True, "matches allow-tcp pattern"),  # port 80 where raw TCP is allowed
+    ("api.anthropic.com:22", False, True, "credential route"),  # protected even when listed for raw TCP
+    ("other.example:22", False, False, "not in the allowlist"),
+])
+def test_tunnels_port_80_and_raw_tcp(authority: str, allow: bool, raw: bool, words: str) -> None:
+    policy, target = _raw_policy(), parse_authority(authority)
+    decision = policy.decide_tunnel(target)
+    assert decision.allow is allow and words in decision.reason
+    assert policy.raw_allowed(target) is raw
+
+
+def test_plain_http_to_port_80_is_decided_on_the_allowlist_alone() -> None:
+    assert _raw_policy().decide_target(parse_authority("example.com:80")).allow
+
+
+@pytest.mark.parametrize(("authority", "server_name", "allow", "words"), [
+    ("example.com:443", "example.com", True, "matches the CONNECT host"),
+    ("example.com:443", "EXAMPLE.com.", True, "matches"),
+    ("xn--bcher-kva.example:443", "xn--BCHER-kva.example", True, "matches"),
+    ("bücher.example:443", "xn--bcher-kva.example", True, "matches"),
+    ("example.com:443", "other.example", False, "TLS server name other.example does not match the CONNECT host "
+                                                "example.com"),
+    ("example.com:443", "example.com.other.example", False, "does not match"),
+    ("a.example.com:443", "example.com", False, "does not match"),
+    ("example.com:443", "127.0.0.1", False, "does not match"),
+    ("example.com:443", "exa mple.com", False, "is not a valid host name"),
+    ("example.com:443", "xn--zz.example", False, "is not a valid host name"),
+    ("example.com:443", None, False, "without a server name; the CONNECT named example.com"),
+    ("203.0.113.5:443", None, True, "to an IP address"),
+    ("203.0.113.5:443", "203.0.113.5", False, "on a CONNECT to the IP address 203.0.113.5"),
+    ("[2001:db8::1]:443", "example.com", False, "on a CONNECT to the IP address"),
+])
+def test_server_name_against_the_connect_host(authority: str, server_name: str | None, allow: bool,
+                                              words: str) -> None:
+    decision = decide_server_name(parse_authority(authority), server_name)
+    assert decision.allow is allow and words in decision.reason

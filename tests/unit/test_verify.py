@@ -150,7 +150,8 @@ def test_the_suite_covers_every_group() -> None:
     targets = {"gate": "10.0.0.2", "api_port": 8080, "proxy_port": 3128, "canary_ip": "10.1.0.3", "canary_port": 8000,
                "private_name": "canary:8000", "api_host": "stub:8000", "unlisted_host": "exfiltrate.example",
                "attacker_key": "k", "host_port": 1, "host_addresses": ["172.17.0.1"], "public_ipv4": ["1.1.1.1"],
-               "public_ipv6": ["2606:4700:4700::1111"]}
+               "public_ipv6": ["2606:4700:4700::1111"], "front_host": "front", "front_port": 8000,
+               "header_timeout": 30, "max_connections": 512}
     suite = probe.attacks(targets)
     assert {group for group, *_ in suite} == {"direct egress", "egress proxy", "API route"}
     assert len({name for _, name, *_ in suite}) == len(suite), "attack names are unique"

@@ -55,10 +55,12 @@ class Upstream:
 class Limits:
     """Timeouts in seconds and caps. Defaults suit interactive use; tests shorten them."""
 
-    header_timeout: float = 30.0  # to receive a request head (also the keep-alive idle time)
+    header_timeout: float = 30.0  # to receive a whole request head (also the keep-alive idle time)
+    first_flight_timeout: float = 10.0  # after a CONNECT's 200, to receive the client's TLS ClientHello
     idle_timeout: float = 600.0  # no byte either way on a body, stream or tunnel
     connect_timeout: float = 10.0  # DNS plus TCP (and TLS) connect, per upstream
     max_tunnels: int = 256  # concurrent CONNECT tunnels and forwarded requests on the proxy listener
+    max_connections: int = 512  # open client connections per listener; more are answered 503 and closed
     max_header_bytes: int = 32 * 1024
     max_body_bytes: int = MAX_BODY_BYTES  # a Messages request body, read whole before it is judged
     drain_seconds: float = 10.0  # after SIGTERM, how long in-flight exchanges may finish
@@ -71,6 +73,7 @@ class GateConfig:
     credential: Credential
     upstream: Upstream
     allowlist: Allowlist = Allowlist()
+    allow_tcp: Allowlist = Allowlist()  # targets whose tunnels may carry other bytes than TLS
     allow_private: tuple[IPNetwork, ...] = ()
     api_policy: ApiPolicy = ApiPolicy()
     messages_policy: MessagesPolicy = MessagesPolicy()
@@ -163,12 +166,14 @@ def parse_networks(texts: tuple[str, ...] | list[str]) -> tuple[IPNetwork, ...]:
         raise ConfigError(f"--allow-private: {exc}") from None
 
 
-def parse_allowlist(texts: tuple[str, ...] | list[str], extra: tuple[HostPattern, ...] = ()) -> Allowlist:
-    """``--allow`` patterns, then ``extra`` ones (the hosts of ``--egress-rule`` and ``--no-inspect``)."""
+def parse_allowlist(texts: tuple[str, ...] | list[str], flag: str = "--allow",
+                    extra: tuple[HostPattern, ...] = ()) -> Allowlist:
+    """``flag``'s patterns, then ``extra`` ones (for ``--allow``: the hosts of ``--egress-rule`` and
+    ``--no-inspect``)."""
     try:
         patterns = Allowlist.parse(texts).patterns
     except InvalidHost as exc:
-        raise ConfigError(f"--allow: {exc}") from None
+        raise ConfigError(f"{flag}: {exc}") from None
     return Allowlist(tuple(dict.fromkeys(patterns + extra)))
 
 

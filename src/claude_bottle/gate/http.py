@@ -50,6 +50,11 @@ def framing_problem(head: bytes) -> str | None:
     return None
 
 
+def _header_text(text: str) -> str:
+    """``text`` as a header value: printable ASCII only."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text).strip()
+
+
 class ClientProtocolError(Exception):
     def __init__(self, reason: str, status: int = 400) -> None:
         super().__init__(reason)
@@ -144,9 +149,16 @@ class HttpConnection:
         if problem:
             raise ClientProtocolError(problem)
 
+    @property
+    def head_started(self) -> bool:
+        """Some bytes of the next request head have arrived."""
+        return bool(self._head)
+
     async def read_request(self, timeout: float | None) -> h11.Request | None:
-        """The next request head, or None when the client closed cleanly between requests."""
-        event = await self.next_event(timeout)
+        """The next request head, or None when the client closed cleanly between requests. ``timeout``
+        bounds the whole head, however its bytes trickle in."""
+        async with asyncio.timeout(timeout):
+            event = await self.next_event()
         if isinstance(event, h11.ConnectionClosed):
             return None
         if not isinstance(event, h11.Request):
@@ -206,7 +218,7 @@ class HttpConnection:
         head = [
             (b"content-type", content_type),
             (b"content-length", str(len(body)).encode()),
-            (b"x-deny-reason", "".join(c if " " <= c <= "~" else "?" for c in reason).strip().encode()),
+            (b"x-deny-reason", _header_text(reason).encode()),
             *(headers or []),
         ]
         await self.send(h11.Response(status_code=status, headers=head))
@@ -224,6 +236,17 @@ class HttpConnection:
                     await self.send_simple(status, reason, [(b"connection", b"close")])
                     return
         await self.send_simple(status, reason)
+
+    async def refuse_unread(self, status: int, reason: str) -> None:
+        """Answer without a request to answer (a connection over the limit, a head too slow), then close."""
+        body = (reason + "\n").encode()
+        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                f"content-length: {len(body)}\r\nx-deny-reason: {_header_text(reason)}\r\n"
+                "connection: close\r\n\r\n").encode()
+        self.writer.write(head + body)
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.writer.drain()
+        await self.close()
 
     async def fail(self, status: int, reason: str) -> None:
         """Report a failure: as a response if none has started, else by resetting the connection."""

@@ -3,6 +3,11 @@
 CONNECT tunnels and absolute-form plain-HTTP requests, each decided twice: the name against the allowlist,
 then every resolved address against the address guard. The gate dials exactly an address it vetted. No
 credential is ever added to this traffic.
+
+A tunnel is decided a third time on its first flight: after the 200, nothing goes upstream until the
+client's first bytes are a TLS ClientHello naming the CONNECT host (unless raw TCP is allowed there), so an
+allowed host on a shared front cannot carry a connection to another site. A plain-HTTP request's Host
+header must name the URL's host for the same reason.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import h11
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.http import ClientProtocolError, HttpConnection, end_to_end
+from claude_bottle.gate.http import READ_SIZE, ClientProtocolError, HttpConnection, end_to_end, header_values
 from claude_bottle.gate.resolver import ResolveError
+from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
 from claude_bottle.gate.upstream import UpstreamError, dial, from_upstream, translate
 from claude_bottle.policy.addresses import IPAddress
+from claude_bottle.policy.decide import Decision, decide_server_name
 from claude_bottle.policy.hosts import (
     InvalidHost,
     Target,
@@ -29,9 +36,11 @@ from claude_bottle.policy.hosts import (
 )
 
 
-def parse_proxy_target(method: str, target: str) -> tuple[Target, str]:
-    """The destination and, for plain HTTP, the origin-form path to send. Raises ClientProtocolError."""
+def parse_proxy_target(method: str, raw: bytes) -> tuple[Target, str]:
+    """The destination and, for plain HTTP, the origin-form path to send. Raises ClientProtocolError for
+    anything that does not parse, so nothing unparsed goes further."""
     try:
+        target = raw.decode("ascii")
         if method == "CONNECT":
             return parse_authority(target), ""
         if not target.lower().startswith("http://"):
@@ -41,12 +50,48 @@ def parse_proxy_target(method: str, target: str) -> tuple[Target, str]:
         parts = urlsplit(target)
         if parts.username is not None or parts.password is not None:
             raise ClientProtocolError("credentials in the URL are not allowed")
-        host, port = split_host_port(parts.netloc)
-        name, ip = normalize_host(host)
+        if parts.fragment or "#" in target:
+            raise ClientProtocolError("a fragment (#) does not belong in a request target")
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        return Target(name, parse_port(port, "target") if port else 80, ip), path
-    except InvalidHost as exc:
-        raise ClientProtocolError(str(exc)) from None
+        if not path.startswith("/"):
+            raise ClientProtocolError(f"the URL's path {path[:40]!r} must start with '/'")
+        return parse_host_header(parts.netloc, "URL"), path
+    except (InvalidHost, ValueError) as exc:  # urlsplit and decode raise ValueError subclasses
+        reason = exc if isinstance(exc, InvalidHost | ClientProtocolError) else f"unparsable request target ({exc})"
+        raise ClientProtocolError(str(reason)) from None
+
+
+def parse_host_header(authority: str, what: str) -> Target:
+    """``host[:port]`` of a URL or a Host header; the port defaults to 80."""
+    host, port = split_host_port(authority)
+    if not host:
+        raise InvalidHost(f"the {what} has no host")
+    name, ip = normalize_host(host)
+    return Target(name, parse_port(port, "target") if port else 80, ip)
+
+
+def check_host_header(request: h11.Request, target: Target) -> None:
+    """A plain-HTTP request's Host header must name the URL's authority (HTTP/1.0 may leave it out): the
+    gate decides on the URL, and a different Host would reach another site behind the same address."""
+    hosts = header_values(request.headers, b"host")
+    if not hosts:
+        return  # h11 requires Host on HTTP/1.1; the gate sends the URL's authority as Host
+    if len(hosts) > 1:
+        raise ClientProtocolError("more than one Host header")
+    try:
+        named = parse_host_header(hosts[0].decode("ascii"), "Host header")
+    except (InvalidHost, ValueError):
+        raise ClientProtocolError(f"Host header {hosts[0][:80].decode('ascii', 'replace')!r} is not a host") from None
+    if (named.host, named.port) != (target.host, target.port):
+        raise ClientProtocolError(f"Host header {named} does not match the URL's host {target}")
+
+
+def check_connect_framing(request: h11.Request) -> None:
+    """A CONNECT carries no body: bytes after its head belong to the tunnel. One that declares a body is
+    ambiguous (a body to one reader, tunnel bytes to another), so it is refused."""
+    lengths = header_values(request.headers, b"content-length")
+    if header_values(request.headers, b"transfer-encoding") or any(v.strip() != b"0" for v in lengths):
+        raise ClientProtocolError("a CONNECT request declares a body (Content-Length or Transfer-Encoding)")
 
 
 async def vetted_addresses(target: Target, record: AuditRecord, ctx: GateContext) -> list[IPAddress] | None:
@@ -73,14 +118,21 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
     limits = ctx.config.limits
     method = request.method.decode("ascii")
     try:
-        target, path = parse_proxy_target(method, request.target.decode("ascii"))
+        target, path = parse_proxy_target(method, request.target)
+        record.target = str(target)
+        if method == "CONNECT":
+            check_connect_framing(request)
+        else:
+            check_host_header(request, target)
     except ClientProtocolError as exc:
         record.deny(str(exc), 400)
-        await conn.refuse(400, str(exc), limits.idle_timeout)
+        if method == "CONNECT":
+            await conn.fail(400, str(exc))  # what follows a CONNECT head is not HTTP: answer and close
+        else:
+            await conn.refuse(400, str(exc), limits.idle_timeout)
         return
-    record.target = str(target)
 
-    decision = ctx.egress.decide_target(target)
+    decision = ctx.egress.decide_tunnel(target) if method == "CONNECT" else ctx.egress.decide_target(target)
     if not decision.allow:
         record.deny(decision.reason, decision.status)
         await conn.refuse(decision.status, decision.reason, limits.idle_timeout)
@@ -99,7 +151,7 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
             return
         upstream = await dial(addresses, target.port, limits.connect_timeout)
         if method == "CONNECT":
-            await _tunnel(conn, upstream, record, ctx)
+            await _tunnel(conn, target, upstream, record, ctx)
         else:
             await _forward(conn, request, target, path, upstream, record, ctx)
     except (UpstreamError, ResolveError, OSError, TimeoutError) as exc:
@@ -110,8 +162,41 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
         ctx.active_tunnels -= 1
 
 
+async def first_flight(reader: asyncio.StreamReader, early: bytes, target: Target, timeout: float
+                       ) -> tuple[bytes, Decision]:
+    """Read the client's first bytes in a tunnel (``early`` already came with the CONNECT head) until they
+    are a whole ClientHello, or something else, or ``timeout`` passes. Returns what was read, to go upstream
+    first if the decision allows it."""
+    data = bytearray(early)
+    need = 0  # parse again only once a record is complete: a trickle costs one parse per record
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                if len(data) >= need:
+                    hello = read_client_hello(data)
+                    if hello is not None:
+                        return bytes(data), decide_server_name(target, hello.server_name)
+                    need = wanted(data)
+                chunk = await reader.read(READ_SIZE)
+                if not chunk:
+                    return bytes(data), Decision(False, f"client closed the tunnel after {len(data)} bytes, "
+                                                        "before a complete TLS ClientHello")
+                data += chunk
+    except NotTls as exc:
+        return bytes(data), Decision(False, f"{exc} in a tunnel to {target}: only TLS may pass unless raw TCP is "
+                                     "allowed for it (--allow-tcp)")
+    except BadHello as exc:
+        return bytes(data), Decision(False, f"malformed TLS ClientHello: {exc}")
+    except TimeoutError:
+        return bytes(data), Decision(False, f"no TLS ClientHello within {timeout:g}s ({len(data)} bytes received)")
+    except OSError:
+        return bytes(data), Decision(False, f"client connection lost after {len(data)} bytes, before a complete "
+                                     "TLS ClientHello")
+
+
 async def _tunnel(
     conn: HttpConnection,
+    target: Target,
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     record: AuditRecord,
     ctx: GateContext,
@@ -120,6 +205,16 @@ async def _tunnel(
         await conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
         record.status = 200
         early, _ = conn.h11.trailing_data
+        if ctx.egress.raw_allowed(target):
+            record.reason += "; raw TCP allowed"
+        else:
+            early, verdict = await first_flight(conn.reader, bytes(early), target,
+                                                ctx.config.limits.first_flight_timeout)
+            if not verdict.allow:
+                record.deny(f"{record.reason}; then refused: {verdict.reason}", 200)  # nothing went upstream
+                conn.abort()
+                return
+            record.reason += f"; {verdict.reason}"
         traffic = Traffic()
         if early:
             upstream[1].write(early)

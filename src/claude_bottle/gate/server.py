@@ -2,13 +2,16 @@
 
 A connection is served request by request; each request gets exactly one audit record, written when the
 exchange ends, whatever way it ends. Protocol errors from the client are answered (400/431) and close that
-connection only.
+connection only. Each listener serves at most ``max_connections`` clients at once; one more is answered 503
+and closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import resource
 import signal
 import sys
 import time
@@ -48,6 +51,8 @@ class Gate:
         self._busy: set[HttpConnection] = set()
         self._ctx: GateContext | None = None
         self._upstream_resolved_at = -UPSTREAM_ADDRESS_TTL
+        self._upstream_endpoints: frozenset[tuple[IPAddress, int]] = frozenset()  # the last set that resolved
+        self._open = {"api": 0, "proxy": 0}  # connections being served, per listener
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -62,7 +67,8 @@ class Gate:
             config=self.config,
             audit=self.audit,
             resolver=self.resolver,
-            egress=EgressPolicy(self.config.allowlist, self.config.guard, frozenset({self.config.upstream.host})),
+            egress=EgressPolicy(self.config.allowlist, self.config.guard, frozenset({self.config.upstream.host}),
+                                raw_tcp=self.config.allow_tcp),
             api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
                                   limits.connect_timeout),
         )
@@ -114,18 +120,26 @@ class Gate:
         try:
             async with asyncio.timeout(self.config.limits.connect_timeout):
                 addresses = [literal] if literal else await self.resolver.resolve(upstream.host, upstream.port)
-            endpoints.update((ip, upstream.port) for ip in addresses)
+            self._upstream_endpoints = frozenset((ip, upstream.port) for ip in addresses)
         except (ResolveError, TimeoutError):
-            pass  # the name itself stays protected; addresses are added once they resolve
-        egress = self._ctx.egress
-        self._ctx.egress = EgressPolicy(egress.allowlist, egress.guard, egress.protected_hosts, frozenset(endpoints))
+            pass  # the last addresses that resolved stay protected (and the name itself, always)
+        endpoints.update(self._upstream_endpoints)
+        self._ctx.egress = dataclasses.replace(self._ctx.egress, protected_endpoints=frozenset(endpoints))
 
     async def _accept(self, listener: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None and self._ctx is not None
         conn = HttpConnection(reader, writer, max_header_bytes=self.config.limits.max_header_bytes)
+        limit = self.config.limits.max_connections
+        if self._open[listener] >= limit:
+            record = AuditRecord(listener, conn.peer, "-", "-")
+            record.deny(f"too many connections to the {listener} listener (limit {limit})", 503)
+            self.audit.write(record)
+            await conn.refuse_unread(503, record.reason)
+            return
         conn.json_errors = listener == "api"
         self._connections[task] = conn
+        self._open[listener] += 1
         try:
             if listener == "proxy":
                 await self._refresh_protected()
@@ -133,6 +147,7 @@ class Gate:
         except asyncio.CancelledError:
             pass  # shutdown: the connection closes below
         finally:
+            self._open[listener] -= 1
             self._connections.pop(task, None)
             self._busy.discard(conn)
             if conn.h11.our_state is h11.SEND_BODY:
@@ -153,8 +168,15 @@ class Gate:
                 with contextlib.suppress(ClientGone, h11.LocalProtocolError):
                     await conn.fail(exc.status, record.reason)
                 return
-            except (TimeoutError, ClientGone):
-                return  # idle keep-alive or a client that left: nothing was asked, nothing to audit
+            except TimeoutError:
+                if conn.head_started:  # a head trickled in too slowly: refused, and said so
+                    record = AuditRecord(listener, conn.peer, "-", "-")
+                    record.deny(f"request head not complete within {limits.header_timeout:g}s", 408)
+                    self.audit.write(record)
+                    await conn.refuse_unread(408, record.reason)
+                return  # else an idle keep-alive: nothing was asked, nothing to audit
+            except ClientGone:
+                return  # a client that left between requests
             if request is None:
                 return
             record = AuditRecord(listener, conn.peer, request.method.decode("ascii", "replace"), "-")
@@ -174,7 +196,7 @@ class Gate:
                 return
             except Exception as exc:  # a fault of the gate's own: still one audit line with a reason, then 500
                 record.fail(f"gate error: {type(exc).__name__}: {exc}", 500)
-                with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+                with contextlib.suppress(ClientGone, h11.LocalProtocolError, OSError):
                     await conn.fail(500, "internal gate error")
                 return
             finally:
@@ -184,8 +206,21 @@ class Gate:
                 return
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit: each connection and tunnel holds
+    file descriptors, and the usual soft limit (1024) is below what the connection caps allow. Returns the
+    new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20  # the kernel's usual nr_open
+    if soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 async def run(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate``."""
+    raise_open_files_limit()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from claude_bottle.policy.addresses import AddressGuard, IPAddress
-from claude_bottle.policy.hosts import Allowlist, Target
+from claude_bottle.policy.hosts import Allowlist, InvalidHost, Target, normalize_host
 
 
 @dataclass(frozen=True)
@@ -24,28 +24,65 @@ class EgressPolicy:
     ``protected_hosts`` are names served by a credential route (the API upstream): never reachable through
     the proxy, on any port, even if allowlisted, or an agent could talk to the API with its own key.
     ``protected_endpoints`` are (address, port) pairs with the same status: the upstream's addresses, and the
-    gate's own listeners.
+    gate's own listeners. ``raw_tcp`` lists the targets a tunnel may carry any bytes to (``--allow-tcp``);
+    they are reachable as if allowlisted. Every other tunnel must open with a TLS ClientHello naming its host.
     """
 
     allowlist: Allowlist
     guard: AddressGuard
     protected_hosts: frozenset[str] = frozenset()
     protected_endpoints: frozenset[tuple[IPAddress, int]] = frozenset()
+    raw_tcp: Allowlist = Allowlist()
 
     def decide_target(self, target: Target) -> Decision:
         if target.host in self.protected_hosts:
             return Decision(False, f"{target.host} is served by the gate's credential route; "
                                    "use ANTHROPIC_BASE_URL, not the proxy")
         pattern = self.allowlist.match(target)
-        if pattern is None:
-            return Decision(False, f"{target} is not in the allowlist")
-        return Decision(True, f"{target} matches allow pattern {pattern}")
+        if pattern is not None:
+            return Decision(True, f"{target} matches allow pattern {pattern}")
+        raw = self.raw_tcp.match(target)
+        if raw is not None:
+            return Decision(True, f"{target} matches allow-tcp pattern {raw}")
+        return Decision(False, f"{target} is not in the allowlist")
+
+    def decide_tunnel(self, target: Target) -> Decision:
+        """A CONNECT: the target as above; port 80 only where raw TCP is allowed (plain HTTP has its own way
+        through the proxy, where the gate sees the Host header)."""
+        decision = self.decide_target(target)
+        if decision.allow and target.port == 80 and not self.raw_allowed(target):
+            return Decision(False, "CONNECT to port 80 is refused: send plain HTTP to the proxy as an absolute "
+                                   "URL (GET http://host/path)")
+        return decision
+
+    def raw_allowed(self, target: Target) -> bool:
+        """True if a tunnel to ``target`` may carry bytes other than TLS (no first-flight check)."""
+        return self.raw_tcp.match(target) is not None
 
     def decide_address(self, address: IPAddress, port: int) -> Decision:
         if (address, port) in self.protected_endpoints:
             return Decision(False, f"{address}:{port} is the gate itself or its credential upstream")
         allowed, reason = self.guard.check(address)
         return Decision(allowed, reason)
+
+
+def decide_server_name(target: Target, server_name: str | None) -> Decision:
+    """A tunnel's TLS ClientHello must name the host the CONNECT named (compared as host names are: case,
+    trailing dot and IDNA form aside); a CONNECT to an IP literal must carry no name. Otherwise a tunnel to
+    an allowed host on a shared front (a CDN) could reach any other site behind that front."""
+    if server_name is None:
+        if target.ip is not None:
+            return Decision(True, "TLS without a server name, to an IP address")
+        return Decision(False, f"TLS ClientHello without a server name; the CONNECT named {target.host}")
+    if target.ip is not None:
+        return Decision(False, f"TLS server name {server_name} on a CONNECT to the IP address {target.host}")
+    try:
+        name, ip = normalize_host(server_name)
+    except InvalidHost:
+        return Decision(False, f"TLS server name {server_name!r} is not a valid host name")
+    if ip is not None or name != target.host:
+        return Decision(False, f"TLS server name {server_name} does not match the CONNECT host {target.host}")
+    return Decision(True, f"TLS server name {name} matches the CONNECT host")
 
 
 # The paths Claude Code 2.1.126 calls on ANTHROPIC_BASE_URL, measured with the real binary (docs/gate.md):

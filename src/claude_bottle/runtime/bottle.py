@@ -82,6 +82,7 @@ class RunSpec:
     user: str  # uid:gid, from bottle_user()
     upstream: str = "https://api.anthropic.com"
     allow: tuple[str, ...] = ()
+    allow_tcp: tuple[str, ...] = ()  # HOST:PORT patterns whose tunnels may carry any TCP (--allow-tcp)
     allow_private: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     resources: Resources = Resources()
@@ -121,12 +122,14 @@ def _uninterrupted() -> Iterator[None]:
 
 
 def gate_command(spec: RunSpec) -> list[str]:
-    """The gate's arguments; the token comes on stdin, never here."""
+    """The gate's arguments: where it listens, its upstream, and the agent's egress and API policy. The token
+    comes on stdin, never here."""
     allow_args = [arg for pattern in spec.allow for arg in ("--allow", pattern)]
+    tcp_args = [arg for pattern in spec.allow_tcp for arg in ("--allow-tcp", pattern)]
     private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
     tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
     return ["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}", "--upstream", spec.upstream,
-            "--token-file", "-", "--audit-log", "-", *allow_args, *private_args, *tool_args,
+            "--token-file", "-", "--audit-log", "-", *allow_args, *tcp_args, *private_args, *tool_args,
             *spec.request_policy.args(), *spec.dlp.args()]
 
 
