@@ -1,9 +1,9 @@
 """The gate service: two listeners, one connection loop, graceful drain.
 
 A connection is served request by request; each request gets exactly one audit record, written when the
-exchange ends, whatever way it ends. Protocol errors from the client are answered (400/431) and close that
-connection only. Each listener serves at most ``max_connections`` clients at once; one more is answered 503
-and closed.
+exchange ends, whatever way it ends. Whatever ends an exchange early is answered and audited in one place
+(gate/failures.py ``answer``); only a refusal may keep the connection. Each listener serves at most
+``max_connections`` clients at once; one more is answered 503 and closed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from claude_bottle.gate.api import api_exchange
 from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.config import Endpoint, GateConfig
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.http import ClientGone, ClientProtocolError, HttpConnection
+from claude_bottle.gate.failures import Failure, answer, client_side
+from claude_bottle.gate.http import HttpConnection, PeerGone, ProtocolError
 from claude_bottle.gate.proxy import proxy_exchange
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
 from claude_bottle.gate.upstream import STREAM_LIMIT, UpstreamPool
@@ -161,11 +162,11 @@ class Gate:
         while True:
             try:
                 request = await conn.read_request(limits.header_timeout)
-            except ClientProtocolError as exc:
+            except ProtocolError as exc:
                 record = AuditRecord(listener, conn.peer, "-", "-")
                 record.deny(f"malformed request: {exc}", exc.status)
                 self.audit.write(record)
-                with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+                with contextlib.suppress(PeerGone, h11.LocalProtocolError):
                     await conn.fail(exc.status, record.reason)
                 return
             except TimeoutError:
@@ -175,28 +176,22 @@ class Gate:
                     self.audit.write(record)
                     await conn.refuse_unread(408, record.reason)
                 return  # else an idle keep-alive: nothing was asked, nothing to audit
-            except ClientGone:
+            except PeerGone:
                 return  # a client that left between requests
             if request is None:
                 return
             record = AuditRecord(listener, conn.peer, request.method.decode("ascii", "replace"), "-")
             self._busy.add(conn)
             try:
-                await exchange(conn, request, record, self._ctx)
-            except ClientProtocolError as exc:
-                record.fail(f"client broke HTTP/1.1: {exc}", exc.status)
-                with contextlib.suppress(ClientGone, h11.LocalProtocolError):
-                    await conn.fail(exc.status, str(exc))
-                return
-            except ClientGone:
-                record.fail("client went away", record.status)
-                return
-            except TimeoutError:
-                record.fail("client idle too long", record.status or 408)
-                return
+                # Every upstream step inside is translated where it runs; what is left is the client's.
+                with client_side():
+                    await exchange(conn, request, record, self._ctx)
+            except Failure as failure:
+                if not await answer(conn, record, failure, limits.idle_timeout):
+                    return
             except Exception as exc:  # a fault of the gate's own: still one audit line with a reason, then 500
                 record.fail(f"gate error: {type(exc).__name__}: {exc}", 500)
-                with contextlib.suppress(ClientGone, h11.LocalProtocolError, OSError):
+                with contextlib.suppress(PeerGone, h11.LocalProtocolError, OSError):
                     await conn.fail(500, "internal gate error")
                 return
             finally:
