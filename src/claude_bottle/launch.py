@@ -114,12 +114,12 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
 
 
 @contextlib.contextmanager
-def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[Run]:
+def started(launch: Launch, progress: Progress, keep: bool = False, review: Progress | None = None) -> Iterator[Run]:
     """Build what is missing, start the gate, and yield the run; on the way out, remove all of it.
 
     Before anything is created, the workspace is refused while runs' changes to its protected files wait for
     review, or while its .git is unsafe to mount; after the run, whatever changed there is reported and
-    recorded for review (``claude_bottle.trust``)."""
+    recorded for review (``claude_bottle.trust``), and told to ``review`` (by default ``progress``)."""
     with on_stop_signals(interrupt):
         agent = launch.agent
         trust.check(launch.workspace)
@@ -142,7 +142,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False) -> Iterator[
                     progress(f"kept run {run.id}: remove it with `claude-bottle stop {agent.name}`")
                 else:
                     run.remove()
-                watch.end(progress)
+                watch.end(review or progress)
 
 
 def run_headless(launch: Launch, prompt: str, progress: Progress) -> int:

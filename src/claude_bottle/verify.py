@@ -30,6 +30,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.config import Limits
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
+from claude_bottle.persistence import Plants, make_repository, share
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import engine
 from claude_bottle.runtime.bottle import AGENT_LABEL, LABEL, RUN_LABEL, Run, remove_run, state_volume
@@ -98,10 +99,14 @@ def throwaway_credential() -> Credential:
 
 
 def _scratch_workspace(root: str) -> Path:
+    """A project with a repository in it: a real one where git is installed, so that what a bottle plants for
+    the host's git is judged by the host's git."""
     workspace = Path(root) / "workspace"
-    (workspace / ".git" / "hooks").mkdir(parents=True)
-    (workspace / ".git" / "config").write_text("[core]\n")
-    workspace.chmod(0o777)  # the agent user writes here whatever uid runs verify
+    workspace.mkdir()
+    if not make_repository(workspace, Path(root)):
+        (workspace / ".git" / "hooks").mkdir(parents=True)
+        (workspace / ".git" / "config").write_text("[core]\n")
+    share(workspace)
     return workspace
 
 
@@ -138,14 +143,31 @@ def _gateways(client: docker.DockerClient, names: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+@dataclass
+class StandIns:
+    """What every bottle of a verify run is started against: the throwaway credential, the stub upstream and a
+    host outside the bottle (and an allowed front host) on a network only gates join, and the host canary."""
+
+    client: docker.DockerClient
+    agent: AgentConfig  # the agent under test, with the stand-ins allowed
+    credential: Credential
+    stub: Container
+    canary: Container
+    gate_image: str
+    outside: str  # the network of the stand-ins
+    host: HostCanary
+    progress: Progress
+    workspaces: list[Path] = dataclasses.field(default_factory=list)  # scratch projects bottles were started on
+
+
 @contextlib.contextmanager
-def verification(agent: AgentConfig, progress: Progress,
-                 credential: Credential | None = None) -> Iterator[Verification]:
-    """The agent's bottle, started against the stub; everything is removed on the way out, Ctrl-C included."""
+def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | None = None) -> Iterator[StandIns]:
+    """The stand-ins, removed on the way out (Ctrl-C included), with every bottle started against them."""
     credential = credential or throwaway_credential()
     verify_id = f"verify-{secrets.token_hex(4)}"
     labels = {LABEL: "1", RUN_LABEL: verify_id, AGENT_LABEL: agent.name}
-    with on_stop_signals(interrupt), tempfile.TemporaryDirectory(prefix="claude-bottle-verify-") as scratch:
+    workspaces: list[Path] = []
+    with on_stop_signals(interrupt):
         client = engine.connect()
         host = HostCanary()
         try:
@@ -158,21 +180,41 @@ def verification(agent: AgentConfig, progress: Progress,
                                    for alias in ("stub", "canary", FRONT))
             tested = dataclasses.replace(agent, allow=(*agent.allow, PRIVATE_NAME, f"{FRONT}:{STUB_PORT}", FRONT),
                                          allow_private=(*agent.allow_private, f"{_address(front)}/32"))
-            launch = Launch(tested, _scratch_workspace(scratch), credential, f"http://stub:{STUB_PORT}",
-                            (outside.name,))
-            with started(launch, progress) as run:
-                assert run.internal is not None and run.egress is not None
-                run.create_bottle(["sleep", "infinity"], tty=False).start()
-                yield Verification(run, credential, stub, canary, gate_image, host,
-                                   _gateways(client, ["bridge", run.internal.name, run.egress.name, outside.name]))
+            yield StandIns(client, tested, credential, stub, canary, gate_image, outside.name, host, progress,
+                           workspaces)
         except docker.errors.APIError as exc:
             raise DockerError(f"verify: {exc.explanation or exc}") from None
         finally:
             with on_stop_signals(lambda signum, frame: None):
                 remove_run(client, verify_id)
-                with contextlib.suppress(docker.errors.APIError):  # the scratch workspace's: of no later use
-                    client.volumes.get(state_volume(agent.name, Path(scratch) / "workspace")).remove(force=True)
+                for workspace in workspaces:  # the scratch projects' Claude state: of no later use
+                    with contextlib.suppress(docker.errors.APIError):
+                        client.volumes.get(state_volume(agent.name, workspace)).remove(force=True)
             host.close()
+
+
+@contextlib.contextmanager
+def bottle_on(env: StandIns, workspace: Path) -> Iterator[Verification]:
+    """A sleeping bottle of the agent on ``workspace``, started the way ``start`` would, against the stand-ins;
+    the run is removed on the way out (its Claude state stays until the stand-ins go, for later bottles)."""
+    env.workspaces.append(workspace)
+    launch = Launch(env.agent, workspace, env.credential, f"http://stub:{STUB_PORT}", (env.outside,))
+    # The run's review of protected files is verify's own business (the persistence group judges it).
+    with started(launch, env.progress, review=lambda report: None) as run:
+        assert run.internal is not None and run.egress is not None
+        run.create_bottle(["sleep", "infinity"], tty=False).start()
+        yield Verification(run, env.credential, env.stub, env.canary, env.gate_image, env.host,
+                           _gateways(env.client, ["bridge", run.internal.name, run.egress.name, env.outside]))
+
+
+@contextlib.contextmanager
+def verification(agent: AgentConfig, progress: Progress,
+                 credential: Credential | None = None) -> Iterator[Verification]:
+    """The agent's bottle on a scratch workspace, started against the stand-ins; everything is removed on the
+    way out, Ctrl-C included."""
+    with tempfile.TemporaryDirectory(prefix="claude-bottle-verify-") as scratch, \
+            stand_ins(agent, progress, credential) as env, bottle_on(env, _scratch_workspace(scratch)) as target:
+        yield target
 
 
 # ---- attacks in the bottle, as the agent user --------------------------------------------------------------
@@ -369,9 +411,31 @@ def attack(target: Verification) -> list[Outcome]:
 
 
 def verify(agent: AgentConfig, progress: Progress) -> list[Outcome]:
-    with verification(agent, progress) as target:
-        progress(f"attacking the bottle of agent {agent.name}")
-        return attack(target)
+    """Every attack on one bottle of the agent, then the persistence group: what that bottle planted, judged
+    on the host once it is gone, and in two later bottles (another project's, and the same project's)."""
+    with tempfile.TemporaryDirectory(prefix="claude-bottle-verify-") as scratch, \
+            stand_ins(agent, progress) as env:
+        plants = Plants(Path(scratch), _scratch_workspace(scratch))
+        try:
+            with bottle_on(env, plants.workspace) as target:
+                progress(f"attacking the bottle of agent {agent.name}")
+                outcomes = attack(target)
+                progress("planting what a hijacked agent would leave for later")
+                in_bottle(target.run, plants.first_script())
+                first = target.run.id
+            outcomes += plants.after_first(first, env.credential.secret)
+            plants.forget()  # as the user would, once they had reviewed the changes
+            progress("the next bottle of the same project")
+            with bottle_on(env, plants.workspace) as again:
+                output = in_bottle(again.run, plants.next_script())[1]
+            outcomes += plants.after_next(output)
+            progress("a bottle of the same agent on another project")
+            with bottle_on(env, plants.other) as other:
+                output = in_bottle(other.run, plants.other_script())[1]
+            outcomes += plants.after_other(output)
+        finally:
+            plants.forget()
+        return outcomes
 
 
 # ---- the report --------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ when an invariant is broken on purpose."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import signal
@@ -14,15 +15,20 @@ from pathlib import Path
 import docker
 import pytest
 
-from claude_bottle.config import AgentConfig
+from claude_bottle import config as config_module
+from claude_bottle import persistence, records, trust
+from claude_bottle import verify as verify_module
+from claude_bottle.config import AgentConfig, read_project_file
 from claude_bottle.credentials import Credential
 from claude_bottle.probe import Outcome
+from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.verify import Verification, attack, verification
 from tests.bottle.conftest import leftovers
 
 pytestmark = pytest.mark.docker
 CLI = [sys.executable, "-m", "claude_bottle"]
-GROUPS = {"direct egress", "egress proxy", "API route", "credential discovery", "privilege and persistence"}
+GROUPS = {"direct egress", "egress proxy", "API route", "credential discovery", "privilege and persistence",
+          persistence.GROUP}
 
 
 def quiet(line: str) -> None:
@@ -37,6 +43,7 @@ def test_verify_blocks_every_attack_on_a_default_bottle(
     client: docker.DockerClient, built_images: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     result = subprocess.run([*CLI, "verify", "--json"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     report = json.loads(result.stdout)
     assert [r for r in report["results"] if not r["blocked"]] == []
@@ -142,4 +149,40 @@ def test_interrupted_verify_leaves_nothing_behind(
     time.sleep(1)
     process.send_signal(signal.SIGINT)
     assert process.wait(60) != 0
+    assert leftovers(client, name) == []
+
+
+def test_a_host_that_trusts_what_bottles_write_fails_verify(
+    client: docker.DockerClient, built_images: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every protection of the persistence group taken away at once: each of its checks reports the leak."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+    def per_agent(agent: str, workspace: Path) -> str:
+        return f"claude-bottle-{agent}-state"
+
+    def following_symlinks(workspace: Path, paths: tuple[str, ...] = ()) -> list[bottle_module.Protection]:
+        """Mounts what protected paths lead to, as claude-bottle once did for .git/config, and nothing else."""
+        return [bottle_module.Protection(f"/workspace/{path}", workspace / path) for path in paths
+                if (workspace / path).is_symlink() and (workspace / path).exists()]
+
+    monkeypatch.setattr(bottle_module, "protective_mounts", following_symlinks)
+    monkeypatch.setattr(bottle_module, "state_volume", per_agent)
+    monkeypatch.setattr(verify_module, "state_volume", per_agent)
+    monkeypatch.setattr(bottle_module, "claude_state_mounts",
+                        lambda volume: {volume: {"bind": f"{bottle_module.HOME}/.claude", "mode": "rw"}})
+    monkeypatch.setattr(config_module, "PROJECT_FORBIDDEN", {})
+    monkeypatch.setattr(trust, "approved_digest", lambda workspace: getattr(read_project_file(workspace), "digest",
+                                                                            None))
+    monkeypatch.setattr(trust, "check", lambda workspace: None)
+    monkeypatch.setattr(records, "save", lambda *args, **kwargs: None)
+    name = f"trusting-{secrets.token_hex(3)}"
+    try:
+        outcomes = verify_module.verify(AgentConfig(name=name), quiet)
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            client.volumes.get(per_agent(name, tmp_path)).remove(force=True)
+    group = [o for o in outcomes if o.group == persistence.GROUP]
+    assert len(group) >= 13 and [o.attack for o in group if o.blocked] == []
     assert leftovers(client, name) == []

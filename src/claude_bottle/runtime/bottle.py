@@ -160,6 +160,12 @@ def state_volume(agent: str, workspace: Path) -> str:
     return f"claude-bottle-{agent}-{workspace_key(workspace)}-state"
 
 
+def claude_state_mounts(volume: str) -> dict[str, dict[str, str]]:
+    """~/.claude: the project's state volume, with the product's settings over it, read-only."""
+    return {volume: {"bind": f"{HOME}/.claude", "mode": "rw"},
+            str(seeded_settings()): {"bind": f"{HOME}/.claude/settings.json", "mode": "ro"}}
+
+
 def seeded_settings() -> Path:
     """The host file mounted read-only at ~/.claude/settings.json (rewritten only when its content changes;
     a replaced file does not disturb running bottles, which hold the old one)."""
@@ -334,8 +340,7 @@ class Run:
                     mem_limit=resources.memory, nano_cpus=int(resources.cpus * 1e9),
                     volumes={
                         str(spec.workspace): {"bind": "/workspace", "mode": "rw"},
-                        state.name: {"bind": f"{HOME}/.claude", "mode": "rw"},
-                        str(seeded_settings()): {"bind": f"{HOME}/.claude/settings.json", "mode": "ro"},
+                        **claude_state_mounts(state.name),
                         **{str(source): {"bind": target, "mode": "ro" if read_only else "rw"}
                            for source, target, read_only in spec.mounts},
                     },
