@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -24,6 +25,7 @@ from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import forward, outbound, set_headers
 from claude_bottle.gate.http import READ_SIZE, HttpConnection, ProtocolError, header_values
+from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
 from claude_bottle.gate.upstream import dial
@@ -141,24 +143,27 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
     try:
         addresses = await vetted_addresses(target, record, ctx)
         if method == "CONNECT":
+            client_tls = terminating(target, ctx)
             with upstream_side():
-                upstream = await dial(addresses, target.port, limits.connect_timeout)
-            await _tunnel(conn, target, upstream, record, ctx)
+                if client_tls is None:
+                    upstream = await dial(addresses, target.port, limits.connect_timeout)
+                else:
+                    upstream = await dial(addresses, target.port, limits.connect_timeout, ctx.upstream_tls,
+                                          target.host)
+            origin = None
+            if client_tls is not None:
+                origin = KeptOrigin(addresses, target, ctx.upstream_tls, limits.connect_timeout,
+                                    HttpConnection(*upstream, client=True))
+            await _tunnel(conn, target, upstream, record, ctx, origin, client_tls)
         else:
             record.path = path.split("?", 1)[0]
-            request_filters = [set_headers(frozenset({b"host"}), [(b"host", _authority(target).encode()),
+            request_filters = [set_headers(frozenset({b"host"}), [(b"host", authority(target, 80).encode()),
                                                                    (b"connection", b"close")])]
             await forward(conn, outbound(conn, request, path.encode(), limits.idle_timeout),
                           lambda: dialled(addresses, target, limits.connect_timeout), record,
                           limits.idle_timeout, request_filters)
     finally:
         ctx.active_tunnels -= 1
-
-
-def _authority(target: Target) -> str:
-    """``target`` as a Host header names it: the port only when it is not the scheme's default (80)."""
-    host = f"[{target.host}]" if ":" in target.host else target.host
-    return host if target.port == 80 else f"{host}:{target.port}"
 
 
 @contextlib.asynccontextmanager
@@ -170,6 +175,17 @@ async def dialled(addresses: list[IPAddress], target: Target, timeout: float) ->
         yield origin
     finally:
         await origin.close()
+
+
+def terminating(target: Target, ctx: GateContext) -> ssl.SSLContext | None:
+    """The client-side TLS context when the gate terminates the tunnel to ``target``, else None (opaque):
+    without a CA, or where raw TCP is allowed (the bytes need not be TLS)."""
+    if ctx.ca is None or ctx.egress.raw_allowed(target):
+        return None
+    try:
+        return ctx.ca.context_for(target.host)
+    except ValueError as exc:
+        raise Refused(403, f"cannot inspect {target}: {exc}") from None
 
 
 async def first_flight(reader: asyncio.StreamReader, early: bytes, target: Target, timeout: float
@@ -210,7 +226,11 @@ async def _tunnel(
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     record: AuditRecord,
     ctx: GateContext,
+    origin: KeptOrigin | None = None,
+    client_tls: ssl.SSLContext | None = None,
 ) -> None:
+    """Answer 200, check the first flight, then relay bytes, or with ``client_tls`` terminate TLS and serve
+    the requests to ``origin`` (``upstream``, already connected with TLS)."""
     try:
         await conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
         record.status = 200
@@ -225,6 +245,9 @@ async def _tunnel(
                 conn.abort()
                 return
             record.reason += f"; {verdict.reason}"
+        if origin is not None and client_tls is not None:
+            await terminate(conn, early, target, origin, record, ctx, client_tls)
+            return
         traffic = Traffic()
         if early:
             upstream[1].write(early)
