@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import h11
@@ -32,7 +32,7 @@ from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import forward, outbound, set_headers
 from claude_bottle.gate.http import HttpConnection, header_values
-from claude_bottle.gate.serve import serve_requests
+from claude_bottle.gate.serve import Exchange, serve_requests
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
 from claude_bottle.gate.upstream import STREAM_LIMIT, dial
 from claude_bottle.policy.addresses import IPAddress
@@ -118,7 +118,7 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
             transport, _ = await loop.connect_accepted_socket(
                 lambda: protocol, inner, ssl=client_tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, TimeoutError) as exc:
-            record.reason += f"; TLS handshake with the client failed: {_tls_reason(exc)}"
+            record.fail(f"TLS handshake with the client failed: {_tls_reason(exc)}", 200)
             inner.close()
             return
         writer = asyncio.StreamWriter(transport, protocol, reader, loop)
@@ -165,8 +165,9 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
         inner.close()
 
 
-def _exchange(target: Target, origin: KeptOrigin) -> Callable[
-        [HttpConnection, h11.Request, AuditRecord, GateContext], Awaitable[None]]:
+def _exchange(target: Target, origin: KeptOrigin) -> Exchange:
+    """The exchange for each request inside the tunnel: the Host check, then the forward path."""
+
     async def exchange(conn: HttpConnection, request: h11.Request, record: AuditRecord, ctx: GateContext) -> None:
         idle = ctx.config.limits.idle_timeout
         record.target = str(target)
