@@ -88,9 +88,12 @@ class GateConfig:
     def guard(self) -> AddressGuard:
         return AddressGuard(self.allow_private)
 
-    def ssl_context(self) -> ssl.SSLContext:
-        """System trust plus the extra CA files (corporate TLS inspection)."""
+    def ssl_context(self, alpn: tuple[str, ...] = ()) -> ssl.SSLContext:
+        """Toward upstreams: system trust plus the extra CA files (corporate TLS inspection); ``alpn``, the
+        protocols to offer (none: no ALPN)."""
         context = ssl.create_default_context()
+        if alpn:
+            context.set_alpn_protocols(list(alpn))
         for path in self.extra_ca_files:
             try:
                 context.load_verify_locations(cafile=str(path))

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
+from typing import Protocol
 
 from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.config import GateConfig
 from claude_bottle.gate.resolver import Resolver
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.decide import EgressPolicy
+
+
+class LeafIssuer(Protocol):
+    """The run's CA as TLS termination uses it: a server-side context presenting a leaf for ``host``.
+    Raises ValueError for a host it may not certify."""
+
+    def context_for(self, host: str) -> ssl.SSLContext: ...
 
 
 @dataclass
@@ -18,4 +27,6 @@ class GateContext:
     resolver: Resolver
     egress: EgressPolicy
     api_pool: UpstreamPool
+    upstream_tls: ssl.SSLContext  # toward proxied hosts the gate terminates: system store + extra CAs, http/1.1
+    ca: LeafIssuer | None = None  # None: no termination, every tunnel is opaque (still under the name check)
     active_tunnels: int = 0
