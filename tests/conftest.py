@@ -15,6 +15,7 @@ import pytest
 from claude_bottle.credentials import Credential
 from claude_bottle.gate import config as gc
 from claude_bottle.gate.audit import AuditLog
+from claude_bottle.gate.context import LeafIssuer
 from claude_bottle.gate.resolver import Resolver
 from claude_bottle.gate.server import Gate
 from claude_bottle.stub import StubUpstream
@@ -76,6 +77,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         extra_ca: tuple[str, ...] = (),
         api_port: int = 0,
         proxy_port: int = 0,
+        ca: LeafIssuer | None = None,
         **limits: float | int,
     ) -> AsyncIterator[RunningGate]:
         token = token or make_token()
@@ -94,7 +96,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
                            **limits),
         )
         stream = io.StringIO()
-        async with Gate(config, AuditLog(stream, secrets=(token,)), resolver) as gate:
+        async with Gate(config, AuditLog(stream, secrets=(token,)), resolver, ca=ca) as gate:
             running = RunningGate(gate, token, stream)
             yield running
         assert token not in stream.getvalue(), "the audit log must never hold the credential"

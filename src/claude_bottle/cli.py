@@ -72,6 +72,15 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
 @click.option("--allow-server-tool", multiple=True, metavar="FAMILY",
               help="Let Messages requests use this provider-side server tool, e.g. web_fetch (refused by "
                    "default, except the web search Claude Code uses). Repeatable.")
+@click.option("--egress-rule", multiple=True, metavar="'HOST allow|deny METHOD PATH'",
+              help="A method and path rule for an inspected host, e.g. 'api.github.com allow GET /repos/**'; the "
+                   "host joins the allowlist. Repeatable.")
+@click.option("--no-inspect", multiple=True, metavar="HOST",
+              help="Tunnel this host opaquely (certificate pinning, mTLS), under the TLS name check only; it "
+                   "joins the allowlist. Weaker: no rules, no DLP. Repeatable.")
+@click.option("--dlp-rule", multiple=True, metavar="'NAME REGEX'",
+              help="An extra DLP rule refusing requests that match REGEX (bounded length). Repeatable.")
+@click.option("--dlp-off", multiple=True, metavar="NAME", help="Turn a built-in DLP rule off. Repeatable.")
 @click.option("--extra-ca", multiple=True, metavar="PATH", type=click.Path(dir_okay=False),
               help="Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.")
 @click.option("--audit-log", metavar="PATH", help="Append one JSON line per decision here; '-' for stderr.")
@@ -89,7 +98,8 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
 def gate(
     api_listen: str, proxy_listen: str, upstream: str, token_file: str, allow: tuple[str, ...],
     allow_tcp: tuple[str, ...], allow_private: tuple[str, ...], allow_api_path: tuple[str, ...],
-    allow_server_tool: tuple[str, ...], extra_ca: tuple[str, ...], audit_log: str | None,
+    allow_server_tool: tuple[str, ...], egress_rule: tuple[str, ...], no_inspect: tuple[str, ...],
+    dlp_rule: tuple[str, ...], dlp_off: tuple[str, ...], extra_ca: tuple[str, ...], audit_log: str | None,
     ca_cert_out: str | None, max_tunnels: int, max_connections: int, idle_timeout: float, drain_seconds: float,
 ) -> None:
     """Run the gate: hold the credential, forward API calls, filter egress.
@@ -104,12 +114,15 @@ def gate(
     from claude_bottle.gate.audit import AuditLog
     from claude_bottle.gate.server import run
 
+    request_policy = gc.parse_egress_rules(egress_rule, no_inspect)
     config = gc.GateConfig(
         api_listen=gc.parse_listen(api_listen, "--api-listen"),
         proxy_listen=gc.parse_listen(proxy_listen, "--proxy-listen"),
         upstream=gc.parse_upstream(upstream),
-        allowlist=gc.parse_allowlist(allow),
+        allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns),
         allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
+        request_policy=request_policy,
+        dlp=gc.parse_dlp(dlp_rule, dlp_off),
         allow_private=gc.parse_networks(allow_private),
         api_policy=gc.parse_api_paths(allow_api_path),
         messages_policy=gc.parse_server_tools(allow_server_tool),

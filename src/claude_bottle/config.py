@@ -23,10 +23,12 @@ from urllib.parse import urlsplit
 from claude_bottle import trust
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.config import DEFAULT_UPSTREAM, parse_upstream
+from claude_bottle.gate.dlp import DlpPolicy, DlpRule, InvalidDlpRule, parse_builtin_name, parse_dlp_rule
 from claude_bottle.paths import config_dir, state_dir
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import InvalidHost, normalize_host, parse_pattern, parse_port
 from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
+from claude_bottle.policy.rules import HostRules, InvalidRule, RequestPolicy, Verdict, make_host_rules, parse_rule
 from claude_bottle.runtime.bottle import Resources
 from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION
 
@@ -47,6 +49,25 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "pypi": ("pypi.org", "files.pythonhosted.org"),
     "github": ("github.com", "api.github.com", "codeload.github.com", "raw.githubusercontent.com",
                "objects.githubusercontent.com"),
+}
+# Read-only variants: the same hosts, inspected, with rules that let a bottle fetch, clone and install but
+# not push, publish or write through an API (docs/agents.md lists the rules).
+_READ = ("GET /**", "HEAD /**")
+READ_PRESETS: dict[str, tuple[HostRules, ...]] = {
+    "github-read": (
+        make_host_rules("github.com", allow=[*_READ, "POST /*/*/git-upload-pack"]),
+        *(make_host_rules(host, allow=_READ) for host in PRESETS["github"] if host != "github.com"),
+    ),
+    "npm-read": (
+        make_host_rules("registry.npmjs.org", allow=[*_READ, "POST /-/npm/v1/security/advisories/bulk",
+                                                     "POST /-/npm/v1/security/audits/quick"]),
+    ),
+    "pypi-read": tuple(make_host_rules(host, allow=_READ) for host in PRESETS["pypi"]),
+}
+# What a project file may not turn off, even once approved: inspection of a host, and DLP rules.
+PROJECT_FORBIDDEN_WEAKER = {
+    "egress[N].inspect = false": "it lets requests to that host pass unseen: no rules, no DLP",
+    "dlp.disable": "it turns off checks that stop credentials leaving",
 }
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 _MEMORY = re.compile(r"\d+[kmg]?", re.IGNORECASE)
@@ -87,14 +108,18 @@ class AgentConfig:
     extra_packages: tuple[str, ...] = ()
     mcp_servers: tuple[McpServer, ...] = ()
     server_tools: tuple[str, ...] = ()  # [api] server_tools: provider-side tool families the gate lets through
+    egress: RequestPolicy = RequestPolicy()  # [[egress]] entries and the read-only presets' entries
+    dlp: DlpPolicy = DlpPolicy()  # [dlp]: extra rules, built-in rules turned off
     upstream: str = DEFAULT_UPSTREAM
     sources: tuple[str, ...] = ()  # the files this came from, for messages
 
     @property
     def egress_allowlist(self) -> tuple[str, ...]:
-        """The allowlist the gate enforces: listed hosts plus the hosts of remote MCP servers."""
+        """The allowlist the gate enforces: listed hosts, the hosts of ``[[egress]]`` entries and of remote MCP
+        servers."""
         remote = tuple(s.allow_entry for s in self.mcp_servers if s.allow_entry)
-        return tuple(dict.fromkeys(self.allow + remote))
+        egress = tuple(str(pattern) for pattern in self.egress.patterns)
+        return tuple(dict.fromkeys(self.allow + egress + remote))
 
 
 def agents_dir() -> Path:
@@ -143,13 +168,23 @@ class ProjectFile:
                 raise ConfigError(
                     f"{self.path}: {key}: not allowed in a project file ({PROJECT_FORBIDDEN[key]}); put it in an "
                     f"agent of your own under {agents_dir()} and start that agent by name")
-        return parse_agent(DEFAULT_AGENT, self.data, str(self.path))
+        agent = parse_agent(DEFAULT_AGENT, self.data, str(self.path))
+        weaker = [f"egress[{i}].inspect" for i, entry in enumerate(self.data.get("egress", []))
+                  if entry.get("inspect") is False] + (["dlp.disable"] if agent.dlp.disabled else [])
+        if weaker:
+            why = PROJECT_FORBIDDEN_WEAKER["dlp.disable" if weaker[0] == "dlp.disable" else "egress[N].inspect = false"]
+            raise ConfigError(
+                f"{self.path}: {weaker[0]}: not allowed in a project file ({why}); put it in an agent of your own "
+                f"under {agents_dir()} and start that agent by name")
+        return agent
 
 
 # What each key a project file may set does, for `claude-bottle trust`.
 PROJECT_EFFECTS = {
     "allow": "hosts the bottle may reach",
-    "presets": "registries the bottle may reach",
+    "presets": "registries the bottle may reach (the -read ones: with method and path rules)",
+    "egress": "hosts the bottle may reach, with method and path rules",
+    "dlp": "extra DLP rules: more requests refused",
     "mcp": "MCP servers (a remote one's host joins the allowlist)",
     "env": "environment variables in the bottle",
     "extra_packages": "Debian packages in the bottle image",
@@ -244,15 +279,19 @@ class _Fields:
 def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     top = _Fields(data, source)
     top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
-                    "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api"})
+                    "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp"})
     if data.get("version") != CONFIG_VERSION:
         raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
 
     allow = list(top.strings("allow"))
+    read_entries: list[tuple[str, HostRules]] = []
     for preset in top.strings("presets"):
-        if preset not in PRESETS:
-            raise top.fail("presets", f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
-        allow.extend(PRESETS[preset])
+        if preset in READ_PRESETS:
+            read_entries.extend((f"presets: {preset}", entry) for entry in READ_PRESETS[preset])
+        elif preset in PRESETS:
+            allow.extend(PRESETS[preset])
+        else:
+            raise top.fail("presets", f"unknown preset {preset!r} (known: {', '.join([*PRESETS, *READ_PRESETS])})")
     for pattern in allow:
         try:
             parse_pattern(pattern)
@@ -304,6 +343,8 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
         extra_packages=top.strings("extra_packages"),
         mcp_servers=_mcp(_Fields(top.table("mcp"), source, "mcp.")),
         server_tools=_api(_Fields(top.table("api"), source, "api.")),
+        egress=_egress(data.get("egress", []), top, read_entries),
+        dlp=_dlp(_Fields(top.table("dlp"), source, "dlp.")),
         upstream=upstream,
         sources=(source,),
     )
@@ -468,3 +509,62 @@ def _api(fields: _Fields) -> tuple[str, ...]:
         except InvalidServerTool as exc:
             raise fields.fail("server_tools", str(exc)) from None
     return tuple(dict.fromkeys(tools))
+
+
+def _egress(value: Any, top: _Fields, presets: list[tuple[str, HostRules]]) -> RequestPolicy:
+    """``[[egress]]`` entries, after the read-only presets' ones. One entry per host pattern."""
+    example = '[[egress]] host = "api.github.com" allow = ["GET /repos/**"]'
+    if not isinstance(value, list):
+        raise top.fail("egress", f"must be a list of tables: {example}")
+    entries = list(presets)
+    for i, item in enumerate(value):
+        fields = _Fields(item if isinstance(item, dict) else {}, top.source, f"egress[{i}].")
+        if not isinstance(item, dict):
+            raise top.fail(f"egress[{i}]", f"must be a table: {example}")
+        fields.check_keys({"host", "allow", "deny", "inspect"})
+        host, inspect = fields.string("host"), fields.data.get("inspect", True)
+        if not host:
+            raise fields.fail("host", "is required: a host pattern as in allow, such as api.github.com")
+        if not isinstance(inspect, bool):
+            raise fields.fail("inspect", "must be true or false")
+        try:
+            pattern = parse_pattern(host)
+        except InvalidHost as exc:
+            raise fields.fail("host", str(exc)) from None
+        rules = {}
+        for verdict in Verdict:
+            try:
+                rules[verdict] = tuple(parse_rule(verdict, text) for text in fields.strings(verdict))
+            except InvalidRule as exc:
+                raise fields.fail(verdict, str(exc)) from None
+        if not inspect and (rules[Verdict.ALLOW] or rules[Verdict.DENY]):
+            raise fields.fail("inspect", "false, yet the entry has allow or deny rules, which need the gate to see "
+                                         "the requests; drop the rules or inspect = false")
+        entries.append((f"egress[{i}]", HostRules(pattern, rules[Verdict.ALLOW], rules[Verdict.DENY], inspect)))
+    seen: dict[object, str] = {}
+    for origin, entry in entries:
+        if entry.host in seen:
+            raise top.fail(origin, f"{entry.host} has an entry already ({seen[entry.host]}); keep one (to change a "
+                                   "preset's rules, copy them from docs/agents.md into [[egress]] instead)")
+        seen[entry.host] = origin
+    return RequestPolicy(tuple(entry for _, entry in entries))
+
+
+def _dlp(fields: _Fields) -> DlpPolicy:
+    """``[dlp]``: ``disable`` (built-in rule names) and ``[dlp.rules]`` (name = regex), see docs/inspection.md."""
+    fields.check_keys({"disable", "rules"})
+    disabled = set()
+    for name in fields.strings("disable"):
+        try:
+            disabled.add(parse_builtin_name(name))
+        except InvalidDlpRule as exc:
+            raise fields.fail("disable", str(exc)) from None
+    extra: list[DlpRule] = []
+    for name, regex in fields.table("rules").items():
+        if not isinstance(regex, str):
+            raise fields.fail(f"rules.{name}", "must be a regular expression in a string")
+        try:
+            extra.append(parse_dlp_rule(name, regex))
+        except InvalidDlpRule as exc:
+            raise fields.fail(f"rules.{name}", str(exc)) from None
+    return DlpPolicy(tuple(extra), frozenset(disabled))

@@ -109,7 +109,7 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
         mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
         mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
                               if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
-        server_tools=agent.server_tools, protected=protected,
+        server_tools=agent.server_tools, protected=protected, request_policy=agent.egress, dlp=agent.dlp,
     )
 
 

@@ -39,7 +39,7 @@ from typing import Any, Self
 
 import h11
 
-from claude_bottle.gate.http import ClientGone, ClientProtocolError, Headers, HttpConnection
+from claude_bottle.gate.http import Headers, HttpConnection, PeerGone, ProtocolError
 
 DEFAULT_TEXT = "Hello from the stub upstream."
 SSE_HEADERS: Headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -210,10 +210,10 @@ class StubUpstream:
                                       **recorded.outline()}), flush=True)
                 if not await self._answer(conn, recorded) or not conn.can_reuse():
                     break
-        except ClientProtocolError as exc:  # answered, as real servers do: a probe can tell it got here
-            with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+        except ProtocolError as exc:  # answered, as real servers do: a probe can tell it got here
+            with contextlib.suppress(PeerGone, h11.LocalProtocolError):
                 await conn.fail(exc.status, f"stub: {exc}")
-        except (ClientGone, asyncio.CancelledError):
+        except (PeerGone, asyncio.CancelledError):
             pass
         finally:
             self._tasks.discard(task)

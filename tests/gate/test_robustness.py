@@ -14,7 +14,7 @@ from claude_bottle.gate.resolver import StaticResolver
 from claude_bottle.gate.server import UPSTREAM_ADDRESS_TTL
 from claude_bottle.stub import StubUpstream
 from tests.conftest import GateFactory, RunningGate
-from tests.helpers import connect_via, eventually, exchange, messages_request, parse_head, read_all
+from tests.helpers import connect_via, eventually, exchange, messages_request, parse_head, raw_server, read_all
 
 pytestmark = pytest.mark.asyncio
 
@@ -186,3 +186,32 @@ async def test_a_fault_inside_an_exchange_is_answered_and_audited_with_its_reaso
         record = gate.records()[0]
     assert parse_head(response)[0] == 500
     assert record["decision"] == "error" and "RuntimeError: simulated fault" in record["reason"]
+
+
+@pytest.mark.parametrize("listener", ["api", "proxy"])
+async def test_a_client_stalling_mid_upload_is_answered_408_as_its_own_fault(make_gate: GateFactory,
+                                                                             listener: str) -> None:
+    """The upstream is waiting for the body, not failing: the gate must not blame it (504)."""
+    async def patient(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # reads whatever comes, answers nothing
+
+    host = "127.0.0.1" if listener == "api" else "127.0.0.2"
+    async with raw_server(patient, host) as origin, \
+            make_gate(upstream=f"http://{origin}" if listener == "api" else None, api_paths=("POST /v1/upload",),
+                      allow=(str(origin),), allow_private=("127.0.0.2/32",), idle_timeout=0.5) as gate:
+        endpoint = gate.api if listener == "api" else gate.proxy
+        target = "/v1/upload" if listener == "api" else f"http://{origin}/upload"
+        reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+        writer.write(f"POST {target} HTTP/1.1\r\nHost: {origin}\r\nContent-Length: 100\r\n\r\n".encode()
+                     + b"ten bytes.")
+        await writer.drain()
+        answer = await read_all(reader, 5)
+        writer.close()
+        await eventually(gate.records, what="the audit line")
+        record = gate.records()[0]
+    status, headers = parse_head(answer)
+    assert status == 408 and "client idle" in headers["x-deny-reason"]
+    assert record["decision"] == "error" and record["status"] == 408
+    assert "client idle too long" in record["reason"] and "upstream" not in record["reason"]
+    assert record["bytes_up"] == 10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,109 @@ def test_lookup_order_and_missing_agents(tmp_path: Path, monkeypatch: pytest.Mon
 def test_a_remote_mcp_server_joins_the_allowlist_as_host_and_port(tmp_path: Path, url: str, entry: str) -> None:
     agent = parse(f'version = 1\n[mcp.servers.x]\nurl = "{url}"\n', tmp_path)
     assert agent.egress_allowlist == (entry,)
+
+
+EGRESS = """
+version = 1
+allow = ["registry.npmjs.org"]
+presets = ["github-read"]
+[[egress]]
+host = "api.example.com"
+allow = ["GET /v1/**", "HEAD /**"]
+deny = ["* /v1/admin/**"]
+[[egress]]
+host = "pinned.example.com:8443"
+inspect = false
+[[egress]]
+host = "*.internal.example.com"
+[dlp]
+disable = ["jwt"]
+[dlp.rules]
+internal-token = "itk_[a-z0-9]{32}"
+"""
+
+
+def test_egress_entries_and_dlp_are_parsed_once_into_policies(tmp_path: Path) -> None:
+    from claude_bottle.policy.hosts import Target
+
+    agent = parse(EGRESS, tmp_path)
+    policy = agent.egress
+    assert [str(e.host) for e in policy.hosts] == [
+        "github.com", "api.github.com", "codeload.github.com", "raw.githubusercontent.com",
+        "objects.githubusercontent.com", "api.example.com", "pinned.example.com:8443", "*.internal.example.com"]
+    # every entry's host joins the allowlist
+    assert agent.egress_allowlist == ("registry.npmjs.org", *(str(e.host) for e in policy.hosts))
+    assert policy.decide("GET", "api.example.com", 443, "/v1/things").allow
+    assert not policy.decide("GET", "api.example.com", 443, "/v1/admin/users").allow
+    assert not policy.decide("POST", "api.example.com", 443, "/v1/things").allow
+    assert not policy.inspects(Target("pinned.example.com", 8443))
+    assert policy.decide("DELETE", "x.internal.example.com", 443, "/").allow
+    assert "jwt" in agent.dlp.disabled and [r.name for r in agent.dlp.extra] == ["internal-token"]
+
+
+@pytest.mark.parametrize(("method", "host", "path", "allow"), [
+    ("GET", "github.com", "/o/r.git/info/refs?service=git-upload-pack", True),
+    ("POST", "github.com", "/o/r.git/git-upload-pack", True),
+    ("POST", "github.com", "/o/r.git/git-receive-pack", False),
+    ("GET", "github.com", "/o/r/archive/refs/heads/main.zip", True),
+    ("POST", "github.com", "/o/r.git/info/lfs/objects/batch", False),
+    ("GET", "api.github.com", "/repos/o/r/pulls", True),
+    ("HEAD", "api.github.com", "/", True),
+    ("POST", "api.github.com", "/repos/o/r/issues", False),
+    ("PATCH", "api.github.com", "/repos/o/r", False),
+    ("DELETE", "api.github.com", "/repos/o/r", False),
+    ("PUT", "api.github.com", "/repos/o/r/contents/x", False),
+    ("POST", "api.github.com", "/graphql", False),
+    ("POST", "api.github.com", "/gists", False),
+    ("GET", "codeload.github.com", "/o/r/tar.gz/refs/heads/main", True),
+    ("GET", "raw.githubusercontent.com", "/o/r/main/README.md", True),
+    ("PUT", "objects.githubusercontent.com", "/x", False),
+    ("GET", "registry.npmjs.org", "/@types%2fnode", True),
+    ("GET", "registry.npmjs.org", "/left-pad/-/left-pad-1.3.0.tgz", True),
+    ("POST", "registry.npmjs.org", "/-/npm/v1/security/advisories/bulk", True),
+    ("PUT", "registry.npmjs.org", "/left-pad", False),
+    ("PUT", "registry.npmjs.org", "/@scope%2fpkg", False),
+    ("DELETE", "registry.npmjs.org", "/-/user/token/x", False),
+    ("POST", "registry.npmjs.org", "/-/v1/login", False),
+    ("GET", "pypi.org", "/simple/requests/", True),
+    ("GET", "pypi.org", "/pypi/requests/json", True),
+    ("POST", "pypi.org", "/pypi", False),
+    ("POST", "pypi.org", "/legacy/", False),
+    ("GET", "files.pythonhosted.org", "/packages/ab/cd/requests-2.32.0-py3-none-any.whl", True),
+])
+def test_read_presets_fetch_and_install_but_never_write(method: str, host: str, path: str, allow: bool,
+                                                       tmp_path: Path) -> None:
+    agent = parse('version = 1\npresets = ["github-read", "npm-read", "pypi-read"]\n', tmp_path)
+    decision = agent.egress.decide(method, host, 443, path)
+    assert decision.allow is allow, decision.reason
+    assert "presets" not in decision.reason and "[[egress]]" in decision.reason
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('egress = "x"', "egress: must be a list of tables"),
+    ("egress = [1]", "egress[0]: must be a table"),
+    ('[[egress]]\nallow = ["GET /**"]', "egress[0].host: is required"),
+    ('[[egress]]\nhost = "*"', "egress[0].host: allow pattern '*' matches every host"),
+    ('[[egress]]\nhost = "https://x.example.com/"', "egress[0].host: allow pattern .* give a host, not a URL"),
+    ('[[egress]]\nhost = "x.example.com"\nallow = ["get /**"]', "egress[0].allow: rule 'get /**': .* write GET"),
+    ('[[egress]]\nhost = "x.example.com"\ndeny = ["POST gists"]', "egress[0].deny: rule 'POST gists': path 'gists' must start"),
+    ('[[egress]]\nhost = "x.example.com"\nallow = "GET /**"', "egress[0].allow: must be a list of strings"),
+    ('[[egress]]\nhost = "x.example.com"\ninspect = "no"', "egress[0].inspect: must be true or false"),
+    ('[[egress]]\nhost = "x.example.com"\ninspect = false\nallow = ["GET /**"]', "egress[0].inspect: false, yet"),
+    ('[[egress]]\nhost = "x.example.com"\nmethods = ["GET"]', "egress[0].methods: unknown key"),
+    ('[[egress]]\nhost = "x.example.com"\n[[egress]]\nhost = "X.example.com."', "egress[1]: x.example.com has an entry already (egress[0])"),
+    ('presets = ["github-read"]\n[[egress]]\nhost = "api.github.com"', "egress[0]: api.github.com has an entry already (presets: github-read)"),
+    ('presets = ["github-write"]', "presets: unknown preset 'github-write' .*github-read"),
+    ('[dlp]\ndisable = ["aws"]', "dlp.disable: 'aws' is not a built-in DLP rule"),
+    ('[dlp]\ndisable = ["held-secret"]', "dlp.disable: .*always refused"),
+    ('[dlp]\nrules = ["x"]', "dlp.rules: must be a table"),
+    ('[dlp.rules]\nx = 1', "dlp.rules.x: must be a regular expression in a string"),
+    ('[dlp.rules]\ntok = "tok_[a-z]+"', "dlp.rules.tok: rule tok: .* bound every repetition"),
+    ('[dlp.rules]\nTok = "tok_[a-z]{20}"', "dlp.rules.Tok: rule name 'Tok'"),
+    ('[dlp]\nallow = []', "dlp.allow: unknown key"),
+])
+def test_egress_and_dlp_mistakes_name_the_file_and_key(body: str, message: str, tmp_path: Path) -> None:
+    """``message``: literal text, with ``.*`` where anything may come between."""
+    with pytest.raises(ConfigError) as caught:
+        parse("version = 1\n" + body, tmp_path)
+    assert re.match(".*".join(map(re.escape, ("agent.toml: " + message).split(".*"))), str(caught.value)), caught.value

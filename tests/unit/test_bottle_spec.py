@@ -123,3 +123,29 @@ def test_the_agents_server_tools_and_mcp_hosts_reach_the_gate_command(tmp_path: 
     assert spec.mcp_servers == {"docs": {"type": "http", "url": "https://mcp.example.com:8443/mcp"}}
     assert "--allow-server-tool" not in gate_command(run_spec(Launch(AgentConfig(), tmp_path, spec.credential),
                                                               "bottle", "gate", "1000:1000"))
+
+
+def test_the_agents_egress_rules_and_dlp_reach_the_gate_command(tmp_path: Path) -> None:
+    from claude_bottle.gate.config import parse_dlp, parse_egress_rules
+
+    agent = parse_agent("a", tomllib.loads(
+        'version = 1\npresets = ["npm-read"]\n[[egress]]\nhost = "api.example.com"\nallow = ["GET /v1/**"]\n'
+        'deny = ["GET /v1/admin"]\n[[egress]]\nhost = "pinned.example.com"\ninspect = false\n'
+        '[[egress]]\nhost = "open.example.com"\n[dlp]\ndisable = ["jwt"]\n[dlp.rules]\nitk = "itk_[a-z0-9]{32}"\n'),
+        "a.toml")
+    spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "bottle", "gate", "1000:1000")
+    command = gate_command(spec)
+    pairs = list(zip(command[::2], command[1::2], strict=True))
+    assert [v for k, v in pairs if k == "--allow"] == ["registry.npmjs.org", "api.example.com", "pinned.example.com",
+                                                       "open.example.com"]
+    rules = [v for k, v in pairs if k == "--egress-rule"]
+    assert rules == ["registry.npmjs.org allow GET /**", "registry.npmjs.org allow HEAD /**",
+                     "registry.npmjs.org allow POST /-/npm/v1/security/advisories/bulk",
+                     "registry.npmjs.org allow POST /-/npm/v1/security/audits/quick",
+                     "api.example.com deny GET /v1/admin", "api.example.com allow GET /v1/**"]
+    # what the gate parses from those flags is what the agent holds
+    opaque = [v for k, v in pairs if k == "--no-inspect"]
+    assert opaque == ["pinned.example.com"]
+    assert parse_egress_rules(rules, opaque) == type(agent.egress)(
+        tuple(e for e in agent.egress.hosts if e.allow or e.deny or not e.inspect))
+    assert parse_dlp([v for k, v in pairs if k == "--dlp-rule"], [v for k, v in pairs if k == "--dlp-off"]) == agent.dlp

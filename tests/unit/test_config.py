@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +234,73 @@ def test_hop_by_hop_set() -> None:
         b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade",
         b"proxy-authenticate", b"proxy-authorization",
     }) == HOP_BY_HOP
+
+
+def test_egress_rules_and_no_inspect_become_the_request_policy_and_join_the_allowlist() -> None:
+    from claude_bottle.gate.config import parse_egress_rules
+    from claude_bottle.policy.hosts import Target
+
+    policy = parse_egress_rules(["api.github.com allow GET /repos/**", "api.github.com deny POST /gists",
+                                 "*.example.com:8443 allow * /**"], ["pinned.example.net"])
+    assert [str(e.host) for e in policy.hosts] == ["api.github.com", "*.example.com:8443", "pinned.example.net"]
+    assert policy.decide("GET", "api.github.com", 443, "/repos/a").allow
+    assert not policy.decide("POST", "api.github.com", 443, "/gists").allow
+    assert not policy.inspects(Target("pinned.example.net", 443))
+    allowlist = parse_allowlist(["api.github.com", "registry.npmjs.org"], extra=policy.patterns)
+    assert [str(p) for p in allowlist.patterns] == ["api.github.com", "registry.npmjs.org", "*.example.com:8443",
+                                                    "pinned.example.net"]
+
+
+@pytest.mark.parametrize(("rules", "opaque", "words"), [
+    (["api.github.com allow"], [], "--egress-rule 'api.github.com allow': write HOST allow|deny METHOD PATH"),
+    (["api.github.com allow GET repos"], [], "--egress-rule 'api.github.com allow GET repos': rule 'GET repos'"),
+    ([], ["*"], "--no-inspect '*': allow pattern '*' matches every host"),
+])
+def test_egress_flag_errors_name_the_flag(rules: list[str], opaque: list[str], words: str) -> None:
+    from claude_bottle.gate.config import parse_egress_rules
+
+    with pytest.raises(ConfigError) as caught:
+        parse_egress_rules(rules, opaque)
+    assert str(caught.value).startswith(words)
+
+
+def test_dlp_flags() -> None:
+    from claude_bottle.gate.config import parse_dlp
+
+    policy = parse_dlp(["internal-token itk_[a-z0-9]{32}"], ["jwt"])
+    assert policy.disabled == {"jwt"} and [r.name for r in policy.extra] == ["internal-token"]
+    with pytest.raises(ConfigError, match=r"^--dlp-rule 'x itk_\[a-z\]\+': rule x: .*bound every repetition"):
+        parse_dlp(["x itk_[a-z]+"], [])
+    with pytest.raises(ConfigError, match=r"^--dlp-off 'aws' is not a built-in DLP rule"):
+        parse_dlp([], ["aws"])
+
+
+def test_the_gate_command_parses_its_rule_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The flags reach GateConfig: the run is replaced by a recorder of the config it is given."""
+    from click.testing import CliRunner
+
+    from claude_bottle.cli import cli
+    from claude_bottle.gate import server
+
+    seen = []
+
+    async def record(config: object, audit: object, **options: object) -> None:
+        seen.append(config)
+
+    monkeypatch.setattr(server, "run", record)
+    token = tmp_path / "token"
+    token.write_text("sk-ant-oat01-" + "a" * 80 + "AA")
+    token.chmod(0o600)
+    result = CliRunner().invoke(cli, [
+        "gate", "--api-listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0", "--token-file", str(token),
+        "--egress-rule", "api.github.com allow GET /repos/**", "--no-inspect", "pinned.example.net",
+        "--dlp-rule", "internal-token itk_[a-z0-9]{32}", "--dlp-off", "jwt"])
+    assert result.exit_code == 0, result.output
+    config = seen[0]
+    assert [str(p) for p in config.allowlist.patterns] == ["api.github.com", "pinned.example.net"]  # type: ignore[attr-defined]
+    assert config.request_policy.decide("GET", "api.github.com", 443, "/repos/x").allow  # type: ignore[attr-defined]
+    assert config.dlp.disabled == {"jwt"}  # type: ignore[attr-defined]
+    bad = CliRunner().invoke(cli, [
+        "gate", "--api-listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0", "--token-file", str(token),
+        "--egress-rule", "api.github.com allow get /"])
+    assert isinstance(bad.exception, ConfigError) and "--egress-rule 'api.github.com allow get /'" in str(bad.exception)

@@ -4,6 +4,7 @@ and `claude-bottle trust`, which approves exactly what it showed."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,24 @@ def test_every_command_that_reads_the_project_file_refuses_an_unapproved_one(
     monkeypatch.setenv("CLAUDE_BOTTLE_OAUTH_TOKEN", "sk-ant-oat01-" + "x" * 80)
     result = CliRunner().invoke(cli, [*command, *(["--workspace", str(project)] if command[0] != "verify" else [])])
     assert isinstance(result.exception, ConfigError) and "is not approved" in str(result.exception)
+
+
+@pytest.mark.parametrize("body, where", [
+    ('[[egress]]\nhost = "pinned.example.com"\ninspect = false\n', "egress[0].inspect"),
+    ('[[egress]]\nhost = "a.example.com"\n[[egress]]\nhost = "b.example.com"\ninspect = false\n', "egress[1].inspect"),
+    ('[dlp]\ndisable = ["jwt"]\n', "dlp.disable"),
+])
+def test_a_project_file_may_not_weaken_inspection_even_when_approved(project: Path, body: str, where: str) -> None:
+    write(project, "version = 1\n" + body)
+    trust.approve(project, read_project_file(project).digest)  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=rf"{re.escape(where)}: not allowed in a project file .*agents"):
+        load_agent(None, project)
+
+
+def test_a_project_file_may_add_rules_and_dlp_rules(project: Path) -> None:
+    write(project, 'version = 1\npresets = ["github-read"]\n[[egress]]\nhost = "api.example.com"\n'
+                   'allow = ["GET /v1/**"]\ninspect = true\n[dlp.rules]\ninternal = "itk_[a-z0-9]{32}"\n')
+    trust.approve(project, read_project_file(project).digest)  # type: ignore[union-attr]
+    agent = load_agent(None, project)
+    assert "api.example.com" in agent.egress_allowlist and "github.com" in agent.egress_allowlist
+    assert [rule.name for rule in agent.dlp.extra] == ["internal"]

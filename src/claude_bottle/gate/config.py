@@ -10,10 +10,20 @@ from urllib.parse import urlsplit
 
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError
+from claude_bottle.gate.dlp import DlpPolicy, InvalidDlpRule
+from claude_bottle.gate.dlp import policy_from_flags as dlp_from_flags
 from claude_bottle.policy.addresses import AddressGuard, IPNetwork, parse_network
 from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy
-from claude_bottle.policy.hosts import Allowlist, InvalidHost, normalize_host, parse_port, split_host_port
+from claude_bottle.policy.hosts import (
+    Allowlist,
+    HostPattern,
+    InvalidHost,
+    normalize_host,
+    parse_port,
+    split_host_port,
+)
 from claude_bottle.policy.messages import MAX_BODY_BYTES, InvalidServerTool, MessagesPolicy, parse_server_tool
+from claude_bottle.policy.rules import InvalidRule, RequestPolicy, policy_from_flags
 
 DEFAULT_UPSTREAM = "https://api.anthropic.com"
 
@@ -67,6 +77,10 @@ class GateConfig:
     allow_private: tuple[IPNetwork, ...] = ()
     api_policy: ApiPolicy = ApiPolicy()
     messages_policy: MessagesPolicy = MessagesPolicy()
+    # Inspected requests (terminated TLS, plain HTTP): method and path rules per host, and whether a host is
+    # inspected at all (``RequestPolicy.inspects``); then DLP over each request (``DlpPolicy.scanner``).
+    request_policy: RequestPolicy = RequestPolicy()
+    dlp: DlpPolicy = DlpPolicy()
     extra_ca_files: tuple[Path, ...] = ()
     limits: Limits = field(default_factory=Limits)
 
@@ -74,9 +88,12 @@ class GateConfig:
     def guard(self) -> AddressGuard:
         return AddressGuard(self.allow_private)
 
-    def ssl_context(self) -> ssl.SSLContext:
-        """System trust plus the extra CA files (corporate TLS inspection)."""
+    def ssl_context(self, alpn: tuple[str, ...] = ()) -> ssl.SSLContext:
+        """Toward upstreams: system trust plus the extra CA files (corporate TLS inspection); ``alpn``, the
+        protocols to offer (none: no ALPN)."""
         context = ssl.create_default_context()
+        if alpn:
+            context.set_alpn_protocols(list(alpn))
         for path in self.extra_ca_files:
             try:
                 context.load_verify_locations(cafile=str(path))
@@ -152,11 +169,32 @@ def parse_networks(texts: tuple[str, ...] | list[str]) -> tuple[IPNetwork, ...]:
         raise ConfigError(f"--allow-private: {exc}") from None
 
 
-def parse_allowlist(texts: tuple[str, ...] | list[str], flag: str = "--allow") -> Allowlist:
+def parse_allowlist(texts: tuple[str, ...] | list[str], flag: str = "--allow",
+                    extra: tuple[HostPattern, ...] = ()) -> Allowlist:
+    """``flag``'s patterns, then ``extra`` ones (for ``--allow``: the hosts of ``--egress-rule`` and
+    ``--no-inspect``)."""
     try:
-        return Allowlist.parse(texts)
+        patterns = Allowlist.parse(texts).patterns
     except InvalidHost as exc:
         raise ConfigError(f"{flag}: {exc}") from None
+    return Allowlist(tuple(dict.fromkeys(patterns + extra)))
+
+
+def parse_egress_rules(rules: tuple[str, ...] | list[str], no_inspect: tuple[str, ...] | list[str]) -> RequestPolicy:
+    """``--egress-rule 'HOST allow|deny METHOD PATH'`` and ``--no-inspect HOST``: the request policy. Each
+    host named joins the allowlist (see ``parse_allowlist``)."""
+    try:
+        return policy_from_flags(rules, no_inspect)
+    except InvalidRule as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def parse_dlp(rules: tuple[str, ...] | list[str], off: tuple[str, ...] | list[str]) -> DlpPolicy:
+    """``--dlp-rule 'NAME REGEX'`` (an extra rule) and ``--dlp-off NAME`` (a built-in rule turned off)."""
+    try:
+        return dlp_from_flags(rules, off)
+    except InvalidDlpRule as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def loopback(host: str) -> bool:

@@ -27,5 +27,6 @@ class GateContext:
     resolver: Resolver
     egress: EgressPolicy
     api_pool: UpstreamPool
+    upstream_tls: ssl.SSLContext  # toward proxied hosts the gate terminates: system store + extra CAs, http/1.1
     ca: LeafIssuer | None = None  # None: no termination, every tunnel is opaque (still under the name check)
     active_tunnels: int = 0

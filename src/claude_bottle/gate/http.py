@@ -1,7 +1,9 @@
-"""HTTP/1.1 on an asyncio stream, parsed by h11; shared by both listeners (and the stub upstream).
+"""HTTP/1.1 on an asyncio stream, parsed by h11; used for both sides of every exchange (and the stub upstream).
 
-Errors are translated here: a peer that breaks the protocol raises ``ClientProtocolError`` carrying the
-status to answer with (400, or 431 for oversized headers).
+A connection does not know whose side it is on, so its errors name no side: a peer that breaks the protocol
+raises ``ProtocolError`` (with the status a server would answer, 400, 413, 431 or 505), one that closes or
+resets raises ``PeerGone``, one that goes silent ``TimeoutError``. The forward path says whose fault each
+one was (gate/failures.py), once, where it steps on that side.
 """
 
 from __future__ import annotations
@@ -55,13 +57,15 @@ def _header_text(text: str) -> str:
     return "".join(c if " " <= c <= "~" else "?" for c in text).strip()
 
 
-class ClientProtocolError(Exception):
+class ProtocolError(Exception):
+    """The peer broke HTTP/1.1 (or the gate's stricter rules); ``status`` is what a server answers."""
+
     def __init__(self, reason: str, status: int = 400) -> None:
         super().__init__(reason)
         self.status = status
 
 
-class ClientGone(Exception):
+class PeerGone(Exception):
     """The peer closed or reset the connection."""
 
 
@@ -115,7 +119,7 @@ class HttpConnection:
             try:
                 event = self.h11.next_event()
             except h11.RemoteProtocolError as exc:
-                raise ClientProtocolError(str(exc), exc.error_status_hint) from None
+                raise ProtocolError(str(exc), exc.error_status_hint) from None
             if isinstance(event, h11.Request | h11.Response):
                 self._check_head(event)
             if event is not h11.NEED_DATA:
@@ -126,7 +130,7 @@ class HttpConnection:
             except TimeoutError:
                 raise  # an OSError too, but the caller must tell a silent peer from a vanished one
             except OSError as exc:
-                raise ClientGone(str(exc) or type(exc).__name__) from None
+                raise PeerGone(str(exc) or type(exc).__name__) from None
             if self.h11.their_state in (h11.IDLE, h11.SEND_RESPONSE) and data:
                 self._head = (self._head + data)[: self._max_header_bytes + 4]
             self.h11.receive_data(data)
@@ -138,16 +142,16 @@ class HttpConnection:
         end = re.search(rb"\r?\n\r?\n", head)
         head = head[: end.end()] if end else head
         if len(head) > self._max_header_bytes:  # h11 only limits heads that arrive in pieces
-            raise ClientProtocolError(f"message head larger than {self._max_header_bytes} bytes", 431)
+            raise ProtocolError(f"message head larger than {self._max_header_bytes} bytes", 431)
         if event.http_version not in (b"1.0", b"1.1"):
-            raise ClientProtocolError(f"HTTP/{event.http_version.decode()} is not supported", 505)
+            raise ProtocolError(f"HTTP/{event.http_version.decode()} is not supported", 505)
         problem = framing_problem(head) or connection_problem(event.headers)
         if problem is None and header_values(event.headers, b"transfer-encoding") and header_values(
             event.headers, b"content-length"
         ):
             problem = "both Content-Length and Transfer-Encoding"
         if problem:
-            raise ClientProtocolError(problem)
+            raise ProtocolError(problem)
 
     @property
     def head_started(self) -> bool:
@@ -162,7 +166,7 @@ class HttpConnection:
         if isinstance(event, h11.ConnectionClosed):
             return None
         if not isinstance(event, h11.Request):
-            raise ClientProtocolError(f"unexpected {type(event).__name__} before a request")
+            raise ProtocolError(f"unexpected {type(event).__name__} before a request")
         return event
 
     async def body(self, timeout: float | None) -> AsyncIterator[bytes]:
@@ -174,24 +178,9 @@ class HttpConnection:
             elif isinstance(event, h11.EndOfMessage):
                 return
             elif isinstance(event, h11.ConnectionClosed):
-                raise ClientGone("connection closed in the middle of a body")
+                raise PeerGone("connection closed in the middle of a body")
             else:
-                raise ClientProtocolError(f"unexpected {type(event).__name__} in a body")
-
-    async def read_body(self, request: h11.Request, max_bytes: int, timeout: float | None) -> bytes:
-        """The whole body of ``request``, refused with 413 past ``max_bytes`` (before reading any of it when
-        its Content-Length already says so; h11 has checked that the value is a number)."""
-        too_large = ClientProtocolError(f"request body larger than {max_bytes} bytes", 413)
-        declared = header_values(request.headers, b"content-length")
-        if declared and int(declared[0]) > max_bytes:
-            raise too_large
-        chunks, size = [], 0
-        async for chunk in self.body(timeout):
-            size += len(chunk)
-            if size > max_bytes:
-                raise too_large
-            chunks.append(chunk)
-        return b"".join(chunks)
+                raise ProtocolError(f"unexpected {type(event).__name__} in a body")
 
     async def send(self, event: h11.Event) -> None:
         if isinstance(event, h11.Response | h11.InformationalResponse) and not event.reason:
@@ -204,7 +193,7 @@ class HttpConnection:
             try:
                 await self.writer.drain()
             except (ConnectionError, OSError) as exc:
-                raise ClientGone(str(exc)) from None
+                raise PeerGone(str(exc)) from None
 
     async def send_simple(self, status: int, reason: str, headers: Headers | None = None) -> None:
         """A complete small response, e.g. a refusal: ``reason`` as a line of text, or as an Anthropic API
@@ -227,14 +216,21 @@ class HttpConnection:
 
     async def refuse(self, status: int, reason: str, timeout: float, max_body: int = 1 << 20) -> None:
         """Answer a refused request. A small body is read first so the connection stays usable; past
-        ``max_body`` the connection is closed after the answer."""
+        ``max_body``, or when the body stops coming for ``timeout``, the connection is closed after the answer."""
         if self.h11.their_state is h11.SEND_BODY:
-            seen = 0
-            async for chunk in self.body(timeout):
-                seen += len(chunk)
-                if seen > max_body:
-                    await self.send_simple(status, reason, [(b"connection", b"close")])
-                    return
+            seen, complete = 0, False
+            try:
+                async for chunk in self.body(timeout):
+                    seen += len(chunk)
+                    if seen > max_body:
+                        break
+                else:
+                    complete = True
+            except TimeoutError:
+                pass  # a body that stops coming: answer anyway, and close
+            if not complete:
+                await self.send_simple(status, reason, [(b"connection", b"close")])
+                return
         await self.send_simple(status, reason)
 
     async def refuse_unread(self, status: int, reason: str) -> None:

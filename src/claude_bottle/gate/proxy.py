@@ -13,17 +13,22 @@ header must name the URL's host for the same reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import h11
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.http import READ_SIZE, ClientProtocolError, HttpConnection, end_to_end, header_values
-from claude_bottle.gate.resolver import ResolveError
+from claude_bottle.gate.failures import Refused, upstream_side
+from claude_bottle.gate.forward import forward, outbound, set_headers
+from claude_bottle.gate.http import READ_SIZE, HttpConnection, ProtocolError, header_values
+from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
-from claude_bottle.gate.upstream import UpstreamError, dial, from_upstream, translate
+from claude_bottle.gate.upstream import dial
 from claude_bottle.policy.addresses import IPAddress
 from claude_bottle.policy.decide import Decision, decide_server_name
 from claude_bottle.policy.hosts import (
@@ -37,7 +42,7 @@ from claude_bottle.policy.hosts import (
 
 
 def parse_proxy_target(method: str, raw: bytes) -> tuple[Target, str]:
-    """The destination and, for plain HTTP, the origin-form path to send. Raises ClientProtocolError for
+    """The destination and, for plain HTTP, the origin-form path to send. Raises ProtocolError for
     anything that does not parse, so nothing unparsed goes further."""
     try:
         target = raw.decode("ascii")
@@ -45,20 +50,20 @@ def parse_proxy_target(method: str, raw: bytes) -> tuple[Target, str]:
             return parse_authority(target), ""
         if not target.lower().startswith("http://"):
             if target.lower().startswith("https://"):
-                raise ClientProtocolError("use CONNECT for https:// URLs")
-            raise ClientProtocolError("this is a forward proxy: send CONNECT host:port or an absolute http:// URL")
+                raise ProtocolError("use CONNECT for https:// URLs")
+            raise ProtocolError("this is a forward proxy: send CONNECT host:port or an absolute http:// URL")
         parts = urlsplit(target)
         if parts.username is not None or parts.password is not None:
-            raise ClientProtocolError("credentials in the URL are not allowed")
+            raise ProtocolError("credentials in the URL are not allowed")
         if parts.fragment or "#" in target:
-            raise ClientProtocolError("a fragment (#) does not belong in a request target")
+            raise ProtocolError("a fragment (#) does not belong in a request target")
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         if not path.startswith("/"):
-            raise ClientProtocolError(f"the URL's path {path[:40]!r} must start with '/'")
+            raise ProtocolError(f"the URL's path {path[:40]!r} must start with '/'")
         return parse_host_header(parts.netloc, "URL"), path
     except (InvalidHost, ValueError) as exc:  # urlsplit and decode raise ValueError subclasses
-        reason = exc if isinstance(exc, InvalidHost | ClientProtocolError) else f"unparsable request target ({exc})"
-        raise ClientProtocolError(str(reason)) from None
+        reason = exc if isinstance(exc, InvalidHost | ProtocolError) else f"unparsable request target ({exc})"
+        raise ProtocolError(str(reason)) from None
 
 
 def parse_host_header(authority: str, what: str) -> Target:
@@ -77,13 +82,13 @@ def check_host_header(request: h11.Request, target: Target) -> None:
     if not hosts:
         return  # h11 requires Host on HTTP/1.1; the gate sends the URL's authority as Host
     if len(hosts) > 1:
-        raise ClientProtocolError("more than one Host header")
+        raise ProtocolError("more than one Host header")
     try:
         named = parse_host_header(hosts[0].decode("ascii"), "Host header")
     except (InvalidHost, ValueError):
-        raise ClientProtocolError(f"Host header {hosts[0][:80].decode('ascii', 'replace')!r} is not a host") from None
+        raise ProtocolError(f"Host header {hosts[0][:80].decode('ascii', 'replace')!r} is not a host") from None
     if (named.host, named.port) != (target.host, target.port):
-        raise ClientProtocolError(f"Host header {named} does not match the URL's host {target}")
+        raise ProtocolError(f"Host header {named} does not match the URL's host {target}")
 
 
 def check_connect_framing(request: h11.Request) -> None:
@@ -91,25 +96,24 @@ def check_connect_framing(request: h11.Request) -> None:
     ambiguous (a body to one reader, tunnel bytes to another), so it is refused."""
     lengths = header_values(request.headers, b"content-length")
     if header_values(request.headers, b"transfer-encoding") or any(v.strip() != b"0" for v in lengths):
-        raise ClientProtocolError("a CONNECT request declares a body (Content-Length or Transfer-Encoding)")
+        raise ProtocolError("a CONNECT request declares a body (Content-Length or Transfer-Encoding)")
 
 
-async def vetted_addresses(target: Target, record: AuditRecord, ctx: GateContext) -> list[IPAddress] | None:
-    """Resolve (unless an IP literal) and keep the addresses the policy allows. None means refused; the
-    record and the client have been told why."""
+async def vetted_addresses(target: Target, record: AuditRecord, ctx: GateContext) -> list[IPAddress]:
+    """Resolve (unless an IP literal) and keep the addresses the policy allows; ``Refused`` if none is."""
     if target.ip is not None:
         candidates = [target.ip]
     else:
-        async with asyncio.timeout(ctx.config.limits.connect_timeout):
-            candidates = await ctx.resolver.resolve(target.host, target.port)
+        with upstream_side():
+            async with asyncio.timeout(ctx.config.limits.connect_timeout):
+                candidates = await ctx.resolver.resolve(target.host, target.port)
     allowed: list[tuple[IPAddress, str]] = []
     refusals: list[tuple[IPAddress, str]] = []
     for address in candidates:
         decision = ctx.egress.decide_address(address, target.port)
         (allowed if decision.allow else refusals).append((address, decision.reason))
     if not allowed:
-        record.deny(refusals[0][1], 403)
-        return None
+        raise Refused(403, refusals[0][1])
     record.allow(f"{record.reason}; {allowed[0][1]}")
     return [address for address, _ in allowed]
 
@@ -124,42 +128,64 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
             check_connect_framing(request)
         else:
             check_host_header(request, target)
-    except ClientProtocolError as exc:
-        record.deny(str(exc), 400)
-        if method == "CONNECT":
-            await conn.fail(400, str(exc))  # what follows a CONNECT head is not HTTP: answer and close
-        else:
-            await conn.refuse(400, str(exc), limits.idle_timeout)
-        return
+    except ProtocolError as exc:
+        # What follows a CONNECT head is not HTTP: answer and close.
+        raise Refused(400, str(exc), close=method == "CONNECT") from None
 
     decision = ctx.egress.decide_tunnel(target) if method == "CONNECT" else ctx.egress.decide_target(target)
     if not decision.allow:
-        record.deny(decision.reason, decision.status)
-        await conn.refuse(decision.status, decision.reason, limits.idle_timeout)
-        return
+        raise Refused(decision.status, decision.reason)
     record.allow(decision.reason)
     if ctx.active_tunnels >= limits.max_tunnels:
-        record.deny(f"too many concurrent tunnels (limit {limits.max_tunnels})", 503)
-        await conn.refuse(503, record.reason, limits.idle_timeout)
-        return
+        raise Refused(503, f"too many concurrent tunnels (limit {limits.max_tunnels})")
 
     ctx.active_tunnels += 1
     try:
         addresses = await vetted_addresses(target, record, ctx)
-        if addresses is None:
-            await conn.refuse(record.status, record.reason, limits.idle_timeout)
-            return
-        upstream = await dial(addresses, target.port, limits.connect_timeout)
         if method == "CONNECT":
-            await _tunnel(conn, target, upstream, record, ctx)
+            client_tls = terminating(target, ctx)
+            with upstream_side():
+                if client_tls is None:
+                    upstream = await dial(addresses, target.port, limits.connect_timeout)
+                else:
+                    upstream = await dial(addresses, target.port, limits.connect_timeout, ctx.upstream_tls,
+                                          target.host)
+            origin = None
+            if client_tls is not None:
+                origin = KeptOrigin(addresses, target, ctx.upstream_tls, limits.connect_timeout,
+                                    HttpConnection(*upstream, client=True))
+            await _tunnel(conn, target, upstream, record, ctx, origin, client_tls)
         else:
-            await _forward(conn, request, target, path, upstream, record, ctx)
-    except (UpstreamError, ResolveError, OSError, TimeoutError) as exc:
-        failure = translate(exc)
-        record.fail(failure.reason, failure.status)
-        await conn.fail(failure.status, failure.reason)
+            record.path = path.split("?", 1)[0]
+            request_filters = [set_headers(frozenset({b"host"}), [(b"host", authority(target, 80).encode()),
+                                                                   (b"connection", b"close")])]
+            await forward(conn, outbound(conn, request, path.encode(), limits.idle_timeout),
+                          lambda: dialled(addresses, target, limits.connect_timeout), record,
+                          limits.idle_timeout, request_filters)
     finally:
         ctx.active_tunnels -= 1
+
+
+@contextlib.asynccontextmanager
+async def dialled(addresses: list[IPAddress], target: Target, timeout: float) -> AsyncIterator[HttpConnection]:
+    """A fresh connection to one of the vetted ``addresses``, for one request."""
+    reader, writer = await dial(addresses, target.port, timeout)
+    origin = HttpConnection(reader, writer, client=True)
+    try:
+        yield origin
+    finally:
+        await origin.close()
+
+
+def terminating(target: Target, ctx: GateContext) -> ssl.SSLContext | None:
+    """The client-side TLS context when the gate terminates the tunnel to ``target``, else None (opaque):
+    without a CA, or where raw TCP is allowed (the bytes need not be TLS)."""
+    if ctx.ca is None or ctx.egress.raw_allowed(target):
+        return None
+    try:
+        return ctx.ca.context_for(target.host)
+    except ValueError as exc:
+        raise Refused(403, f"cannot inspect {target}: {exc}") from None
 
 
 async def first_flight(reader: asyncio.StreamReader, early: bytes, target: Target, timeout: float
@@ -200,7 +226,11 @@ async def _tunnel(
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     record: AuditRecord,
     ctx: GateContext,
+    origin: KeptOrigin | None = None,
+    client_tls: ssl.SSLContext | None = None,
 ) -> None:
+    """Answer 200, check the first flight, then relay bytes, or with ``client_tls`` terminate TLS and serve
+    the requests to ``origin`` (``upstream``, already connected with TLS)."""
     try:
         await conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
         record.status = 200
@@ -215,6 +245,9 @@ async def _tunnel(
                 conn.abort()
                 return
             record.reason += f"; {verdict.reason}"
+        if origin is not None and client_tls is not None:
+            await terminate(conn, early, target, origin, record, ctx, client_tls)
+            return
         traffic = Traffic()
         if early:
             upstream[1].write(early)
@@ -229,41 +262,3 @@ async def _tunnel(
             record.bytes_up, record.bytes_down = traffic.up, traffic.down
     finally:
         upstream[1].close()
-
-
-async def _forward(
-    conn: HttpConnection,
-    request: h11.Request,
-    target: Target,
-    path: str,
-    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    record: AuditRecord,
-    ctx: GateContext,
-) -> None:
-    """One plain-HTTP request over a fresh connection to the vetted address, streamed both ways."""
-    idle = ctx.config.limits.idle_timeout
-    origin = HttpConnection(*upstream, client=True)
-    host = str(target) if target.port != 80 else (f"[{target.host}]" if ":" in target.host else target.host)
-    headers = [(b"host", host.encode()),
-               *[(n, v) for n, v in end_to_end(request.headers) if n.lower() != b"host"],
-               (b"connection", b"close")]
-    try:
-        await from_upstream(origin.send(h11.Request(method=request.method, target=path.encode(), headers=headers)))
-        async for chunk in conn.body(idle):
-            record.bytes_up += len(chunk)
-            await from_upstream(origin.send(h11.Data(data=chunk)))
-        await from_upstream(origin.send(h11.EndOfMessage()))
-        response = await from_upstream(origin.next_event(idle))
-        if not isinstance(response, h11.Response):
-            raise UpstreamError(502, "upstream closed without a response")
-        await conn.send(h11.Response(status_code=response.status_code, headers=end_to_end(response.headers)))
-        record.status = response.status_code
-        while isinstance(event := await from_upstream(origin.next_event(idle)), h11.Data):
-            record.bytes_down += len(event.data)
-            await conn.send(h11.Data(data=event.data))
-        if not isinstance(event, h11.EndOfMessage):
-            raise UpstreamError(502, "upstream closed in the middle of the response")
-        await conn.send(h11.EndOfMessage())
-    finally:
-        await origin.close()
-

@@ -1,9 +1,9 @@
 """The gate service: two listeners, one connection loop, graceful drain.
 
 A connection is served request by request; each request gets exactly one audit record, written when the
-exchange ends, whatever way it ends. Protocol errors from the client are answered (400/431) and close that
-connection only. Each listener serves at most ``max_connections`` clients at once; one more is answered 503
-and closed.
+exchange ends, whatever way it ends. Whatever ends an exchange early is answered and audited in one place
+(gate/failures.py ``answer``); only a refusal may keep the connection. Each listener serves at most
+``max_connections`` clients at once; one more is answered 503 and closed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import resource
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -28,14 +28,14 @@ from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.config import Endpoint, GateConfig
 from claude_bottle.gate.context import GateContext, LeafIssuer
-from claude_bottle.gate.http import ClientGone, ClientProtocolError, HttpConnection
+from claude_bottle.gate.http import HttpConnection
 from claude_bottle.gate.proxy import proxy_exchange
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
+from claude_bottle.gate.serve import serve_requests
 from claude_bottle.gate.upstream import STREAM_LIMIT, UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
 from claude_bottle.policy.decide import EgressPolicy
 
-Exchange = Callable[[HttpConnection, h11.Request, AuditRecord, GateContext], Awaitable[None]]
 UPSTREAM_ADDRESS_TTL = 300.0
 
 
@@ -76,6 +76,7 @@ class Gate:
                                 raw_tcp=self.config.allow_tcp),
             api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
                                   limits.connect_timeout),
+            upstream_tls=self.config.ssl_context(alpn=("http/1.1",)),
             ca=self.ca,
         )
         try:
@@ -149,7 +150,8 @@ class Gate:
         try:
             if listener == "proxy":
                 await self._refresh_protected()
-            await self._serve(conn, listener, api_exchange if listener == "api" else proxy_exchange)
+            await serve_requests(conn, listener, api_exchange if listener == "api" else proxy_exchange, self._ctx,
+                                 self._busy)
         except asyncio.CancelledError:
             pass  # shutdown: the connection closes below
         finally:
@@ -160,56 +162,6 @@ class Gate:
                 conn.abort()  # a response cut short must not look complete
             else:
                 await conn.close()
-
-    async def _serve(self, conn: HttpConnection, listener: str, exchange: Exchange) -> None:
-        assert self._ctx is not None
-        limits = self.config.limits
-        while True:
-            try:
-                request = await conn.read_request(limits.header_timeout)
-            except ClientProtocolError as exc:
-                record = AuditRecord(listener, conn.peer, "-", "-")
-                record.deny(f"malformed request: {exc}", exc.status)
-                self.audit.write(record)
-                with contextlib.suppress(ClientGone, h11.LocalProtocolError):
-                    await conn.fail(exc.status, record.reason)
-                return
-            except TimeoutError:
-                if conn.head_started:  # a head trickled in too slowly: refused, and said so
-                    record = AuditRecord(listener, conn.peer, "-", "-")
-                    record.deny(f"request head not complete within {limits.header_timeout:g}s", 408)
-                    self.audit.write(record)
-                    await conn.refuse_unread(408, record.reason)
-                return  # else an idle keep-alive: nothing was asked, nothing to audit
-            except ClientGone:
-                return  # a client that left between requests
-            if request is None:
-                return
-            record = AuditRecord(listener, conn.peer, request.method.decode("ascii", "replace"), "-")
-            self._busy.add(conn)
-            try:
-                await exchange(conn, request, record, self._ctx)
-            except ClientProtocolError as exc:
-                record.fail(f"client broke HTTP/1.1: {exc}", exc.status)
-                with contextlib.suppress(ClientGone, h11.LocalProtocolError):
-                    await conn.fail(exc.status, str(exc))
-                return
-            except ClientGone:
-                record.fail("client went away", record.status)
-                return
-            except TimeoutError:
-                record.fail("client idle too long", record.status or 408)
-                return
-            except Exception as exc:  # a fault of the gate's own: still one audit line with a reason, then 500
-                record.fail(f"gate error: {type(exc).__name__}: {exc}", 500)
-                with contextlib.suppress(ClientGone, h11.LocalProtocolError, OSError):
-                    await conn.fail(500, "internal gate error")
-                return
-            finally:
-                self._busy.discard(conn)
-                self.audit.write(record)
-            if not conn.can_reuse():
-                return
 
 
 def run_ca(config: GateConfig) -> RunCA:

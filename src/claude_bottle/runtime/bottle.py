@@ -32,7 +32,9 @@ from claude_bottle import records
 from claude_bottle.credentials import Credential, CredentialKind
 from claude_bottle.errors import BottleError, ConfigError, DockerError, GateError
 from claude_bottle.gate.ca import announced_ca
+from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.paths import state_dir, workspace_key
+from claude_bottle.policy.rules import RequestPolicy
 from claude_bottle.workspace import GIT, PROTECTED, lstat_inside
 
 LABEL = "claude-bottle"
@@ -99,6 +101,8 @@ class RunSpec:
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # Claude Code's mcpServers entries
     protected: tuple[str, ...] = PROTECTED  # workspace paths mounted read-only where they exist (and nested .git)
     server_tools: tuple[str, ...] = ()  # server-tool families the API route lets through (--allow-server-tool)
+    request_policy: RequestPolicy = RequestPolicy()  # [[egress]] (--egress-rule, --no-inspect)
+    dlp: DlpPolicy = DlpPolicy()  # [dlp] (--dlp-rule, --dlp-off)
 
 
 def seeded_claude_json(kind: CredentialKind, placeholder: str, mcp_servers: dict[str, Any]) -> bytes:
@@ -135,7 +139,8 @@ def gate_command(spec: RunSpec) -> list[str]:
     private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
     tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
     return ["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}", "--upstream", spec.upstream,
-            "--token-file", "-", "--audit-log", "-", *allow_args, *tcp_args, *private_args, *tool_args]
+            "--token-file", "-", "--audit-log", "-", *allow_args, *tcp_args, *private_args, *tool_args,
+            *spec.request_policy.args(), *spec.dlp.args()]
 
 
 def bottle_user(uid: int, gid: int, workspace: Path) -> str:

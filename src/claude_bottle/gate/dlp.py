@@ -1,0 +1,283 @@
+"""Data-loss prevention for the requests the gate can see: no held secret and no known credential format
+goes out, in the URL, a header or the body, even split across body chunks.
+
+What is matched (also in docs/inspection.md):
+- Every secret the gate holds, as is, in base64 (each of the three alignments, standard and URL-safe
+  alphabets, padded or not: the characters that depend on the secret alone), in hex (lower and upper case),
+  with ``+`` for a space, and percent-encoded in any mix of escaped and plain bytes, in either case (each
+  window is also searched once its escapes are decoded). Rule ``held-secret``; it cannot be turned off.
+- Well-known credential formats (``BUILTIN_RULES``), each a named rule that ``[dlp] disable`` can turn off,
+  and extra named rules from the config; these are searched in the bytes as sent and, where the window has
+  a ``%``, in its decoded form too.
+
+Streaming: ``feed`` scans ``tail + chunk`` and keeps only the last ``DlpScanner.tail`` bytes (the longest
+match, three times for escapes, plus a margin) for the next window: a body is never held whole. Those
+bytes are also held back from the upstream until the next chunk (or ``finish``) shows they end no match,
+so no prefix of a match leaves before the match is seen.
+
+Limits: compressed or encrypted bodies (gzip, git packs, tarballs) are scanned as they are, not unpacked;
+a secret cut into pieces across requests, or encoded otherwise (reversed, other alphabets, base64 with line
+breaks) is not recognised. DLP is a net for mistakes and simple exfiltration, not proof against a
+determined agent: what the bottle must never send it must never hold.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import unquote_to_bytes
+
+from claude_bottle.policy.decide import Decision
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import sre_parse  # the regex parser's width computation: how long a configured rule's match can be
+
+HELD_SECRET = "held-secret"
+MIN_SECRET_BYTES = 16  # shorter values would be found in ordinary traffic by chance
+MAX_RULE_WIDTH = 4096  # the longest match a configured rule may have: the scanner keeps a bounded tail
+MIN_RULE_WIDTH = 8  # the shortest: fewer bytes would match ordinary traffic
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+_MARGIN = 16  # bytes of context kept beyond the longest match, for look-behind and look-ahead
+_B64URL = bytes.maketrans(b"+/", b"-_")
+
+
+class InvalidDlpRule(ValueError):
+    """A DLP rule or rule name that cannot be used; the message says how to fix it."""
+
+
+class DlpMatch(Exception):
+    """A request carries what a DLP rule matches: it must not be forwarded (any more). ``reason`` names the
+    rule and where it matched, never the matched bytes."""
+
+    def __init__(self, rule: str, where: str, detail: str = "") -> None:
+        self.rule, self.where = rule, where
+        what = f"a secret the gate holds ({detail})" if rule == HELD_SECRET else "a credential"
+        self.reason = f"{what} in the request {where}: DLP rule {rule}"
+        super().__init__(self.reason)
+
+    @property
+    def decision(self) -> Decision:
+        return Decision(False, self.reason, 403)
+
+
+@dataclass(frozen=True)
+class DlpRule:
+    """A named pattern. ``anchors``: literals of which every match contains at least one, searched first
+    (fast) so the regex runs only where one occurs; empty means the regex always runs."""
+
+    name: str
+    pattern: re.Pattern[bytes]
+    anchors: tuple[bytes, ...] = ()
+    width: int = field(init=False)  # the longest match
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "width", _widths(self.pattern.pattern)[1])
+
+    def search(self, view: bytes, start: int, final: bool) -> bool:
+        """Whether a match begins at or after ``start``. Before the stream ends, a match that reaches the end
+        of ``view`` does not count yet: more bytes may show it is not one (a look-ahead, a longer token)."""
+        if self.anchors and not any(anchor in view for anchor in self.anchors):
+            return False
+        return any(final or match.end() < len(view) for match in self.pattern.finditer(view, start))
+
+
+def _widths(pattern: bytes) -> tuple[int, int]:
+    low, high = sre_parse.parse(pattern.decode("latin-1")).getwidth()  # one character per byte
+    return int(low), int(high)
+
+
+def _rule(name: str, pattern: bytes, *anchors: bytes) -> DlpRule:
+    return DlpRule(name, re.compile(pattern), anchors)
+
+
+_ALNUM = rb"A-Za-z0-9"
+# Formats as their issuers document them, with boundaries so a longer random string does not match, and
+# bounded lengths so the tail stays bounded. A match is enough to refuse: the rule need not see a whole token.
+BUILTIN_RULES: tuple[DlpRule, ...] = (
+    _rule("anthropic-key", rb"(?<![" + _ALNUM + rb"_-])sk-ant-[a-z]{2,8}[0-9]{2}-[A-Za-z0-9_-]{32,300}", b"sk-ant-"),
+    _rule("github-token", rb"(?<![" + _ALNUM + rb"_])(?:gh[pousr]_[" + _ALNUM + rb"]{36,251}|github_pat_[" + _ALNUM
+          + rb"_]{50,255})(?![" + _ALNUM + rb"_])", b"ghp_", b"gho_", b"ghu_", b"ghs_", b"ghr_", b"github_pat_"),
+    _rule("aws-access-key-id", rb"(?<![A-Z0-9])(?:AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16}(?![A-Z0-9])",
+          b"AKIA", b"ASIA", b"ABIA", b"ACCA"),
+    _rule("aws-secret-access-key",
+          rb"(?i:secret_?access_?key|aws_?secret(?:_?key)?)[\"']?\s{0,4}[:=]\s{0,4}[\"']?"
+          rb"[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])", b"ecret", b"ECRET"),
+    _rule("npm-token", rb"(?<![" + _ALNUM + rb"_])npm_[" + _ALNUM + rb"]{36}(?![" + _ALNUM + rb"_])", b"npm_"),
+    _rule("pypi-token", rb"pypi-Ag(?:EIcHlwaS5vcmc|ENdGVzdC5weXBpLm9yZw)[A-Za-z0-9_-]{40}",
+          b"pypi-AgEIcHlwaS5vcmc", b"pypi-AgENdGVzdC5weXBpLm9yZw"),
+    _rule("slack-token", rb"(?<![" + _ALNUM + rb"])xox[abprs]-[0-9]{1,16}-[" + _ALNUM + rb"][" + _ALNUM
+          + rb"-]{7,250}", b"xoxa-", b"xoxb-", b"xoxp-", b"xoxr-", b"xoxs-"),
+    _rule("slack-webhook", rb"hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9+/]{20,200}",
+          b"hooks.slack.com/"),
+    _rule("google-api-key", rb"(?<![" + _ALNUM + rb"_-])AIza[" + _ALNUM + rb"_-]{35}(?![" + _ALNUM + rb"_-])",
+          b"AIza"),
+    _rule("private-key", rb"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----", b"-----BEGIN"),
+    # A JWT: two base64url JSON objects (header, payload: each starts eyJ, for '{"'), each followed by a dot
+    # (the signature, possibly empty, comes last). Payloads longer than 3000 characters are not recognised.
+    _rule("jwt", rb"(?<![" + _ALNUM + rb"_-])eyJ[A-Za-z0-9_-]{8,600}\.eyJ[A-Za-z0-9_-]{8,3000}\.",
+          b"eyJ"),
+)
+BUILTIN_NAMES = tuple(rule.name for rule in BUILTIN_RULES)
+
+
+def parse_dlp_rule(name: str, regex: str) -> DlpRule:
+    """A configured rule: a name of its own and a Python regular expression matched against bytes, whose
+    matches are 8 to 4096 bytes long (write ``{20,64}``, not ``+``). Raises InvalidDlpRule."""
+    if not _NAME.fullmatch(name):
+        raise InvalidDlpRule(f"rule name {name!r}: use lower-case letters, digits and '-', as in internal-token")
+    if name in BUILTIN_NAMES or name == HELD_SECRET:
+        raise InvalidDlpRule(f"rule name {name!r} is a built-in rule's; choose another name")
+    try:
+        pattern = re.compile(regex.encode("utf-8"))
+        low, high = _widths(pattern.pattern)
+    except (re.error, OverflowError) as exc:
+        raise InvalidDlpRule(f"rule {name}: {regex!r} is not a valid regular expression ({exc})") from None
+    if high > MAX_RULE_WIDTH:
+        raise InvalidDlpRule(f"rule {name}: {regex!r} can match more than {MAX_RULE_WIDTH} bytes; bound every "
+                             "repetition, as in [A-Za-z0-9]{20,64} instead of [A-Za-z0-9]+")
+    if low < MIN_RULE_WIDTH:
+        raise InvalidDlpRule(f"rule {name}: {regex!r} can match fewer than {MIN_RULE_WIDTH} bytes, which ordinary "
+                             "traffic is full of; make it more specific, as in tok_[a-z0-9]{32}")
+    return DlpRule(name, pattern)
+
+
+def parse_builtin_name(name: str) -> str:
+    if name not in BUILTIN_NAMES:
+        hint = " (the gate's own secrets are always refused)" if name == HELD_SECRET else ""
+        raise InvalidDlpRule(f"{name!r} is not a built-in DLP rule{hint}; known: {', '.join(BUILTIN_NAMES)}")
+    return name
+
+
+@dataclass(frozen=True)
+class DlpPolicy:
+    """Which rules apply: the built-in ones not ``disabled``, and ``extra`` configured ones."""
+
+    extra: tuple[DlpRule, ...] = ()
+    disabled: frozenset[str] = frozenset()
+
+    @property
+    def rules(self) -> tuple[DlpRule, ...]:
+        return tuple(r for r in BUILTIN_RULES if r.name not in self.disabled) + self.extra
+
+    def args(self) -> list[str]:
+        """The gate flags that carry this policy (``--dlp-rule``, ``--dlp-off``); see ``policy_from_flags``."""
+        return ([arg for rule in self.extra for arg in ("--dlp-rule", f"{rule.name} {rule.pattern.pattern.decode()}")]
+                + [arg for name in sorted(self.disabled) for arg in ("--dlp-off", name)])
+
+    def scanner(self, secrets: Sequence[bytes]) -> DlpScanner:
+        """A scanner for one request. ``secrets``: every value the gate holds (at least 16 bytes each)."""
+        return DlpScanner(self.rules, secret_needles(secrets))
+
+
+def policy_from_flags(rules: Iterable[str], off: Iterable[str]) -> DlpPolicy:
+    """``--dlp-rule 'NAME REGEX'`` and ``--dlp-off NAME``. Raises InvalidDlpRule, its message starting with the
+    flag and the value at fault."""
+    extra: dict[str, DlpRule] = {}
+    for text in rules:
+        name, _, regex = text.strip().partition(" ")
+        if not regex.strip():
+            raise InvalidDlpRule(f"--dlp-rule {text!r}: write NAME REGEX, as in 'internal-token itk_[a-z0-9]{{32}}'")
+        if name in extra:
+            raise InvalidDlpRule(f"--dlp-rule {text!r}: rule {name} is given twice; keep one")
+        try:
+            extra[name] = parse_dlp_rule(name, regex.strip())
+        except InvalidDlpRule as exc:
+            raise InvalidDlpRule(f"--dlp-rule {text!r}: {exc}") from None
+    disabled = set()
+    for name in off:
+        try:
+            disabled.add(parse_builtin_name(name))
+        except InvalidDlpRule as exc:
+            raise InvalidDlpRule(f"--dlp-off {exc}") from None
+    return DlpPolicy(tuple(extra.values()), frozenset(disabled))
+
+
+def _base64_cores(secret: bytes) -> list[bytes]:
+    """The base64 characters that depend on ``secret`` alone, wherever it starts in the encoded data: for
+    each of the three alignments, the characters after those mixed with the bytes before it and before those
+    mixed with the bytes after it (so padding, or what follows, does not matter)."""
+    cores = []
+    for alignment in range(3):
+        encoded = base64.b64encode(bytes(alignment) + secret)
+        cores.append(encoded[(alignment * 8 + 5) // 6 : (alignment + len(secret)) * 8 // 6])
+    return cores
+
+
+def secret_needles(secrets: Sequence[bytes]) -> tuple[tuple[bytes, str], ...]:
+    """Each secret in every encoding searched for, with the encoding's name (for the reason)."""
+    needles: dict[bytes, str] = {}
+    for secret in secrets:
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"a held secret must be at least {MIN_SECRET_BYTES} bytes to be matched safely")
+        needles.setdefault(secret, "as is")
+        needles.setdefault(secret.replace(b" ", b"+"), "form-encoded")
+        for core in _base64_cores(secret):
+            needles.setdefault(core, "base64")
+            needles.setdefault(core.translate(_B64URL), "base64url")
+        needles.setdefault(secret.hex().encode(), "hex")
+        needles.setdefault(secret.hex().upper().encode(), "hex")
+    return tuple(needles.items())
+
+
+class DlpScanner:
+    """Scans one request: ``check_head`` once, then ``feed`` each body chunk in order and ``finish`` at the
+    end of the body. Each raises DlpMatch on a match; after that the request must be refused, or if body
+    bytes already went upstream, that connection reset so the request never completes.
+
+    ``feed`` returns the bytes that may be forwarded now; the last ``tail`` bytes seen are held back until
+    the next chunk or ``finish`` (which returns them). A body of any size costs ``tail`` bytes of memory.
+    """
+
+    def __init__(self, rules: Sequence[DlpRule], needles: Sequence[tuple[bytes, str]]) -> None:
+        self._rules = tuple(rules)
+        self._needles = tuple(needles)
+        longest = max([len(n) for n, _ in needles] + [rule.width for rule in rules] + [1])
+        # Escaped bytes take three times their room; the margin keeps look-behind and look-ahead context.
+        self.tail = 3 * longest + 2 * _MARGIN
+        self._held = b""
+        self._offset = 0  # where in the body the held bytes begin
+
+    def check_head(self, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        """The request target (origin or absolute form, with its query) and every header, names included."""
+        self._scan_whole(target, "URL")
+        self._scan_whole(b"".join(name + b": " + value + b"\r\n" for name, value in headers), "headers")
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not chunk:
+            return b""
+        window = self._held + chunk
+        self._scan(window, "body", self._start(), final=False)
+        keep = min(len(window), self.tail)
+        self._held, self._offset = window[len(window) - keep :], self._offset + len(window) - keep
+        return window[: len(window) - keep]
+
+    def finish(self) -> bytes:
+        held, self._held = self._held, b""
+        if held:
+            self._scan(held, "body", self._start(), final=True)
+        return held
+
+    def _start(self) -> int:
+        """Where matches may begin in a window: after the margin once the body's first bytes were passed on.
+        A match that begins earlier was seen whole in the window before (the tail is long enough), and the
+        bytes before it, which would have refuted a look-behind, are gone now."""
+        return _MARGIN if self._offset else 0
+
+    def _scan_whole(self, data: bytes, where: str) -> None:
+        if data:
+            self._scan(data, where, start=0, final=True)
+
+    def _scan(self, window: bytes, where: str, start: int, final: bool) -> None:
+        # An escape takes three bytes: in the decoded view the margin shrinks accordingly.
+        views = ((window, start), (unquote_to_bytes(window), start // 3)) if b"%" in window else ((window, start),)
+        for view, view_start in views:
+            for needle, encoding in self._needles:
+                if needle in view:
+                    raise DlpMatch(HELD_SECRET, where, encoding)
+            for rule in self._rules:
+                if rule.search(view, view_start, final):
+                    raise DlpMatch(rule.name, where)

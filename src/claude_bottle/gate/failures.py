@@ -1,0 +1,136 @@
+"""Whose fault an exchange's end was, and what the client is told: translated once per side, mapped once.
+
+Every step the gate takes on a connection runs under ``client_side()`` or ``upstream_side()``, which turn
+what the connection raised (gate/http.py's ``ProtocolError``, ``PeerGone``, ``TimeoutError``; ``OSError``,
+TLS and DNS errors) into a ``ClientSide`` or an ``UpstreamSide`` failure with its status and reason. A
+filter that judges a request raises ``Refused``. ``answer`` is the one place that turns any of them into an
+audit outcome and what the client receives:
+
+- ``Refused``: a decision (deny) with its own status, 403 for a rule; answered, the connection kept unless
+  the refusal says to close it.
+- ``ClientSide``: 400/413/431/505 for a broken request, 408 for a client that stopped sending, nothing for
+  a client that went away; the connection closes.
+- ``UpstreamSide``: 502 for a broken, refused or unreadable upstream, 504 for one that stopped answering;
+  a reset instead once the response has started, so a cut response never looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import Iterator
+from typing import TypeVar
+
+import h11
+
+from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.http import HttpConnection, PeerGone, ProtocolError
+from claude_bottle.gate.resolver import ResolveError
+
+E = TypeVar("E", bound=BaseException)
+
+
+class Failure(Exception):
+    """An exchange that cannot go on: ``status`` for the client (0: none can be sent) and a reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class Refused(Failure):
+    """A policy refused the request. ``close``: the rest of the request is not read, the connection ends."""
+
+    def __init__(self, status: int, reason: str, close: bool = False) -> None:
+        super().__init__(status, reason)
+        self.close = close
+
+
+class ClientSide(Failure):
+    """The client broke the exchange: bad HTTP, silence, or leaving."""
+
+
+class UpstreamSide(Failure):
+    """The upstream broke the exchange: no connection, bad HTTP, silence, a TLS or DNS failure."""
+
+
+def client_failure(exc: BaseException) -> ClientSide:
+    if isinstance(exc, ClientSide):
+        return exc
+    if isinstance(exc, ProtocolError):
+        return ClientSide(exc.status, f"client broke HTTP/1.1: {exc}")
+    if isinstance(exc, TimeoutError):
+        return ClientSide(408, "client idle too long")
+    if isinstance(exc, ssl.SSLError):
+        return ClientSide(0, f"TLS failure with the client: {exc.reason or exc}")
+    return ClientSide(0, "client went away")
+
+
+def upstream_failure(exc: BaseException) -> UpstreamSide:
+    """502 for a broken, refused or unreadable upstream, 504 for one that did not answer in time."""
+    if isinstance(exc, UpstreamSide):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return UpstreamSide(504, "upstream stopped responding")
+    if isinstance(exc, ResolveError):
+        return UpstreamSide(502, f"DNS failure: {exc}")
+    if isinstance(exc, ProtocolError | PeerGone):
+        return UpstreamSide(502, f"upstream broke HTTP/1.1: {exc}")
+    tls = _cause(exc, ssl.SSLError)
+    if tls is not None:
+        hint = " (a private CA? see --extra-ca)" if isinstance(tls, ssl.SSLCertVerificationError) else ""
+        return UpstreamSide(502, f"TLS failure with upstream: {tls.reason or tls}{hint}")
+    if isinstance(exc, ConnectionRefusedError):
+        return UpstreamSide(502, f"cannot connect to upstream: {exc.strerror or exc}")
+    return UpstreamSide(502, f"upstream connection failed: {type(exc).__name__} {exc}".strip())
+
+
+def _cause(exc: BaseException, kind: type[E]) -> E | None:
+    """``exc`` or the first exception of type ``kind`` it was raised from."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+# What a connection step can raise; everything else (a Failure already, or a fault of the gate's own) passes.
+_CONNECTION_ERRORS = (ProtocolError, PeerGone, TimeoutError, OSError, ResolveError)
+
+
+@contextlib.contextmanager
+def client_side() -> Iterator[None]:
+    """Run steps on the client's connection: their errors become ``ClientSide``."""
+    try:
+        yield
+    except _CONNECTION_ERRORS as exc:
+        raise client_failure(exc) from None
+
+
+@contextlib.contextmanager
+def upstream_side() -> Iterator[None]:
+    """Run steps on the upstream's connection: their errors become ``UpstreamSide``."""
+    try:
+        yield
+    except _CONNECTION_ERRORS as exc:
+        raise upstream_failure(exc) from None
+
+
+async def answer(conn: HttpConnection, record: AuditRecord, failure: Failure, idle_timeout: float) -> bool:
+    """Record ``failure`` and tell the client, as far as it can still be told. True if the connection can
+    serve another request."""
+    if isinstance(failure, Refused):
+        record.deny(failure.reason, failure.status)
+    else:
+        record.fail(failure.reason, failure.status)
+    with contextlib.suppress(*_CONNECTION_ERRORS, h11.LocalProtocolError):
+        if isinstance(failure, Refused) and not failure.close and conn.h11.our_state is h11.SEND_RESPONSE:
+            await conn.refuse(failure.status, failure.reason, idle_timeout)
+            return True
+        if failure.status:
+            await conn.fail(failure.status, failure.reason)
+        else:
+            conn.abort()
+    return False

@@ -1,0 +1,189 @@
+"""The one forward path: a request from a client to an upstream and its response back, through filters.
+
+Every relayed request takes it: the API route, plain HTTP on the proxy, and requests inside terminated TLS.
+What differs between them is only the filters and where the upstream connection comes from:
+
+- Request filters (``RequestFilter``) run in order before anything goes upstream. Each may rewrite the
+  outgoing head (strip client credentials, inject the real one, set Host), replace the body stream with a
+  filtered one (DLP, scanning as it passes) or with the whole body read (the Messages policy), or raise
+  ``Refused``. A filtered body stream may raise ``Refused`` part-way: the upstream connection is then
+  dropped, so the request never completes there.
+- Response filters (``ResponseFilter``) run on the response head before it is sent, and may wrap its body
+  stream (the reflection scan) or raise ``UpstreamSide``.
+
+Framing is the gate's own: a body read whole goes with its length, a streamed one as the client framed it
+(length or chunked). Hop-by-hop headers never pass either way, ``Expect`` is answered by the gate itself
+(``100 Continue`` once a filter or the forward starts reading the body), and the status line's reason
+phrase is the gate's. Bodies stream both ways as they arrive. Each step runs under ``client_side()`` or
+``upstream_side()`` (gate/failures.py), so every error arrives at the caller already saying whose it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import h11
+
+from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.failures import Refused, UpstreamSide, client_side, upstream_side
+from claude_bottle.gate.http import Headers, HttpConnection, end_to_end, header_values
+
+# Set by the gate on every forwarded request: the body's framing, and Expect, which the gate answers.
+FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding", b"expect"})
+
+
+@dataclass
+class Outbound:
+    """The request as it will go upstream. ``headers`` hold no framing; ``body`` is a stream of chunks, or
+    bytes once a filter has read it whole. ``path`` is the target without its query (for decisions)."""
+
+    method: bytes
+    target: bytes
+    headers: Headers
+    body: AsyncIterator[bytes] | bytes
+    length: int | None  # the client's Content-Length; None when it sent none
+    chunked: bool  # the client sent the body chunked
+
+    @property
+    def path(self) -> str:
+        return self.target.split(b"?", 1)[0].decode("ascii", "replace")
+
+    def framing(self) -> Headers:
+        if isinstance(self.body, bytes):
+            return [(b"content-length", str(len(self.body)).encode())]
+        if self.chunked:
+            return [(b"transfer-encoding", b"chunked")]
+        return [(b"content-length", str(self.length).encode())] if self.length is not None else []
+
+
+@dataclass
+class Inbound:
+    """The response as it will go to the client: hop-by-hop headers already removed."""
+
+    status: int
+    headers: Headers
+    body: AsyncIterator[bytes]
+
+
+RequestFilter = Callable[[Outbound, AuditRecord], Awaitable[None]]
+ResponseFilter = Callable[[Inbound, AuditRecord], None]
+OriginFactory = Callable[[], contextlib.AbstractAsyncContextManager[HttpConnection]]
+
+
+def outbound(conn: HttpConnection, request: h11.Request, target: bytes, idle: float) -> Outbound:
+    """``request`` as it arrived, to go upstream to ``target``, its body to be read from ``conn``."""
+    length = header_values(request.headers, b"content-length")
+    return Outbound(
+        method=request.method,
+        target=target,
+        headers=[(n, v) for n, v in end_to_end(request.headers) if n.lower() not in FRAMING_HEADERS],
+        body=client_body(conn, idle),
+        length=int(length[0]) if length else None,  # h11 has checked it is one number
+        chunked=bool(header_values(request.headers, b"transfer-encoding")),
+    )
+
+
+async def client_body(conn: HttpConnection, idle: float) -> AsyncIterator[bytes]:
+    """The request body from the client as it arrives; ``idle`` bounds the wait for each piece."""
+    if conn.h11.they_are_waiting_for_100_continue:
+        with client_side():
+            await conn.send(h11.InformationalResponse(status_code=100, headers=[]))
+    chunks = conn.body(idle)
+    while True:
+        with client_side():
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+        yield chunk
+
+
+async def upstream_body(origin: HttpConnection, idle: float) -> AsyncIterator[bytes]:
+    """The response body from the upstream as it arrives; a response cut short is an ``UpstreamSide``."""
+    while True:
+        with upstream_side():
+            event = await origin.next_event(idle)
+        if isinstance(event, h11.Data):
+            yield bytes(event.data)
+        elif isinstance(event, h11.EndOfMessage):
+            return
+        else:
+            raise UpstreamSide(502, "upstream closed in the middle of the response")
+
+
+async def read_whole(request: Outbound, max_bytes: int) -> bytes:
+    """The whole body of ``request``; ``Refused`` 413 (closing the connection, the rest unread) past
+    ``max_bytes``, before reading any of it when its Content-Length already says so."""
+    if isinstance(request.body, bytes):
+        return request.body
+    too_large = Refused(413, f"request body larger than {max_bytes} bytes", close=True)
+    if request.length is not None and request.length > max_bytes:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.body:
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def forward(
+    conn: HttpConnection,
+    request: Outbound,
+    open_origin: OriginFactory,
+    record: AuditRecord,
+    idle: float,
+    request_filters: Sequence[RequestFilter] = (),
+    response_filters: Sequence[ResponseFilter] = (),
+) -> None:
+    """One exchange: the filters, then the request up (its body as it arrives), the response down chunk by
+    chunk. Raises ``Refused``, ``ClientSide`` or ``UpstreamSide``; the caller answers (failures.answer)."""
+    for request_filter in request_filters:
+        await request_filter(request, record)
+    async with open_origin() as origin:
+        with upstream_side():
+            await origin.send(h11.Request(method=request.method, target=request.target,
+                                          headers=[*request.headers, *request.framing()]))
+        body = request.body
+        if isinstance(body, bytes):
+            record.bytes_up += len(body)
+            with upstream_side():
+                await origin.send(h11.Data(data=body))
+        else:
+            async for chunk in body:
+                record.bytes_up += len(chunk)
+                with upstream_side():
+                    await origin.send(h11.Data(data=chunk))
+        with upstream_side():
+            await origin.send(h11.EndOfMessage())
+            event = await origin.next_event(idle)
+            while isinstance(event, h11.InformationalResponse):  # 100 Continue and the like are hop-by-hop
+                event = await origin.next_event(idle)
+        if not isinstance(event, h11.Response):
+            raise UpstreamSide(502, "upstream closed without a response")
+        response = Inbound(event.status_code, end_to_end(event.headers), upstream_body(origin, idle))
+        for response_filter in response_filters:
+            response_filter(response, record)
+        with client_side():
+            await conn.send(h11.Response(status_code=response.status, headers=response.headers))
+        record.status = response.status
+        async for chunk in response.body:
+            record.bytes_down += len(chunk)
+            with client_side():
+                await conn.send(h11.Data(data=chunk))
+        with client_side():
+            await conn.send(h11.EndOfMessage())
+
+
+def set_headers(drop: frozenset[bytes], add: Headers) -> RequestFilter:
+    """A filter that removes the headers named in ``drop`` and appends ``add`` (Host first if given)."""
+
+    async def rewrite(request: Outbound, record: AuditRecord) -> None:
+        hosts = [(n, v) for n, v in add if n == b"host"]
+        request.headers = [*hosts, *[(n, v) for n, v in request.headers if n.lower() not in drop],
+                           *[(n, v) for n, v in add if n != b"host"]]
+
+    return rewrite
