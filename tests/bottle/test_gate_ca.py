@@ -10,6 +10,10 @@ refuse that one, so the test proves verification, not just connectivity.
 
 The target is on the tests' own network, reached through the gate's proxy as a raw tunnel (``allow_tcp``):
 the client's TLS ends at the test server whatever the gate does with other tunnels.
+
+The real path is the last test: the same target allowed for inspection, so the gate terminates the tunnel
+with a leaf of its own CA and verifies the target itself (the test's CA as the agent's extra CA, which builds
+images of their own); curl and git in the bottle must trust that leaf, issued by the CA this gate announced.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from pathlib import Path
 
 import docker
 import pytest
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
 from docker.models.containers import Container
 
 from claude_bottle.config import AgentConfig, load_agent
@@ -232,3 +238,31 @@ def test_the_ca_key_is_nowhere_but_the_gates_memory(client: docker.DockerClient,
     assert all("PRIVATE KEY" not in text and "BEGIN EC" not in text for text in seen)
     assert bottle.announced.decode() not in seen[-1]  # the log carries it as one base64 line, not as PEM
     assert ca_module.announced_ca(seen[-1]) == bottle.announced
+
+
+def test_clients_trust_the_leaves_the_real_gate_mints(client: docker.DockerClient, upstream: Upstream, token: str,
+                                                      workspace: Path, test_ca: RunCA, tls_target: Container,
+                                                      tmp_path: Path) -> None:
+    """The real path: a tunnel to an allowed host, terminated by the gate with a leaf of its own CA (whose key
+    never left it), the gate verifying the target against the agent's extra CA. curl and git in the bottle
+    trust that leaf, and the gate reads their requests."""
+    ca_file = tmp_path / "target-ca.pem"
+    ca_file.write_bytes(test_ca.certificate_pem)  # trusted by the gate toward the target (and the images)
+    write_agent("inspected", f'allow = ["{TARGET}:{TRUSTED}"]\nallow_private = ["{upstream.subnet}"]\n'
+                             f'extra_ca_certificates = ["{ca_file}"]\n')
+    launch = Launch(load_agent("inspected", workspace), workspace, Credential.parse(token, "test"), upstream.url,
+                    (upstream.network,))
+    with started(launch, lambda line: None) as run:
+        run.create_bottle(["sleep", "600"], tty=False).start()
+        assert run.gate is not None
+        (name,) = x509.load_pem_x509_certificate(run.gate_ca).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        code, curl = inside(run, f"curl -sS -v --max-time 20 https://{TARGET}:{TRUSTED}/ 2>&1")
+        code_git, git = inside(run, f"GIT_TERMINAL_PROMPT=0 timeout 30 git ls-remote https://{TARGET}:{TRUSTED}/repo.git 2>&1")
+        audit = [json.loads(line) for line in run.gate.logs(stdout=False, stderr=True).decode().splitlines()
+                 if line.startswith("{")]
+    assert code == 0 and "trusted by the bottle" in curl, curl
+    assert f"issuer: O=claude-bottle; CN={name.value}" in curl, curl  # this gate's own CA
+    assert code_git == 0 and "refs/heads/main" in git, git
+    assert {(r["method"], r.get("path")) for r in audit if r["decision"] == "allow"} >= {
+        ("GET", "/"), ("GET", "/repo.git/info/refs")}
+    assert leftovers(client, "inspected") == []
