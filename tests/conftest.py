@@ -78,19 +78,25 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         api_port: int = 0,
         proxy_port: int = 0,
         ca: LeafIssuer | None = None,
+        egress_rules: tuple[str, ...] = (),
+        no_inspect: tuple[str, ...] = (),
+        dlp_off: tuple[str, ...] = (),
         **limits: float | int,
     ) -> AsyncIterator[RunningGate]:
         token = token or make_token()
+        request_policy = gc.parse_egress_rules(egress_rules, no_inspect)
         config = gc.GateConfig(
             api_listen=gc.Endpoint("127.0.0.1", api_port),
             proxy_listen=gc.Endpoint("127.0.0.1", proxy_port),
             credential=Credential.parse(token, "test token"),
             upstream=gc.parse_upstream(upstream or stub.url),
-            allowlist=gc.parse_allowlist(allow),
+            allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns),
             allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
             allow_private=gc.parse_networks(allow_private),
             api_policy=gc.parse_api_paths(api_paths),
             messages_policy=gc.parse_server_tools(server_tools),
+            request_policy=request_policy,
+            dlp=gc.parse_dlp((), dlp_off),
             extra_ca_files=tuple(Path(p) for p in extra_ca),
             limits=replace(gc.Limits(header_timeout=5, idle_timeout=5, connect_timeout=2, drain_seconds=2),
                            **limits),

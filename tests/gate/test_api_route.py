@@ -104,14 +104,16 @@ async def test_sse_events_reach_the_client_as_the_upstream_sends_them(make_gate:
 
 
 async def test_request_body_streams_to_the_upstream_before_the_client_finishes(make_gate: GateFactory) -> None:
-    """On a path the body policy does not read (one added with --allow-api-path)."""
+    """On a path the body policy does not read (one added with --allow-api-path). DLP holds back only its
+    tail (about 11 KB): the start of a larger first part goes upstream while the client is still sending."""
     first_chunk_seen = asyncio.Event()
+    part = 64 * 1024
 
     async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        data = await reader.readuntil(b"first-part")
-        assert data.endswith(b"first-part")
+        await reader.readuntil(b"x" * 1024)
         first_chunk_seen.set()
+        await reader.readuntil(b"\r\n0\r\n\r\n")  # the rest, once the client sends it
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
         await writer.drain()
         writer.close()
@@ -120,7 +122,7 @@ async def test_request_body_streams_to_the_upstream_before_the_client_finishes(m
             make_gate(upstream=f"http://{origin}", api_paths=("POST /v1/upload",)) as gate:
         reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
         writer.write(b"POST /v1/upload HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"a\r\nfirst-part\r\n")
+                     + f"{part:x}\r\n".encode() + b"x" * part + b"\r\n")
         await writer.drain()
         await asyncio.wait_for(first_chunk_seen.wait(), 3)  # the rest of the body is not even sent yet
         writer.write(b"0\r\n\r\n")

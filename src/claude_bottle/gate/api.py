@@ -2,8 +2,9 @@
 
 A request the API policy allows goes through the forward path (gate/forward.py) with this route's filters:
 the Messages body read whole and judged (policy/messages.py) before anything goes upstream; every client
-credential stripped and the real one injected; identity encoding asked for. On the way back, a response
-that is encoded (so cannot be scanned) or that would carry the credential is never delivered.
+credential stripped, the request scanned by DLP (gate/inspection.py), then the real credential injected;
+identity encoding asked for. On the way back, a response that is encoded (so cannot be scanned) or that
+would carry the credential is never delivered.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from claude_bottle.gate.forward import (
     set_headers,
 )
 from claude_bottle.gate.http import HttpConnection, header_values
+from claude_bottle.gate.inspection import data_loss
 from claude_bottle.gate.scan import SecretReflected, SecretScanner
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.messages import MessagesPolicy
@@ -53,10 +55,13 @@ async def api_exchange(conn: HttpConnection, request: h11.Request, record: Audit
     filters: list[RequestFilter] = []
     if method == "POST" and record.path in config.messages_policy.paths:
         filters.append(messages_policy(config.messages_policy, config.limits.max_body_bytes))
-    filters.append(set_headers(CLIENT_CREDENTIAL_HEADERS | GATE_SET_HEADERS, [
-        (b"host", upstream.authority), config.credential.header(), (b"accept-encoding", b"identity"),
-    ]))
     secret = config.credential.secret.encode()
+    # DLP sees the request with the client's credentials gone (the bottle's placeholder is an sk-ant- token)
+    # and before the real one is added.
+    filters += [set_headers(CLIENT_CREDENTIAL_HEADERS | GATE_SET_HEADERS, []),
+                data_loss(config.dlp, (secret,)),
+                set_headers(frozenset(), [(b"host", upstream.authority), config.credential.header(),
+                                          (b"accept-encoding", b"identity")])]
     idle = config.limits.idle_timeout
     await forward(conn, outbound(conn, request, (upstream.base_path + target).encode(), idle),
                   lambda: pooled(ctx.api_pool), record, idle, filters, [identity_only, reflection_scan(secret)])

@@ -22,6 +22,7 @@ class AuditRecord:
     reason: str = ""
     status: int = 0  # HTTP status sent to the client; 0 if the connection closed before one was sent
     path: str | None = None
+    rule: str | None = None  # the configured rule that decided (an [[egress]] rule, a [dlp] rule), if one did
     bytes_up: int = 0  # client -> upstream, body or tunnel bytes
     bytes_down: int = 0  # upstream -> client
     started: float = field(default_factory=time.time)
@@ -52,8 +53,9 @@ class AuditLog:
             return
         fields = asdict(record)
         started = fields.pop("started")
-        if fields["path"] is None:
-            del fields["path"]
+        for optional in ("path", "rule"):
+            if fields[optional] is None:
+                del fields[optional]
         line = json.dumps(
             {
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)) + f".{int(started % 1 * 1000):03d}Z",

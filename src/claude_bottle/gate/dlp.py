@@ -61,7 +61,7 @@ class DlpMatch(Exception):
 
     @property
     def decision(self) -> Decision:
-        return Decision(False, self.reason, 403)
+        return Decision(False, self.reason, 403, rule=f"[dlp] {self.rule}")
 
 
 @dataclass(frozen=True)

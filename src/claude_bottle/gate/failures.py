@@ -26,6 +26,7 @@ import h11
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.http import HttpConnection, PeerGone, ProtocolError
 from claude_bottle.gate.resolver import ResolveError
+from claude_bottle.policy.decide import Decision
 
 E = TypeVar("E", bound=BaseException)
 
@@ -40,11 +41,18 @@ class Failure(Exception):
 
 
 class Refused(Failure):
-    """A policy refused the request. ``close``: the rest of the request is not read, the connection ends."""
+    """A policy refused the request. ``close``: the rest of the request is not read, the connection ends.
+    ``rule``: the configured rule that refused it, for the audit (None: no rule, the policy itself)."""
 
-    def __init__(self, status: int, reason: str, close: bool = False) -> None:
+    def __init__(self, status: int, reason: str, close: bool = False, rule: str | None = None) -> None:
         super().__init__(status, reason)
         self.close = close
+        self.rule = rule
+
+    @classmethod
+    def by(cls, decision: Decision) -> Refused:
+        """The refusal a policy's ``decision`` says, naming its rule if one decided."""
+        return cls(decision.status, decision.reason, rule=decision.rule or None)
 
 
 class ClientSide(Failure):
@@ -123,6 +131,7 @@ async def answer(conn: HttpConnection, record: AuditRecord, failure: Failure, id
     serve another request."""
     if isinstance(failure, Refused):
         record.deny(failure.reason, failure.status)
+        record.rule = failure.rule
     else:
         record.fail(failure.reason, failure.status)
     with contextlib.suppress(*_CONNECTION_ERRORS, h11.LocalProtocolError):

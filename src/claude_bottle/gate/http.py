@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import json
 import re
+import socket
+import struct
 from collections.abc import AsyncIterator, Iterable
 from http import HTTPStatus
 
@@ -264,6 +266,10 @@ class HttpConnection:
             await self.writer.wait_closed()
 
     def abort(self) -> None:
-        """Reset the connection: the client sees a broken response, never a truncated one that looks whole."""
-        transport = self.writer.transport
-        transport.abort()
+        """Reset the connection (RST, what was not sent yet discarded): a client sees a broken response, never
+        a truncated one that looks whole; an upstream sees a request that never completes."""
+        sock = self.writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.writer.transport.abort()

@@ -25,6 +25,7 @@ from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import forward, outbound, set_headers
 from claude_bottle.gate.http import READ_SIZE, HttpConnection, ProtocolError, header_values
+from claude_bottle.gate.inspection import inspected
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
@@ -158,7 +159,8 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
         else:
             record.path = path.split("?", 1)[0]
             request_filters = [set_headers(frozenset({b"host"}), [(b"host", authority(target, 80).encode()),
-                                                                   (b"connection", b"close")])]
+                                                                   (b"connection", b"close")]),
+                               *inspected(target, ctx)]
             await forward(conn, outbound(conn, request, path.encode(), limits.idle_timeout),
                           lambda: dialled(addresses, target, limits.connect_timeout), record,
                           limits.idle_timeout, request_filters)
@@ -174,13 +176,17 @@ async def dialled(addresses: list[IPAddress], target: Target, timeout: float) ->
     try:
         yield origin
     finally:
-        await origin.close()
+        if origin.h11.our_state is h11.DONE:
+            await origin.close()
+        else:
+            origin.abort()  # a request cut short (refused mid-body): reset, so it never completes upstream
 
 
 def terminating(target: Target, ctx: GateContext) -> ssl.SSLContext | None:
     """The client-side TLS context when the gate terminates the tunnel to ``target``, else None (opaque):
-    without a CA, or where raw TCP is allowed (the bytes need not be TLS)."""
-    if ctx.ca is None or ctx.egress.raw_allowed(target):
+    without a CA, where raw TCP is allowed (the bytes need not be TLS), or where its ``[[egress]]`` entry says
+    ``inspect = false``."""
+    if ctx.ca is None or ctx.egress.raw_allowed(target) or not ctx.config.request_policy.inspects(target):
         return None
     try:
         return ctx.ca.context_for(target.host)

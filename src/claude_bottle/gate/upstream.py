@@ -73,7 +73,7 @@ class UpstreamPool:
             conn.h11.start_next_cycle()
             self._idle.append((conn, time.monotonic()))
         else:
-            conn.writer.close()
+            conn.abort()  # mid-exchange (a request refused mid-body, a response cut): reset, never finished
 
     async def aclose(self) -> None:
         for conn, _ in self._idle:

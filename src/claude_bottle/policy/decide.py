@@ -15,6 +15,7 @@ class Decision:
     allow: bool
     reason: str
     status: int = 403  # the HTTP status of a refusal
+    rule: str = ""  # the configured rule that decided, for the audit's ``rule`` field; "" when none did
 
 
 @dataclass(frozen=True)

@@ -260,27 +260,35 @@ class RequestPolicy:
             readings = path_readings(path)
         except PathError as exc:
             return Decision(False, f"{exc}; [[egress]] {entry.host} has rules, which judge canonical paths only",
-                            400)
+                            400, rule=f"[[egress]] {entry.host} canonical path")
         written = _judge(entry, method, readings[0])
         if not written.allow or len(readings) == 1:
             return written
         decoded = _judge(entry, method, readings[1])
         if decoded.allow:
             return written
-        return Decision(False, f"{decoded.reason} (reading its encoded '/' as a separator)")
+        return Decision(False, f"{decoded.reason} (reading its encoded '/' as a separator)", rule=decoded.rule)
 
 
 def _judge(entry: HostRules, method: str, segments: tuple[bytes, ...]) -> Decision:
     for rule in entry.deny:
         if rule.matches(method, segments):
-            return Decision(False, f"{method} refused by [[egress]] {entry.host} rule \"{rule}\"")
+            return Decision(False, f"{method} refused by [[egress]] {entry.host} rule \"{rule}\"",
+                            rule=_rule_name(entry, rule))
     for rule in entry.allow:
         if rule.matches(method, segments):
-            return Decision(True, f"{method} allowed by [[egress]] {entry.host} rule \"{rule}\"")
+            return Decision(True, f"{method} allowed by [[egress]] {entry.host} rule \"{rule}\"",
+                            rule=_rule_name(entry, rule))
     if not entry.allow:
         return Decision(True, f"{method} matches no deny rule of [[egress]] {entry.host}")
     listed = ", ".join(f'"{rule.method} {rule.path}"' for rule in entry.allow)
-    return Decision(False, f"{method} matches no allow rule of [[egress]] {entry.host} (allowed: {listed})")
+    return Decision(False, f"{method} matches no allow rule of [[egress]] {entry.host} (allowed: {listed})",
+                    rule=f"[[egress]] {entry.host} allow list")
+
+
+def _rule_name(entry: HostRules, rule: RequestRule) -> str:
+    """How the audit's ``rule`` field names a rule: its entry and the rule as written."""
+    return f"[[egress]] {entry.host} {rule}"
 
 
 def parse_egress_flag(text: str) -> tuple[HostPattern, RequestRule]:
