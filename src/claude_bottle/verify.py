@@ -31,6 +31,8 @@ from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.config import Limits
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
 from claude_bottle.persistence import Plants, make_repository, share
+from claude_bottle.policy.hosts import parse_pattern
+from claude_bottle.policy.rules import HostRules
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import engine
 from claude_bottle.runtime.bottle import AGENT_LABEL, LABEL, RUN_LABEL, Run, remove_run, state_volume
@@ -178,7 +180,13 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
             stub, canary, front = (stub_container(client, gate_image, outside.name, alias,
                                                   f"claude-bottle-{verify_id}-{alias}", labels)
                                    for alias in ("stub", "canary", FRONT))
+            # The stand-ins speak plain HTTP, and these attacks are on what an opaque tunnel carries: tunnels to
+            # them stay opaque (still under the first-flight check), else the gate's own TLS to them would fail
+            # before any attack reached them.
+            opaque = tuple(HostRules(parse_pattern(p), inspect=False) for p in (PRIVATE_NAME, f"{FRONT}:{STUB_PORT}",
+                                                                               FRONT))
             tested = dataclasses.replace(agent, allow=(*agent.allow, PRIVATE_NAME, f"{FRONT}:{STUB_PORT}", FRONT),
+                                         egress=dataclasses.replace(agent.egress, hosts=(*agent.egress.hosts, *opaque)),
                                          allow_private=(*agent.allow_private, f"{_address(front)}/32"))
             yield StandIns(client, tested, credential, stub, canary, gate_image, outside.name, host, progress,
                            workspaces)
