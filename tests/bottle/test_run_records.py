@@ -130,7 +130,8 @@ def test_the_audit_is_kept_when_another_terminal_stops_a_kept_run(
     client: docker.DockerClient, upstream: Upstream, token: str, tmp_path: Path, built_images: tuple[str, str],
     bottle_in: Callable[..., Run],
 ) -> None:
-    write_agent("stopped", f'allow = ["target:8000"]\nallow_private = ["{upstream.subnet}"]\n')
+    # target:8000 is a plain-HTTP stub: its tunnel stays opaque (the gate's own TLS to it would fail)
+    write_agent("stopped", f'allow_private = ["{upstream.subnet}"]\n[[egress]]\nhost = "target:8000"\ninspect = false\n')
     workspace = project(tmp_path, "project")
     run = bottle_in("stopped", workspace, keep=True)
     assert inside(run, "curl -sS -m 5 -o /dev/null http://before-stop.example/")[0] == 0
