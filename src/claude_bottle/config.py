@@ -292,17 +292,9 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
             allow.extend(PRESETS[preset])
         else:
             raise top.fail("presets", f"unknown preset {preset!r} (known: {', '.join([*PRESETS, *READ_PRESETS])})")
-    for pattern in allow:
-        try:
-            parse_pattern(pattern)
-        except InvalidHost as exc:
-            raise top.fail("allow", str(exc)) from None
+    _check_patterns(top, "allow", allow)
     allow_tcp = top.strings("allow_tcp")
-    for pattern in allow_tcp:
-        try:
-            parse_pattern(pattern)
-        except InvalidHost as exc:
-            raise top.fail("allow_tcp", str(exc)) from None
+    _check_patterns(top, "allow_tcp", allow_tcp)
     allow_private = top.strings("allow_private")
     for cidr in allow_private:
         try:
@@ -348,6 +340,15 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
         upstream=upstream,
         sources=(source,),
     )
+
+
+def _check_patterns(fields: _Fields, key: str, patterns: list[str] | tuple[str, ...]) -> None:
+    """Host patterns as the allowlist reads them; the first bad one is an error naming ``key``."""
+    for pattern in patterns:
+        try:
+            parse_pattern(pattern)
+        except InvalidHost as exc:
+            raise fields.fail(key, str(exc)) from None
 
 
 def _existing(path: Path, fields: _Fields, key: str) -> Path:
