@@ -64,6 +64,7 @@ class Launch:
     credential: Credential
     upstream: str | None = None  # overrides the agent's
     upstream_networks: tuple[str, ...] = ()
+    upstream_ca_files: tuple[Path, ...] = ()  # stand-ins' CAs the gate trusts (RunSpec.upstream_ca_files)
 
 
 def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
@@ -106,6 +107,7 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
         allow=agent.egress_allowlist, allow_tcp=agent.allow_tcp, allow_private=agent.allow_private,
         env=agent.env,
         resources=agent.resources, upstream_networks=launch.upstream_networks,
+        upstream_ca_files=launch.upstream_ca_files,
         mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
         mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
                               if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},

@@ -21,6 +21,7 @@ from claude_bottle.runtime.bottle import (
     seeded_claude_json,
     seeded_settings,
     state_volume,
+    upstream_ca_mounts,
     user_for,
 )
 from tests.helpers import make_token
@@ -149,3 +150,15 @@ def test_the_agents_egress_rules_and_dlp_reach_the_gate_command(tmp_path: Path) 
     assert parse_egress_rules(rules, opaque) == type(agent.egress)(
         tuple(e for e in agent.egress.hosts if e.allow or e.deny or not e.inspect))
     assert parse_dlp([v for k, v in pairs if k == "--dlp-rule"], [v for k, v in pairs if k == "--dlp-off"]) == agent.dlp
+
+
+def test_stand_in_cas_reach_the_gate_as_read_only_mounts(tmp_path: Path) -> None:
+    ca = tmp_path / "stand-in-ca.pem"
+    spec = run_spec(Launch(AgentConfig(), tmp_path, Credential.parse(make_token(), "t"), upstream_ca_files=(ca,)),
+                    "bottle", "gate", "1000:1000")
+    mounts = upstream_ca_mounts(spec)
+    assert mounts == {str(ca): {"bind": "/opt/gate/upstream-ca/0.pem", "mode": "ro"}}
+    command = gate_command(spec)
+    assert ("--extra-ca", "/opt/gate/upstream-ca/0.pem") in list(zip(command[::2], command[1::2], strict=True))
+    assert "--extra-ca" not in gate_command(run_spec(Launch(AgentConfig(), tmp_path, spec.credential),
+                                                     "bottle", "gate", "1000:1000"))

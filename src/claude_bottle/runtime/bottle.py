@@ -97,6 +97,10 @@ class RunSpec:
     env: dict[str, str] = field(default_factory=dict)
     resources: Resources = Resources()
     upstream_networks: tuple[str, ...] = ()  # Docker networks the gate joins to reach an upstream there
+    # CA certificates (PEM files on the host) the gate trusts toward upstreams besides its image's store: the
+    # CAs of stand-ins on those networks (verify's, the tests'), without an image of their own. Mounted
+    # read-only into the gate, named by --extra-ca.
+    upstream_ca_files: tuple[Path, ...] = ()
     mounts: tuple[tuple[Path, str, bool], ...] = ()  # (host path, container path, read-only)
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # Claude Code's mcpServers entries
     protected: tuple[str, ...] = PROTECTED  # workspace paths mounted read-only where they exist (and nested .git)
@@ -138,9 +142,16 @@ def gate_command(spec: RunSpec) -> list[str]:
     tcp_args = [arg for pattern in spec.allow_tcp for arg in ("--allow-tcp", pattern)]
     private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
     tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
+    ca_args = [arg for path in upstream_ca_mounts(spec).values() for arg in ("--extra-ca", path["bind"])]
     return ["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}", "--upstream", spec.upstream,
             "--token-file", "-", "--audit-log", "-", *allow_args, *tcp_args, *private_args, *tool_args,
-            *spec.request_policy.args(), *spec.dlp.args()]
+            *ca_args, *spec.request_policy.args(), *spec.dlp.args()]
+
+
+def upstream_ca_mounts(spec: RunSpec) -> dict[str, dict[str, str]]:
+    """``spec.upstream_ca_files`` as read-only mounts into the gate."""
+    return {str(path): {"bind": f"/opt/gate/upstream-ca/{i}.pem", "mode": "ro"}
+            for i, path in enumerate(spec.upstream_ca_files)}
 
 
 def bottle_user(uid: int, gid: int, workspace: Path) -> str:
@@ -308,7 +319,7 @@ class Run:
                     name=f"claude-bottle-{self.id}-gate", labels=self.labels, stdin_open=True,
                     network=self.egress.name, read_only=True, tmpfs={"/tmp": "size=16m"},
                     cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=256, mem_limit="256m",
-                    log_config=LOG_CONFIG,
+                    log_config=LOG_CONFIG, volumes=upstream_ca_mounts(spec),
                 )
             self.internal.connect(self.gate, aliases=["gate"])
             for name in spec.upstream_networks:
