@@ -144,17 +144,28 @@ def gate(
 @click.option("--listen", default="127.0.0.1:0", show_default=True, metavar="HOST:PORT")
 @click.option("--text", default=None, help="The answer text.")
 @click.option("--log", is_flag=True, help="Print each request (with its headers) as a JSON line.")
-def stub_upstream(listen: str, text: str | None, log: bool) -> None:
+@click.option("--tls", "tls_file", default=None, metavar="PATH", type=click.Path(dir_okay=False),
+              help="Serve HTTPS with the certificate chain and private key in this PEM file.")
+def stub_upstream(listen: str, text: str | None, log: bool, tls_file: str | None) -> None:
     """Serve a stand-in for the Anthropic Messages API (for tests, benchmarks and verify).
 
     It answers /v1/messages with a fixed text, streaming or not, and spends no tokens.
     """
+    import ssl
+
     from claude_bottle.gate.config import parse_listen
     from claude_bottle.stub import DEFAULT_TEXT, serve
 
     endpoint = parse_listen(listen, "--listen")
+    tls = None
+    if tls_file is not None:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            tls.load_cert_chain(tls_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"--tls {tls_file}: cannot load a certificate chain and key ({exc})") from None
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(endpoint.host, endpoint.port, text or DEFAULT_TEXT, log))
+        asyncio.run(serve(endpoint.host, endpoint.port, text or DEFAULT_TEXT, log, tls))
 
 
 # ---- the bottle -------------------------------------------------------------------------------------------

@@ -219,6 +219,17 @@ class RunCA:
         """The hosts with a cached context, least recently used first."""
         return list(self._contexts)
 
+    def issue(self, host: str) -> bytes:
+        """A leaf for ``host`` and its private key, as one PEM file, for a server this CA's clients must trust
+        that is not the gate (``verify``'s HTTPS stand-ins). The gate never calls it: its own leaves' keys
+        stay in memory. Raises ``HostNotPermitted`` outside the CA's names."""
+        name, ip = normalize_host(host)
+        if not self.scope.permits(name, ip):
+            raise HostNotPermitted(f"{name} is not among the names this CA may certify")
+        leaf, key = self._mint(name, ip, self._clock())
+        return leaf.public_bytes(serialization.Encoding.PEM) + self.certificate_pem + key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
     def _mint(self, name: str, ip: IPAddress | None, now: float) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         """A leaf for ``name``, whatever the scope says (``context_for`` checks it first; tests do not)."""
         key = ec.generate_private_key(ec.SECP256R1())
