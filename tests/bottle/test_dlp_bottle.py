@@ -26,7 +26,7 @@ import pytest
 
 from claude_bottle.config import AgentConfig
 from claude_bottle.credentials import Credential
-from claude_bottle.launch import Launch, build_images, started
+from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle
 from tests.bottle.conftest import Upstream, leftovers
@@ -39,14 +39,9 @@ FILLER = 300_000  # bytes of body before the canary: well past the gate's first 
 
 
 @pytest.fixture(scope="module")
-def images(client: docker.DockerClient) -> tuple[str, str]:
-    return build_images(client, AgentConfig(), lambda line: None)
-
-
-@pytest.fixture(scope="module")
-def servers(client: docker.DockerClient, upstream: Upstream, images: tuple[str, str],
+def servers(client: docker.DockerClient, upstream: Upstream, built_images: tuple[str, str],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
-    with https_servers(client, images[1], upstream.network, tmp_path_factory.mktemp("ca")) as found:
+    with https_servers(client, built_images[1], upstream.network, tmp_path_factory.mktemp("ca")) as found:
         yield found
 
 
@@ -66,7 +61,7 @@ class Bottle:
 
 
 @pytest.fixture(scope="module")
-def bottle(client: docker.DockerClient, upstream: Upstream, images: tuple[str, str], servers: Servers,
+def bottle(client: docker.DockerClient, upstream: Upstream, servers: Servers,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bottle]:
     home = tmp_path_factory.mktemp("dlp")
     workspace = home / "project"
