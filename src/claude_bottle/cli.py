@@ -95,12 +95,19 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
               help="Seconds without traffic before a stream or tunnel is closed.")
 @click.option("--drain-seconds", type=click.FloatRange(0, 3600), default=10, show_default=True,
               help="On SIGTERM, how long in-flight requests may finish.")
+@click.option("--learn", is_flag=True,
+              help="Learn mode: let destinations outside the allowlist through and audit them as would_deny "
+                   "(never the upstream's host; the address guard, rules and DLP still apply).")
+@click.option("--control-socket", metavar="PATH", type=click.Path(dir_okay=False),
+              help="A unix socket (mode 0600) through which the allowlist can be changed while the gate runs "
+                   "(python -m claude_bottle.gate.control PATH allow|deny|show HOST).")
 def gate(
     api_listen: str, proxy_listen: str, upstream: str, token_file: str, allow: tuple[str, ...],
     allow_tcp: tuple[str, ...], allow_private: tuple[str, ...], allow_api_path: tuple[str, ...],
     allow_server_tool: tuple[str, ...], egress_rule: tuple[str, ...], no_inspect: tuple[str, ...],
     dlp_rule: tuple[str, ...], dlp_off: tuple[str, ...], extra_ca: tuple[str, ...], audit_log: str | None,
     ca_cert_out: str | None, max_tunnels: int, max_connections: int, idle_timeout: float, drain_seconds: float,
+    learn: bool, control_socket: str | None,
 ) -> None:
     """Run the gate: hold the credential, forward API calls, filter egress.
 
@@ -130,6 +137,8 @@ def gate(
         credential=read_token_file(token_file),
         limits=gc.Limits(max_tunnels=max_tunnels, max_connections=max_connections, idle_timeout=idle_timeout,
                          drain_seconds=drain_seconds),
+        learn=learn,
+        control_socket=Path(control_socket) if control_socket else None,
     )
     config.ssl_context()  # fail now, not on the first request, if an extra CA cannot be loaded
     if config.upstream.scheme == "http" and not gc.loopback(config.upstream.host):
