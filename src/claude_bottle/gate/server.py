@@ -113,7 +113,7 @@ class Gate:
             else:
                 record.deny(f"the user {message} while the gate runs", 0)
             self.audit.write(record)
-        return {"message": message, "policy": control.policy_view(policy)}
+        return {"message": message, "policy": control.policy_view(policy, self.config.request_policy)}
 
     async def stop(self, drain_seconds: float) -> None:
         """Stop accepting; close idle connections now; let busy ones finish up to the deadline."""
