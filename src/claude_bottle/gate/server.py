@@ -74,7 +74,7 @@ class Gate:
             audit=self.audit,
             resolver=self.resolver,
             egress=EgressPolicy(self.config.allowlist, self.config.guard, frozenset({self.config.upstream.host}),
-                                raw_tcp=self.config.allow_tcp),
+                                raw_tcp=self.config.allow_tcp, learn=self.config.learn),
             api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
                                   limits.connect_timeout),
             upstream_tls=self.config.ssl_context(alpn=("http/1.1",)),
