@@ -64,10 +64,11 @@ class Suggestion:
 
 
 def rule_path(path: str) -> str:
-    """A request path as a rule's path: decoded as the gate matches it; a segment a rule cannot spell
-    becomes ``*``."""
+    """A request path as a rule's path: decoded as the gate matches it; a segment a rule cannot spell (or a
+    dot segment) becomes ``*``."""
     segments = [unquote(s) for s in path.split("?", 1)[0].split("/")[1:]]
-    kept = [s if _PLAIN_SEGMENT.fullmatch(s) or (s == "" and i == len(segments) - 1) else "*"
+    kept = [s if (_PLAIN_SEGMENT.fullmatch(s) and s not in (".", "..")) or (s == "" and i == len(segments) - 1)
+            else "*"
             for i, s in enumerate(segments)]
     return "/" + "/".join(kept)
 
