@@ -148,9 +148,9 @@ def gate_command(spec: RunSpec) -> list[str]:
     private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
     tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
     return ["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}", "--upstream", spec.upstream,
-            "--token-file", "-", "--audit-log", "-", *allow_args, *tcp_args, *private_args, *tool_args,
-            *spec.request_policy.args(), *spec.dlp.args(), "--control-socket", CONTROL_SOCKET,
-            *(["--learn"] if spec.learn else [])]
+            "--token-file", "-", "--audit-log", "-", "--control-socket", CONTROL_SOCKET,
+            *(["--learn"] if spec.learn else []), *allow_args, *tcp_args, *private_args, *tool_args,
+            *spec.request_policy.args(), *spec.dlp.args()]
 
 
 def policy_dir(run_id: str) -> Path:
