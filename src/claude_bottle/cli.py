@@ -425,14 +425,16 @@ def logs(agent: str | None, workspace: str | None, run_id: str | None, list_reco
         return
     entries, owner, _ = _audit(agent, workspace, run_id, follow)
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    if not as_json:
-        click.echo(logview.header())
+    shown = 0
     for entry in entries:
         if egress and entry.get("listener") != "proxy":
             continue
         if as_json:
             click.echo(json.dumps(entry, ensure_ascii=False))
             continue
+        if not shown:
+            click.echo(logview.header())
+        shown += 1
         click.echo(logview.row(entry, colour))
         offer = logview.offer(entry, owner) if follow else None
         if offer:

@@ -96,3 +96,12 @@ def test_logs_errors_say_what_to_do(recorded: Path, tmp_path: Path) -> None:
     assert "logs --runs" in str(other.exception)
     follow = runner.invoke(cli, ["logs", "--workspace", str(recorded), "--follow"])
     assert "--follow shows a running bottle's decisions" in str(follow.exception)
+
+
+def test_logs_is_a_table_and_policy_suggest_reads_the_same_run(recorded: Path) -> None:
+    runner = CliRunner()
+    table = runner.invoke(cli, ["logs", "--run", "ops-1"]).output.splitlines()
+    assert table[0].split() == ["TIME", "DECISION", "METHOD", "HOST", "PATH", "RULE", "REASON"]
+    assert table[1].split()[:3] == ["deny", "CONNECT", "run1.example:443"] and "\x1b" not in table[1]
+    suggested = runner.invoke(cli, ["policy", "suggest", "--run", "ops-1"]).output
+    assert "from run ops-1" in suggested and "run1.example:443: not in the allowlist" in suggested
