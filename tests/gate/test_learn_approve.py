@@ -269,3 +269,15 @@ async def test_a_broken_request_is_not_called_a_policy_refusal(make_gate: GateFa
         response = await proxied(gate, b"GET https://x.example/ HTTP/1.1\r\nHost: x.example\r\n\r\n")
     assert parse_head(response)[0] == 400
     assert body(response).strip() == "use CONNECT for https:// URLs"
+
+
+async def test_the_control_socket_never_replaces_a_file_that_is_not_a_socket(make_gate: GateFactory,
+                                                                           tmp_path: Path) -> None:
+    from claude_bottle.errors import GateError
+
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me")
+    with pytest.raises(GateError, match="not a socket"):
+        async with make_gate(control_socket=precious):
+            pass
+    assert precious.read_text() == "keep me"

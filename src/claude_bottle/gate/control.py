@@ -22,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import socket
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,9 +108,11 @@ def parse_request(line: bytes) -> tuple[str, str]:
 
 
 async def serve(path: Path, handle: Any) -> asyncio.Server:
-    """Listen on the unix socket ``path`` (replacing a stale one), readable and writable by this user only.
-    ``handle(op, entry)`` returns the reply's fields or raises ControlError."""
+    """Listen on the unix socket ``path`` (replacing a stale socket, never another kind of file), readable
+    and writable by this user only. ``handle(op, entry)`` returns the reply's fields or raises ControlError."""
     with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise FileExistsError(errno.EEXIST, "exists and is not a socket")
         os.unlink(path)
 
     async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
