@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import traceback
@@ -467,19 +468,30 @@ def _agent_allowlist(name: str) -> tuple[str, ...]:
     return load_agent(name, Path.cwd()).egress_allowlist
 
 
-def _add_to_agent(name: str, additions: str, yes: bool) -> None:
-    """Append ``additions`` (TOML tables) to the agent file ``name`` (created if missing), after showing the
-    diff and asking (or ``yes``); the result must parse as an agent, else nothing is written."""
-    import tomllib
-
-    from claude_bottle import suggest
-    from claude_bottle.config import _NAME, agents_dir, parse_agent
+def _agent_file(name: str) -> pathlib.Path:
+    from claude_bottle.config import _NAME, agents_dir
 
     if not _NAME.fullmatch(name):
         raise ConfigError(f"agent name {name!r}: use lower-case letters, digits, '-' and '_' (up to 40)")
-    path = agents_dir() / f"{name}.toml"
+    return agents_dir() / f"{name}.toml"
+
+
+def _add_to_agent(name: str, additions: str, yes: bool) -> None:
+    """Append ``additions`` (TOML tables) to the agent file ``name`` (created if missing)."""
+    path = _agent_file(name)
     before = path.read_text() if path.exists() else ""
-    after = (before or "version = 1\n") + additions
+    _rewrite_agent(name, before, (before or "version = 1\n") + additions, yes)
+
+
+def _rewrite_agent(name: str, before: str, after: str, yes: bool) -> None:
+    """Replace the agent file ``name`` (whose text is ``before``) with ``after``, once it parses as an agent,
+    after showing the diff and asking (or ``yes``); else nothing is written."""
+    import tomllib
+
+    from claude_bottle import suggest
+    from claude_bottle.config import parse_agent
+
+    path = _agent_file(name)
     try:
         parse_agent(name, tomllib.loads(after), str(path))
     except tomllib.TOMLDecodeError as exc:
@@ -528,16 +540,32 @@ def allow(ctx: click.Context, words: tuple[str, ...], workspace: str | None, sav
 @cli.command(context_settings=CONTEXT)
 @click.argument("words", nargs=-1, metavar="[AGENT] HOST[:PORT]")
 @click.option("--workspace", metavar="DIR", help="Prefer the bottle of this workspace (default: here).")
+@click.option("--save", is_flag=True, help="Also remove it from the agent's file (shows the change first).")
+@click.option("--yes", is_flag=True, help="With --save: write without asking.")
 @click.pass_context
-def deny(ctx: click.Context, words: tuple[str, ...], workspace: str | None) -> None:
+def deny(ctx: click.Context, words: tuple[str, ...], workspace: str | None, save: bool, yes: bool) -> None:
     """Refuse a destination in a running bottle from now on (even in learn mode, even under a wider pattern);
-    tunnels already open stay. The agent's file is not changed."""
-    from claude_bottle.runtime.bottle import control_gate
+    tunnels already open stay."""
+    from claude_bottle import suggest
+    from claude_bottle.runtime.bottle import AGENT_LABEL, control_gate
 
     agent, entry = _agent_and_entry(words, ctx)
     gate = _gate_for(agent, workspace)
     reply = control_gate(gate, "deny", entry)
     click.echo(f"{reply['message']} in {gate.name.removeprefix('claude-bottle-').removesuffix('-gate')}")
+    if not save:
+        return
+    name, pattern = gate.labels.get(AGENT_LABEL, agent or ""), reply["message"].removeprefix("denied ")
+    path = _agent_file(name)
+    before = path.read_text() if path.exists() else ""
+    try:
+        after = suggest.without_entry(before, pattern)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}; remove {pattern} from it by hand") from None
+    if after == before:
+        raise ConfigError(f"{path} lists no entry {pattern} (in allow or as an [[egress]] host); it may come from "
+                          "a preset or another spelling: edit the file by hand")
+    _rewrite_agent(name, before, after, yes)
 
 
 @cli.group(context_settings=CONTEXT)

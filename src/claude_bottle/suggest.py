@@ -11,8 +11,10 @@ rule per first path segment (``GET /simple/**``). A tunnel the gate did not read
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import re
+import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,3 +157,67 @@ def additions(found: Suggestion, current: Allowlist, source: str) -> str:
 def diff(before: str, after: str, name: str) -> str:
     return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
                                         f"{name} (now)", f"{name} (after)"))
+
+
+def without_entry(text: str, entry: str) -> str:
+    """An agent file's ``text`` without the allowlist entry ``entry``: out of the top-level ``allow`` list,
+    and without the ``[[egress]]`` tables whose host it is (their rules with them). Everything else stays as
+    written; the result is checked to mean exactly that (ValueError otherwise: the file is written in a way
+    this does not edit, and the user edits it by hand)."""
+    chunks: list[list[str]] = [[]]  # the top level, then one chunk per table, from its header line
+    for line in text.splitlines(keepends=True):
+        if _HEADER.match(line) and not line.lstrip().startswith("#"):
+            chunks.append([])
+        chunks[-1].append(line)
+    for before_table, table in itertools.pairwise(chunks):  # comments right above a header belong to its table
+        while before_table and before_table[-1].lstrip().startswith("#"):
+            table.insert(0, before_table.pop())
+    top, *tables = chunks
+    kept = [t for t in tables if not _egress_for(t, entry)]
+    result = _without_allow(("".join(top)), entry) + "".join(line for t in kept for line in t)
+    before, after = tomllib.loads(text), tomllib.loads(result)
+    expected = dict(before)
+    if "allow" in before:
+        expected["allow"] = [a for a in before["allow"] if a != entry]
+    if "egress" in before:
+        expected["egress"] = [e for e in before["egress"] if e.get("host") != entry]
+        if not expected["egress"]:
+            del expected["egress"]
+    if after != expected:
+        raise ValueError("the file is not written in a way that can be edited safely")
+    return result
+
+
+_HEADER = re.compile(r"[ \t]*\[\[?[ \t]*[A-Za-z0-9_.\"' -]+[ \t]*\]\]?[ \t]*(#.*)?$", re.DOTALL)
+_EGRESS = re.compile(r"[ \t]*\[\[[ \t]*egress[ \t]*\]\]")
+_ALLOW = re.compile(r"^[ \t]*allow[ \t]*=[ \t]*\[", re.MULTILINE)
+
+
+def _without_allow(top: str, entry: str) -> str:
+    """The top level of an agent file without ``entry`` in its ``allow = [...]`` list."""
+    found = _ALLOW.search(top)
+    if found is None:
+        return top
+    end, quoted = found.end(), False
+    while end < len(top) and (quoted or top[end] != "]"):
+        quoted = quoted != (top[end] == '"' and top[end - 1] != "\\")
+        end += 1
+    items = top[found.end():end]
+    value = re.escape(json.dumps(entry))
+    alone = re.compile(rf"^[ \t]*{value}[ \t]*,?[ \t]*(#[^\n]*)?\n", re.MULTILINE)  # a line of its own
+    inline = re.compile(rf",[ \t]*{value}(?=\s*$)|{value}[ \t]*,?[ \t]*")
+    items = alone.sub("", items, count=1) if alone.search(items) else inline.sub("", items, count=1)
+    return top[:found.end()] + items + top[end:]
+
+
+def _egress_for(table: list[str], entry: str) -> bool:
+    """Whether the lines of one table (with the comments above it) are the ``[[egress]]`` entry for host
+    ``entry``."""
+    header = next(line for line in table if not line.lstrip().startswith("#"))
+    if not _EGRESS.match(header):
+        return False
+    try:
+        data = tomllib.loads("".join(table).replace(header, "[egress_table]\n", 1))
+    except tomllib.TOMLDecodeError:
+        return False
+    return isinstance(data.get("egress_table"), dict) and data["egress_table"].get("host") == entry

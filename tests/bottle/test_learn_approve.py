@@ -3,7 +3,8 @@
 Two bottles in all: one in learn mode whose audit becomes the agent's allowlist (`policy suggest --write`),
 then a strict bottle of that agent, in which the learned requests pass and nothing else does, the refusals
 say why from inside, the control channel is attacked from inside (every port of the gate, the proxy, the
-socket's path), and the host allows and denies a destination while the bottle runs.
+socket's path), and the host allows and denies a destination while the bottle runs, keeping it in the
+agent's file or taking it out (--save).
 """
 
 from __future__ import annotations
@@ -154,7 +155,11 @@ def test_learn_then_suggest_then_a_strict_run_with_approval_while_running(
         saved = cli("allow", name, f"other:{PORT}", "--save", "--yes", cwd=workspace)
         assert saved.returncode == 0, saved.stderr
         assert f"other:{PORT}" in load_agent(name, workspace).egress_allowlist
+        unsaved = cli("deny", name, f"other:{PORT}", "--save", "--yes", cwd=workspace)
+        assert unsaved.returncode == 0 and f"-host = \"other:{PORT}\"" in unsaved.stdout, unsaved.stderr
+        assert load_agent(name, workspace).egress_allowlist == (f"target:{PORT}",)
+        assert status(strict, f"http://other:{PORT}/v1/models") == "403"
         strict_run = strict.id
     kept = [json.loads(line) for line in records.audit_lines(records.find(strict_run))]
     assert [(e["method"], e["target"]) for e in kept if e["listener"] == "control"] == [
-        ("ALLOW", f"other:{PORT}"), ("DENY", f"target:{PORT}"), ("ALLOW", f"other:{PORT}")]
+        ("ALLOW", f"other:{PORT}"), ("DENY", f"target:{PORT}"), ("ALLOW", f"other:{PORT}"), ("DENY", f"other:{PORT}")]

@@ -188,3 +188,46 @@ def test_follow_offers_the_command_that_allows_a_refused_destination() -> None:
     assert "claude-bottle allow dev x.example:8443 " in (logview.offer(other, "dev") or "")
     assert logview.offer(line("x.example:443"), "dev") is None
     assert logview.offer(line("10.0.0.1:443", decision="deny", reason="10.0.0.1 is private"), "dev") is None
+
+
+# ---- taking an entry out of an agent file ----------------------------------------------------------------
+
+AGENT_FILE = '''version = 1
+env = {MIRROR = "pypi.org"}
+allow = [
+    "pypi.org",  # the index
+    "[::1]:22",
+    "x.example",
+]
+
+[[egress]]
+host = "api.example.com"
+allow = ["GET /x"]
+
+# Added by `claude-bottle allow --save`
+[[egress]]
+host = "x.example"
+'''
+
+
+@pytest.mark.parametrize("entry", ["pypi.org", "[::1]:22", "x.example", "api.example.com"])
+def test_an_entry_leaves_an_agent_file_and_nothing_else_does(entry: str) -> None:
+    after = suggest.without_entry(AGENT_FILE, entry)
+    agent = parse_agent("a", tomllib.loads(after), "a.toml")
+    assert entry not in agent.egress_allowlist
+    before = parse_agent("a", tomllib.loads(AGENT_FILE), "a.toml")
+    assert agent.egress_allowlist == tuple(e for e in before.egress_allowlist if e != entry)
+    assert agent.env == {"MIRROR": "pypi.org"}
+    assert ("Added by" in after) == (entry != "x.example")  # a table's comment goes with it
+    assert ("# the index" in after) == (entry != "pypi.org")
+
+
+def test_an_inline_allow_list_loses_one_entry() -> None:
+    assert suggest.without_entry('version = 1\nallow = ["a.example", "b.example"]\n', "b.example") == \
+        'version = 1\nallow = ["a.example"]\n'
+    assert suggest.without_entry('version = 1\nallow = ["a.example", "b.example"]\n', "a.example") == \
+        'version = 1\nallow = ["b.example"]\n'
+
+
+def test_an_entry_the_file_does_not_list_leaves_it_unchanged() -> None:
+    assert suggest.without_entry(AGENT_FILE, "other.example") == AGENT_FILE
