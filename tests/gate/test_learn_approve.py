@@ -281,3 +281,27 @@ async def test_the_control_socket_never_replaces_a_file_that_is_not_a_socket(mak
         async with make_gate(control_socket=precious):
             pass
     assert precious.read_text() == "keep me"
+
+
+async def test_requests_read_in_a_learned_tunnel_are_each_recorded_as_would_deny(make_gate: GateFactory,
+                                                                                tmp_path: Path) -> None:
+    upstream_ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    upstream_ca.issue_cert(HOST).configure_cert(server)
+    upstream_ca.cert_pem.write_to_path(str(tmp_path / "upstream.pem"))
+    ca = RunCA.generate((), ("127.0.0.1",), every_name=True)  # as a learning gate makes it
+    async with StubUpstream("127.0.0.2", tls=server) as tls_target, \
+            make_gate(learn=True, allow_private=LOOPBACK, resolver=RESOLVER, ca=ca,
+                      extra_ca=(str(tmp_path / "upstream.pem"),)) as gate:
+        status, _, reader, writer = await connect_via(gate.proxy, f"{HOST}:{tls_target.port}")
+        client = ssl.create_default_context(cadata=ca.certificate_pem.decode())  # the gate's CA, not the server's
+        await writer.start_tls(client, server_hostname=HOST)
+        writer.write(f"GET /v1/models?limit=2 HTTP/1.1\r\nHost: {HOST}:{tls_target.port}\r\nConnection: close\r\n\r\n"
+                     .encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.close()
+        await eventually(lambda: len(gate.records()) == 2, what="the tunnel's and the request's lines")
+    assert status == 200 and parse_head(head)[0] == 200
+    inner, tunnel = sorted(gate.records(), key=lambda r: r["method"] == "CONNECT")
+    assert inner["method"] == "GET" and inner["path"] == "/v1/models" and inner["would_deny"] is True
+    assert tunnel["would_deny"] is True and "TLS terminated by the gate" in tunnel["reason"]
