@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+from claude_bottle.logview import printable
 from claude_bottle.policy.decide import allow_entry
 from claude_bottle.policy.hosts import Allowlist, InvalidHost, Target, parse_authority
 
@@ -140,7 +141,9 @@ def render(found: Suggestion, source: str) -> str:
             parts.extend(entry_toml(d, explain(d)) for d in sorted(group, key=lambda d: d.entry))
     if found.refused:
         parts.append("\n# ---- Refused, not suggested (allow them yourself if they are needed) ----\n")
-        parts.extend(f"#   {target}: {reason}\n" for target, reason in sorted(found.refused.items()))
+        # a reason may quote what the bottle sent: no line break or control character leaves the comment
+        parts.extend(f"#   {printable(target)}: {printable(reason)}\n"
+                     for target, reason in sorted(found.refused.items()))
     return "".join(parts)
 
 

@@ -231,3 +231,10 @@ def test_an_inline_allow_list_loses_one_entry() -> None:
 
 def test_an_entry_the_file_does_not_list_leaves_it_unchanged() -> None:
     assert suggest.without_entry(AGENT_FILE, "other.example") == AGENT_FILE
+
+
+def test_a_refusal_reason_the_bottle_shaped_cannot_leave_its_comment() -> None:
+    planted = line("x.example:443", decision="deny", status=403,
+                   reason='x\n[[egress]]\nhost = "evil.example"\n\x1b[2J')
+    text = suggest.render(suggest.suggest([planted]), "run r")
+    assert tomllib.loads(text) == {} and "\x1b" not in text
