@@ -453,7 +453,8 @@ def _gate_for(agent: str | None, workspace: str | None) -> Container:
 
 def _agent_and_entry(words: tuple[str, ...], ctx: click.Context) -> tuple[str | None, str]:
     if len(words) not in (1, 2):
-        raise click.UsageError("give HOST[:PORT], optionally after the AGENT: claude-bottle allow [AGENT] HOST", ctx)
+        raise click.UsageError(f"give HOST[:PORT], optionally after the AGENT: claude-bottle {ctx.info_name} "
+                               "[AGENT] HOST", ctx)
     return (words[0] if len(words) == 2 else None), words[-1]
 
 
