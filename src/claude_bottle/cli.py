@@ -459,14 +459,16 @@ def _agent_and_entry(words: tuple[str, ...], ctx: click.Context) -> tuple[str | 
 
 
 def _agent_allowlist(name: str) -> tuple[str, ...]:
-    """The allowlist of the agent file ``name``; empty when there is no such file yet."""
+    """What the agent file ``name`` lets the bottle reach (its allowlist and raw-TCP targets); empty when there
+    is no such file yet."""
     from pathlib import Path
 
     from claude_bottle.config import agents_dir, load_agent
 
     if not (agents_dir() / f"{name}.toml").exists():
         return ()
-    return load_agent(name, Path.cwd()).egress_allowlist
+    agent = load_agent(name, Path.cwd())
+    return agent.egress_allowlist + agent.allow_tcp
 
 
 def _agent_file(name: str) -> pathlib.Path:

@@ -37,6 +37,7 @@ class Destination:
     would_deny: int = 0  # requests let through by learn mode only
     allowed: int = 0  # requests the allowlist allowed
     requests: set[tuple[str, str]] = field(default_factory=set)  # (method, path) the gate read
+    raw_tcp: bool = False  # its tunnels carried other bytes than TLS: allowed by allow_tcp, and needing it
 
     def rules(self) -> list[str]:
         """``allow`` rules for the requests read: exact paths, or one per first segment past MAX_PATHS."""
@@ -97,6 +98,7 @@ def suggest(lines: Iterable[dict[str, Any]]) -> Suggestion:
             destination.would_deny += 1
         else:
             destination.allowed += 1
+        destination.raw_tcp |= "; raw TCP allowed" in str(line.get("reason", ""))
         method, path = str(line.get("method", "")), line.get("path")
         if method != "CONNECT" and isinstance(path, str) and path.startswith("/"):
             destination.requests.add((method, path))
@@ -135,10 +137,15 @@ def render(found: Suggestion, source: str) -> str:
              "# lets the bottle reach that host; the allow rules let only the requests seen there.\n"]
     if not found.destinations:
         parts.append("# No destination was reached through the proxy: the Anthropic API needs no entry.\n")
+    raw = sorted(d.entry for d in found.destinations.values() if d.raw_tcp)
+    if raw:
+        parts.append("\n# Tunnels that carried other bytes than TLS (SSH and the like): allowed as raw TCP\n"
+                     f"allow_tcp = {_strings(raw)}\n")
     for title, group in (("Let through by learn mode only", found.learned), ("Already allowed", found.known)):
-        if group:
+        tables = sorted((d for d in group if not d.raw_tcp), key=lambda d: d.entry)
+        if tables:
             parts.append(f"\n# ---- {title} ----\n")
-            parts.extend(entry_toml(d, explain(d)) for d in sorted(group, key=lambda d: d.entry))
+            parts.extend(entry_toml(d, explain(d)) for d in tables)
     if found.refused:
         parts.append("\n# ---- Refused, not suggested (allow them yourself if they are needed) ----\n")
         # a reason may quote what the bottle sent: no line break or control character leaves the comment
@@ -149,8 +156,10 @@ def render(found: Suggestion, source: str) -> str:
 
 def additions(found: Suggestion, current: Allowlist, source: str) -> str:
     """The ``[[egress]]`` tables of ``found`` for destinations ``current`` does not already allow, to append
-    to an agent file ("" when there are none)."""
-    new = [d for d in sorted(found.destinations.values(), key=lambda d: d.entry) if current.match(d.target) is None]
+    to an agent file ("" when there are none). A destination that needs raw TCP is not among them: that is
+    ``allow_tcp``, a top-level key, which the user adds."""
+    new = [d for d in sorted(found.destinations.values(), key=lambda d: d.entry)
+           if current.match(d.target) is None and not d.raw_tcp]
     if not new:
         return ""
     return f"\n# Added by `claude-bottle policy suggest --write` from {source}\n" + "".join(

@@ -115,7 +115,9 @@ def gate_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
 
     class Gate:
         name = "claude-bottle-dev-1-gate"
-        labels = {bottle.AGENT_LABEL: "dev"}
+
+        def __init__(self) -> None:
+            self.labels = {bottle.AGENT_LABEL: "dev"}
 
     def control_gate(gate: Gate, op: str, entry: str = "") -> dict[str, Any]:
         asked.append((op, entry))

@@ -238,3 +238,14 @@ def test_a_refusal_reason_the_bottle_shaped_cannot_leave_its_comment() -> None:
                    reason='x\n[[egress]]\nhost = "evil.example"\n\x1b[2J')
     text = suggest.render(suggest.suggest([planted]), "run r")
     assert tomllib.loads(text) == {} and "\x1b" not in text
+
+
+def test_a_raw_tcp_destination_is_suggested_in_allow_tcp_and_never_appended_as_a_table() -> None:
+    audit = [line("git.example.com:22", reason="git.example.com:22 matches allow-tcp pattern git.example.com:22; "
+                                              "192.0.2.1 is a global address; raw TCP allowed"),
+             line("pypi.org:443", would_deny=True)]
+    found = suggest.suggest(audit)
+    text = suggest.render(found, "run r")
+    agent = parse_agent("a", tomllib.loads("version = 1\n" + text), "a.toml")
+    assert agent.allow_tcp == ("git.example.com:22",) and agent.egress_allowlist == ("pypi.org",)
+    assert "git.example.com" not in suggest.additions(found, Allowlist(), "run r")
