@@ -65,6 +65,7 @@ class Launch:
     upstream: str | None = None  # overrides the agent's
     upstream_networks: tuple[str, ...] = ()
     upstream_ca_files: tuple[Path, ...] = ()  # stand-ins' CAs the gate trusts (RunSpec.upstream_ca_files)
+    learn: bool = False  # learn mode: what the allowlist does not name passes, audited as would_deny
 
 
 def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
@@ -112,6 +113,7 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
         mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
                               if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
         server_tools=agent.server_tools, protected=protected, request_policy=agent.egress, dlp=agent.dlp,
+        learn=launch.learn,
     )
 
 
