@@ -49,6 +49,8 @@ OPEN, READ, PINNED = "git-open", "git-read", "pinned"
 PORT = 8443
 REPO = "/bottle/repo.git"  # owner/name.git, as on github.com, so the preset's rules apply as written
 SERVED_REPO = "/tmp/git" + REPO
+BIG_PUSH = 2_000_000  # bytes of random data in the pushed commit: past git's 1 MiB http.postBuffer, so git
+# sends a probe first and then the pack chunked, streamed through the gate's DLP scan
 CA_IN_BOTTLE = "/tmp/server-ca.pem"  # the server's own CA, for the pinning client
 GIT_ENV = ("GIT_TERMINAL_PROMPT=0 GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.invalid "
            "GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.invalid")
@@ -97,7 +99,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         with lock, open(LOG, "a") as log:
             log.write(json.dumps({"method": self.command, "path": path, "query": query,
-                                  "host": self.headers.get("Host"), "body": body.decode("latin-1")[:1000]}) + "\n")
+                                  "host": self.headers.get("Host"), "body": body.decode("latin-1")[:1000],
+                                  "length": len(body), "chunked": "Transfer-Encoding" in self.headers}) + "\n")
         if ".git/" in path:
             self.cgi(path, query, body)
         else:
@@ -250,36 +253,44 @@ def eventually(found: Callable[[], list[dict[str, Any]]], seconds: float = 10) -
     return result
 
 
-def clone_commit_push(host: str, where: str) -> str:
-    """A script: clone the repository from ``host`` into /tmp (the workspace's .git is read-only), commit,
-    print the new commit, and push it."""
+def clone_commit_push(host: str, where: str, size: int) -> str:
+    """A script: clone the repository from ``host`` into /tmp (the workspace's .git is read-only), commit a
+    file of ``size`` random bytes, print the new commit, and push it."""
     return (f"cd /tmp && rm -rf {where} && {GIT_ENV} timeout 60 git clone -q https://{host}:{PORT}{REPO} {where} "
-            f"2>&1 && cd {where} && echo {secrets.token_hex(8)} > change && git add change && "
+            f"2>&1 && cd {where} && head -c {size} /dev/urandom > change && git add change && "
             f"{GIT_ENV} git commit -q -m 'from the bottle' && git rev-parse HEAD && "
             f"{GIT_ENV} GIT_TRACE_CURL=1 GIT_TRACE_CURL_NO_DATA=1 timeout 60 git push origin main 2>&1")
 
 
 def test_git_clones_and_pushes_through_the_terminating_gate(bottle: Bottle, git_server: GitServer) -> None:
     before = git_server.ref()
-    code, output = in_bottle(bottle.run, clone_commit_push(OPEN, "open"))
+    code, output = in_bottle(bottle.run, clone_commit_push(OPEN, "open", BIG_PUSH))
     assert code == 0, output
     commit = next(line for line in output.splitlines() if len(line) == 40 and line.isalnum())
     assert commit != before and git_server.ref() == commit, output  # the push reached the server
-    seen = {(r["method"], r["path"], r["query"]) for r in git_server.requests() if r["host"] == f"{OPEN}:{PORT}"}
+    got = [r for r in git_server.requests() if r["host"] == f"{OPEN}:{PORT}"]
+    seen = {(r["method"], r["path"], r["query"]) for r in got}
     assert {("GET", f"{REPO}/info/refs", "service=git-upload-pack"), ("POST", f"{REPO}/git-upload-pack", ""),
             ("GET", f"{REPO}/info/refs", "service=git-receive-pack"),
             ("POST", f"{REPO}/git-receive-pack", "")} <= seen, seen
+    (pack,) = [r for r in got if r["path"] == f"{REPO}/git-receive-pack" and r["length"] > BIG_PUSH]
+    assert pack["chunked"], pack  # streamed through the gate as git sent it
     audited = [r for r in bottle.audit() if r["target"] == f"{OPEN}:{PORT}" and r["method"] != "CONNECT"]
     assert {(r["method"], r["path"], r["decision"], r["status"]) for r in audited} >= {
         ("GET", f"{REPO}/info/refs", "allow", 200), ("POST", f"{REPO}/git-upload-pack", "allow", 200),
         ("POST", f"{REPO}/git-receive-pack", "allow", 200)}, audited
     assert all("inspected request in a tunnel" in r["reason"] for r in audited), audited
+    tunnels = eventually(lambda: [r for r in bottle.audit() if r["method"] == "CONNECT"
+                                  and r["target"] == f"{OPEN}:{PORT}"])
+    assert len(tunnels) >= 2, tunnels  # git's clone and push each end their tunnel
+    assert all((r["decision"], r["status"]) == ("allow", 200) and r["reason"].endswith("each request audited")
+               for r in tunnels), [r["reason"] for r in tunnels]
 
 
 def test_read_only_rules_let_a_clone_through_and_refuse_the_push(bottle: Bottle, git_server: GitServer) -> None:
     before = git_server.ref()
     start = len(git_server.requests())
-    code, output = in_bottle(bottle.run, clone_commit_push(READ, "read"))
+    code, output = in_bottle(bottle.run, clone_commit_push(READ, "read", 1000))
     assert code != 0 and "The requested URL returned error: 403" in output, output
     assert f"x-deny-reason: POST matches no allow rule of [[egress]] {READ}:{PORT}" in output, output
     assert git_server.ref() == before, "the push moved the server's ref"
@@ -323,9 +334,12 @@ def test_a_pinning_client_works_only_where_the_host_is_not_inspected(bottle: Bot
     assert code == 0 and "hello from the git server" in output, output
     (seen,) = [r for r in git_server.requests() if r["path"] == "/pinned-opaque"]
     assert seen["host"] == f"{PINNED}:{PORT}"
-    tunnels = eventually(lambda: [r for r in bottle.audit() if r["target"] == f"{PINNED}:{PORT}"])
-    assert [r["method"] for r in tunnels] == ["CONNECT"], tunnels  # opaque: the gate saw no request
-    assert tunnels[0]["decision"] == "allow" and "TLS terminated" not in tunnels[0]["reason"], tunnels
+    opened = eventually(lambda: [r for r in bottle.audit() if r["method"] == "CONNECT"
+                                 and r["target"] == f"{PINNED}:{PORT}" and r["decision"] == "allow"])
+    assert opened and f"TLS server name {PINNED} matches the CONNECT host" in opened[-1]["reason"], opened
+    assert "TLS terminated" not in opened[-1]["reason"], opened
+    requests = [r for r in bottle.audit() if r["target"] == f"{PINNED}:{PORT}" and r["method"] != "CONNECT"]
+    assert requests == [], requests  # opaque: the gate saw no request
 
 
 def test_an_opaque_tunnel_still_carries_only_its_own_host(bottle: Bottle, git_server: GitServer) -> None:
