@@ -133,10 +133,13 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
             if tls_conn.h11.our_state is h11.SEND_BODY:
                 tls_conn.abort()
             else:
-                with contextlib.suppress(TimeoutError):
+                # Abort only a close that did not finish: a closed transport has let its TLS protocol go, and
+                # aborting it then raises in the gate image's Python (3.11.2).
+                try:
                     async with asyncio.timeout(CLOSE_TIMEOUT):
                         await tls_conn.close()
-                transport.abort()
+                except TimeoutError:
+                    transport.abort()
 
     # The requests' own timeouts (head, idle body or response) end a quiet session first; the relay's
     # timer is only the backstop, so it must not fire while a request is merely waiting on one side.
