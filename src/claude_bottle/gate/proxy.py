@@ -2,7 +2,8 @@
 
 CONNECT tunnels and absolute-form plain-HTTP requests, each decided twice: the name against the allowlist,
 then every resolved address against the address guard. The gate dials exactly an address it vetted. No
-credential is ever added to this traffic.
+credential is added to this traffic, except a credential route's on the terminated requests to its bound
+hosts (gate/inspection.py); those hosts are reached over terminated TLS only.
 
 A tunnel is decided a third time on its first flight: after the 200, nothing goes upstream until the
 client's first bytes are a TLS ClientHello naming the CONNECT host (unless raw TCP is allowed there), so an
@@ -25,7 +26,8 @@ from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import forward, outbound, set_headers
 from claude_bottle.gate.http import READ_SIZE, HttpConnection, ProtocolError, header_values
-from claude_bottle.gate.inspection import inspected
+from claude_bottle.gate.inspection import answered, inspected
+from claude_bottle.gate.routes import route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
@@ -137,6 +139,10 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
     if not decision.allow:
         raise Refused(decision.status, decision.reason)
     record.allow(decision.reason)
+    route = route_for(ctx.config.routes, target)
+    if route is not None and method != "CONNECT":
+        raise Refused(403, f"{target} is bound to credential route {route.spec.name}, which is reached over TLS "
+                           "only (https://), never plain HTTP")
     if ctx.active_tunnels >= limits.max_tunnels:
         raise Refused(503, f"too many concurrent tunnels (limit {limits.max_tunnels})")
 
@@ -163,7 +169,7 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
                                *inspected(target, ctx)]
             await forward(conn, outbound(conn, request, path.encode(), limits.idle_timeout),
                           lambda: dialled(addresses, target, limits.connect_timeout), record,
-                          limits.idle_timeout, request_filters)
+                          limits.idle_timeout, request_filters, answered(target, ctx))
     finally:
         ctx.active_tunnels -= 1
 
@@ -185,8 +191,12 @@ async def dialled(addresses: list[IPAddress], target: Target, timeout: float) ->
 def terminating(target: Target, ctx: GateContext) -> ssl.SSLContext | None:
     """The client-side TLS context when the gate terminates the tunnel to ``target``, else None (opaque):
     without a CA, where raw TCP is allowed (the bytes need not be TLS), or where its ``[[egress]]`` entry says
-    ``inspect = false``."""
+    ``inspect = false``. A host a credential route binds is never tunnelled opaquely: ``Refused`` instead."""
     if ctx.ca is None or ctx.egress.raw_allowed(target) or not ctx.config.request_policy.inspects(target):
+        route = route_for(ctx.config.routes, target)
+        if route is not None:
+            raise Refused(403, f"{target} is bound to credential route {route.spec.name} and this gate would not "
+                               "read its requests (no CA, raw TCP or inspect = false); it is never reached unseen")
         return None
     try:
         return ctx.ca.context_for(target.host)
