@@ -183,7 +183,7 @@ def _launch(agent_name: str | None, workspace: str | None, upstream: str | None,
     if upstream is not None:
         parse_upstream(upstream)
     credential, _ = tokens.find()
-    return Launch(agent, path, credential, upstream, upstream_network)
+    return Launch(agent, path, credential, upstream, upstream_network, tokens.routes_for(agent.credentials))
 
 
 _agent_argument = click.argument("agent", required=False)
@@ -285,24 +285,31 @@ def trust_(directory: str | None, yes: bool) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("name", required=False)
 @click.option("--stdin", "from_stdin", is_flag=True, help="Read the token from standard input.")
-def login(from_stdin: bool) -> None:
-    """Store your token (from `claude setup-token`, or an API key) in the OS keyring or a 0600 file."""
+def login(name: str | None, from_stdin: bool) -> None:
+    """Store your token (from `claude setup-token`, or an API key) in the OS keyring or a 0600 file.
+
+    With NAME, store the value of the credential route [credentials.NAME] instead (docs/credentials.md)."""
     from claude_bottle import tokens
     from claude_bottle.credentials import Credential
 
-    if from_stdin or not sys.stdin.isatty():
-        text = sys.stdin.read()
-    else:
-        text = click.prompt("Token (from `claude setup-token`)", hide_input=True)
-    where = tokens.store(Credential.parse(text, "the token given"))
+    what = f"Value for credential {name}" if name else "Token (from `claude setup-token`)"
+    text = sys.stdin.read() if from_stdin or not sys.stdin.isatty() else click.prompt(what, hide_input=True)
+    where = tokens.store_route(name, text) if name else tokens.store(Credential.parse(text, "the token given"))
     click.echo(f"stored in {where}")
 
 
 @cli.command(context_settings=CONTEXT)
-def logout() -> None:
-    """Forget the stored token."""
+@click.argument("name", required=False)
+def logout(name: str | None) -> None:
+    """Forget the stored token (with NAME: the stored value of credential NAME)."""
     from claude_bottle import tokens
+
+    if name:
+        removed = tokens.remove_route(name)
+        click.echo(f"removed from {', '.join(removed)}" if removed else f"no stored value for {name}")
+        return
 
     removed = tokens.remove()
     click.echo(f"removed from {', '.join(removed)}" if removed else "no stored token")

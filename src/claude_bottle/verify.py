@@ -29,6 +29,7 @@ from claude_bottle.config import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.config import Limits
+from claude_bottle.gate.routes import CredentialRoute, new_sentinel
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
 from claude_bottle.persistence import Plants, make_repository, share
 from claude_bottle.policy.hosts import parse_pattern
@@ -206,7 +207,10 @@ def bottle_on(env: StandIns, workspace: Path) -> Iterator[Verification]:
     """A sleeping bottle of the agent on ``workspace``, started the way ``start`` would, against the stand-ins;
     the run is removed on the way out (its Claude state stays until the stand-ins go, for later bottles)."""
     env.workspaces.append(workspace)
-    launch = Launch(env.agent, workspace, env.credential, f"http://stub:{STUB_PORT}", (env.outside,))
+    # The agent's credential routes get throwaway values too: verify never reads the user's.
+    routes = tuple(CredentialRoute(c.spec(new_sentinel(c.name)), "verify-" + secrets.token_urlsafe(24))
+                   for c in env.agent.credentials)
+    launch = Launch(env.agent, workspace, env.credential, f"http://stub:{STUB_PORT}", (env.outside,), routes)
     # The run's review of protected files is verify's own business (the persistence group judges it).
     with started(launch, env.progress, review=lambda report: None) as run:
         assert run.internal is not None and run.egress is not None
