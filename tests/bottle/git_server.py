@@ -1,6 +1,7 @@
-"""A git server over HTTPS for bottle tests: ``git http-backend`` behind TLS, on the tests' network, that
-answers only requests carrying one expected credential (Basic ``USER:TOKEN``) and logs every request it gets
-(method, Host, path, Authorization) as a JSON line, so a test can see what reached it.
+"""A git server and a Python package index over HTTPS for bottle tests: ``git http-backend`` behind TLS, on
+the tests' network, and a simple index (PEP 503) of one wheel under ``/simple/``, that answer only requests
+carrying one expected credential (Basic ``USER:TOKEN``) and log every request they get (method, Host, path,
+Authorization) as a JSON line, so a test can see what reached them.
 
 It runs from the bottle image with python3 (which has git), as an unprivileged user, with a leaf for its
 names from a CA the test makes (``trustme``); the gate is given that CA as the agent's extra CA.
@@ -8,11 +9,14 @@ names from a CA the test makes (``trustme``); the gate is given that CA as the a
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import json
 import secrets
 import tarfile
 import time
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,6 +69,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if auth != [EXPECTED]:
             return self.answer(401, [("WWW-Authenticate", 'Basic realm="git"')], b"credentials refused\n")
         path, _, query = self.path.partition("?")
+        if path.startswith(("/simple/", "/packages/")):
+            file = os.path.normpath("/opt/git-server/index" + path + ("index.html" if path.endswith("/") else ""))
+            if not file.startswith("/opt/git-server/index/") or not os.path.isfile(file):
+                return self.answer(404, [], b"no such package\n")
+            kind = "text/html" if file.endswith(".html") else "application/octet-stream"
+            return self.answer(200, [("Content-Type", kind)], open(file, "rb").read())
         env = {"PATH": os.environ["PATH"], "GIT_PROJECT_ROOT": ROOT, "GIT_HTTP_EXPORT_ALL": "1",
                "REQUEST_METHOD": self.command, "PATH_INFO": path, "QUERY_STRING": query,
                "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
@@ -109,6 +119,31 @@ class GitServer:
         return output.decode() if code == 0 else ""
 
 
+PACKAGE = "demo-pkg"
+WHEEL = "demo_pkg-1.0-py3-none-any.whl"
+
+
+def wheel() -> bytes:
+    """A minimal wheel of ``demo_pkg`` 1.0, its RECORD with the right hashes."""
+    files = {"demo_pkg/__init__.py": b"VALUE = 'installed through the gate'\n",
+             "demo_pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n",
+             "demo_pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                             b"Tag: py3-none-any\n"}
+    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for name, data in files.items()) + "demo_pkg-1.0.dist-info/RECORD,,\n"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in {**files, "demo_pkg-1.0.dist-info/RECORD": record.encode()}.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def index_files() -> dict[str, bytes]:
+    data = wheel()
+    page = f'<a href="/packages/{WHEEL}#sha256={hashlib.sha256(data).hexdigest()}">{WHEEL}</a>\n'
+    return {f"git-server/index/simple/{PACKAGE}/index.html": page.encode(), f"git-server/index/packages/{WHEEL}": data}
+
+
 def _archive(entries: dict[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -133,7 +168,8 @@ def git_server(client: docker.DockerClient, image: str, network: str, names: tup
         networking_config={network: client.api.create_endpoint_config(aliases=list(names))},
         cap_drop=["ALL"], security_opt=["no-new-privileges"], working_dir="/tmp", entrypoint=[])
     try:
-        container.put_archive("/opt", _archive({"git-server/server.py": SERVER.encode(), "git-server/leaf.pem": pem}))
+        container.put_archive("/opt", _archive({"git-server/server.py": SERVER.encode(), "git-server/leaf.pem": pem,
+                                                **index_files()}))
         container.start()
         deadline = time.monotonic() + 30
         while b"git server serving" not in container.logs():

@@ -1,5 +1,5 @@
 """A credential route in a real bottle: git pushes over HTTPS to a server that accepts only the real token,
-while the bottle holds only the run's sentinel; the agent's own token never reaches the server; a push to a
+and pip installs from an index that does, while the bottle holds only the run's sentinel; the agent's own token never reaches the server; a push to a
 repository the route's rules do not list is refused; the sentinel sent to another allowed host is refused.
 
 The git server (tests/bottle/git_server.py) answers as two names on the tests' network: ``git-server``, the
@@ -22,7 +22,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.verify import in_bottle as inside
 from tests.bottle.conftest import TEST_LABEL, Upstream, leftovers, write_agent
-from tests.bottle.git_server import git_server
+from tests.bottle.git_server import PACKAGE, git_server
 
 pytestmark = pytest.mark.docker
 BOUND, OTHER = "git-server", "git-other"
@@ -51,7 +51,7 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
         ca_file = tmp_path / "git-ca.pem"
         server.ca.cert_pem.write_to_path(str(ca_file))
         write_agent("gitroute", f'allow = ["{OTHER}:8443"]\nallow_private = ["{upstream.subnet}"]\n'
-                                f'extra_ca_certificates = ["{ca_file}"]\n'
+                                f'extra_ca_certificates = ["{ca_file}"]\nextra_packages = ["python3-pip"]\n'
                                 f'[credentials.git]\nhosts = ["{BOUND}:8443"]\nscheme = "basic"\n'
                                 'username = "x-access-token"\nenv = "TEST_GIT_TOKEN"\ngit = true\n'
                                 'bottle_env = ["GIT_TOKEN"]\n'
@@ -68,6 +68,10 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
             setup = inside(run, f"cd /tmp && {GIT} clone {url}/team/app.git 2>&1 && cd app && "
                                 "git -c user.name=a -c user.email=a@b commit -q --allow-empty -m from-the-bottle && "
                                 f"{GIT} push origin HEAD:main 2>&1")
+            # pip with the index's credentials in its URL, as a user would write them: the sentinel there.
+            pip = inside(run, "timeout 120 pip install -q --break-system-packages --target /tmp/site --index-url "
+                              f"\"https://x-access-token:$GIT_TOKEN@{BOUND}:8443/simple/\" {PACKAGE} 2>&1 && "
+                              "PYTHONPATH=/tmp/site python3 -c 'import demo_pkg; print(demo_pkg.VALUE)'")
             # The agent brings its own token, in a header and in the URL: the server must never see it.
             own = base64.b64encode(f"me:{attacker}".encode()).decode()
             with_own = inside(run, f"cd /tmp/app && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m "
@@ -92,6 +96,8 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
 
     assert setup[0] == 0, setup[1]
     assert with_own[0] == 0, with_own[1]
+    assert pip[0] == 0 and "installed through the gate" in pip[1], pip[1]
+    assert {r["path"].split("#")[0] for r in seen} >= {f"/simple/{PACKAGE}/", "/packages/demo_pkg-1.0-py3-none-any.whl"}
     assert pushed.split() == ["own-token", "from-the-bottle"]
     real_header = "Basic " + base64.b64encode(f"x-access-token:{real}".encode()).decode()
     assert seen and all(r["authorization"] == [real_header] for r in seen), seen
