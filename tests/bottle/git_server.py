@@ -1,5 +1,6 @@
-"""A git server and a Python package index over HTTPS for bottle tests: ``git http-backend`` behind TLS, on
-the tests' network, and a simple index (PEP 503) of one wheel under ``/simple/``, that answer only requests
+"""A git server, a Python package index and a sliver of GitHub's API over HTTPS for bottle tests: ``git
+http-backend`` behind TLS, on the tests' network, a simple index (PEP 503) of one wheel under ``/simple/``,
+and ``/api/v3/user`` as GitHub Enterprise serves it (for ``gh``), that answer only requests
 carrying one expected credential (Basic ``USER:TOKEN``) and log every request they get (method, Host, path,
 Authorization) as a JSON line, so a test can see what reached them.
 
@@ -69,6 +70,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if auth != [EXPECTED]:
             return self.answer(401, [("WWW-Authenticate", 'Basic realm="git"')], b"credentials refused\n")
         path, _, query = self.path.partition("?")
+        if path == "/api/v3/user":  # the one GitHub API call the tests make (gh api user)
+            return self.answer(200, [("Content-Type", "application/json")], b'{"login": "the-route-owner"}')
         if path.startswith(("/simple/", "/packages/")):
             file = os.path.normpath("/opt/git-server/index" + path + ("index.html" if path.endswith("/") else ""))
             if not file.startswith("/opt/git-server/index/") or not os.path.isfile(file):

@@ -51,10 +51,10 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
         ca_file = tmp_path / "git-ca.pem"
         server.ca.cert_pem.write_to_path(str(ca_file))
         write_agent("gitroute", f'allow = ["{OTHER}:8443"]\nallow_private = ["{upstream.subnet}"]\n'
-                                f'extra_ca_certificates = ["{ca_file}"]\nextra_packages = ["python3-pip"]\n'
+                                f'extra_ca_certificates = ["{ca_file}"]\nextra_packages = ["python3-pip", "gh"]\n'
                                 f'[credentials.git]\nhosts = ["{BOUND}:8443"]\nscheme = "basic"\n'
                                 'username = "x-access-token"\nenv = "TEST_GIT_TOKEN"\ngit = true\n'
-                                'bottle_env = ["GIT_TOKEN"]\n'
+                                'bottle_env = ["GIT_TOKEN", "GH_ENTERPRISE_TOKEN"]\n'
                                 'allow = ["GET /**", "POST /team/app.git/git-upload-pack", '
                                 '"POST /team/app.git/git-receive-pack"]\n')
         agent = load_agent("gitroute", workspace)
@@ -72,6 +72,8 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
             pip = inside(run, "timeout 120 pip install -q --break-system-packages --target /tmp/site --index-url "
                               f"\"https://x-access-token:$GIT_TOKEN@{BOUND}:8443/simple/\" {PACKAGE} 2>&1 && "
                               "PYTHONPATH=/tmp/site python3 -c 'import demo_pkg; print(demo_pkg.VALUE)'")
+            # gh, its token the sentinel (GitHub Enterprise's variable, as the server is not github.com).
+            gh = inside(run, f"GH_HOST={BOUND}:8443 timeout 60 gh api user --jq .login 2>&1")
             # The agent brings its own token, in a header and in the URL: the server must never see it.
             own = base64.b64encode(f"me:{attacker}".encode()).decode()
             with_own = inside(run, f"cd /tmp/app && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m "
@@ -96,6 +98,7 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
 
     assert setup[0] == 0, setup[1]
     assert with_own[0] == 0, with_own[1]
+    assert gh == (0, "the-route-owner\n"), gh
     assert pip[0] == 0 and "installed through the gate" in pip[1], pip[1]
     assert {r["path"].split("#")[0] for r in seen} >= {f"/simple/{PACKAGE}/", "/packages/demo_pkg-1.0-py3-none-any.whl"}
     assert pushed.split() == ["own-token", "from-the-bottle"]
