@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 import click
 
 from claude_bottle import __version__
-from claude_bottle.credentials import read_token_file
 from claude_bottle.errors import EXIT_FAILURE, BottleError, ConfigError
 
 if TYPE_CHECKING:  # the gate image runs this module without the Docker SDK: import the bottle side lazily
@@ -84,6 +83,11 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
 @click.option("--dlp-rule", multiple=True, metavar="'NAME REGEX'",
               help="An extra DLP rule refusing requests that match REGEX (bounded length). Repeatable.")
 @click.option("--dlp-off", multiple=True, metavar="NAME", help="Turn a built-in DLP rule off. Repeatable.")
+@click.option("--credential-route", multiple=True, metavar="'NAME SCHEME USERNAME|- SENTINEL HOST[,HOST...]'",
+              help="Hold a credential for these hosts (scheme bearer, token or basic): injected on inspected "
+                   "requests to them in place of the client's; SENTINEL, the bottle's stand-in, is refused "
+                   "elsewhere. Its value is read from standard input after the token (--token-file -), one "
+                   "line per route in order. Repeatable.")
 @click.option("--extra-ca", multiple=True, metavar="PATH", type=click.Path(dir_okay=False),
               help="Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.")
 @click.option("--audit-log", metavar="PATH", help="Append one JSON line per decision here; '-' for stderr.")
@@ -108,7 +112,8 @@ def gate(
     api_listen: str, proxy_listen: str, upstream: str, token_file: str, allow: tuple[str, ...],
     allow_tcp: tuple[str, ...], allow_private: tuple[str, ...], allow_api_path: tuple[str, ...],
     allow_server_tool: tuple[str, ...], egress_rule: tuple[str, ...], no_inspect: tuple[str, ...],
-    dlp_rule: tuple[str, ...], dlp_off: tuple[str, ...], extra_ca: tuple[str, ...], audit_log: str | None,
+    dlp_rule: tuple[str, ...], dlp_off: tuple[str, ...], credential_route: tuple[str, ...],
+    extra_ca: tuple[str, ...], audit_log: str | None,
     ca_cert_out: str | None, max_tunnels: int, max_connections: int, idle_timeout: float, drain_seconds: float,
     learn: bool, control_socket: str | None,
 ) -> None:
@@ -125,11 +130,13 @@ def gate(
     from claude_bottle.gate.server import run
 
     request_policy = gc.parse_egress_rules(egress_rule, no_inspect)
+    route_specs = gc.parse_routes(credential_route, request_policy)
+    credential, routes = gc.read_secrets(token_file, route_specs)
     config = gc.GateConfig(
         api_listen=gc.parse_listen(api_listen, "--api-listen"),
         proxy_listen=gc.parse_listen(proxy_listen, "--proxy-listen"),
         upstream=gc.parse_upstream(upstream),
-        allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns),
+        allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns + gc.route_patterns(route_specs)),
         allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
         request_policy=request_policy,
         dlp=gc.parse_dlp(dlp_rule, dlp_off),
@@ -137,7 +144,8 @@ def gate(
         api_policy=gc.parse_api_paths(allow_api_path),
         messages_policy=gc.parse_server_tools(allow_server_tool),
         extra_ca_files=tuple(Path(p) for p in extra_ca),
-        credential=read_token_file(token_file),
+        credential=credential,
+        routes=routes,
         limits=gc.Limits(max_tunnels=max_tunnels, max_connections=max_connections, idle_timeout=idle_timeout,
                          drain_seconds=drain_seconds),
         learn=learn,
@@ -148,7 +156,7 @@ def gate(
         click.echo(f"warning: --upstream {upstream} is plain HTTP: the credential crosses the network "
                    "unencrypted", err=True)
     with _audit_stream(audit_log) as stream:
-        asyncio.run(run(config, AuditLog(stream, secrets=(config.credential.secret,)),
+        asyncio.run(run(config, AuditLog(stream, secrets=config.injected_secrets),
                         ca_cert_out=Path(ca_cert_out) if ca_cert_out else None))
 
 
@@ -201,7 +209,8 @@ def _launch(agent_name: str | None, workspace: str | None, upstream: str | None,
     if learn:
         _progress("learn mode: destinations outside the allowlist are let through and recorded as would_deny; "
                   "`claude-bottle policy suggest` turns the run into an allowlist")
-    return Launch(agent, path, credential, upstream, upstream_network, learn=learn)
+    return Launch(agent, path, credential, upstream, upstream_network, learn=learn,
+                  routes=tokens.routes_for(agent.credentials))
 
 
 _agent_argument = click.argument("agent", required=False)
@@ -309,24 +318,31 @@ def trust_(directory: str | None, yes: bool) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("name", required=False)
 @click.option("--stdin", "from_stdin", is_flag=True, help="Read the token from standard input.")
-def login(from_stdin: bool) -> None:
-    """Store your token (from `claude setup-token`, or an API key) in the OS keyring or a 0600 file."""
+def login(name: str | None, from_stdin: bool) -> None:
+    """Store your token (from `claude setup-token`, or an API key) in the OS keyring or a 0600 file.
+
+    With NAME, store the value of the credential route [credentials.NAME] instead (docs/credentials.md)."""
     from claude_bottle import tokens
     from claude_bottle.credentials import Credential
 
-    if from_stdin or not sys.stdin.isatty():
-        text = sys.stdin.read()
-    else:
-        text = click.prompt("Token (from `claude setup-token`)", hide_input=True)
-    where = tokens.store(Credential.parse(text, "the token given"))
+    what = f"Value for credential {name}" if name else "Token (from `claude setup-token`)"
+    text = sys.stdin.read() if from_stdin or not sys.stdin.isatty() else click.prompt(what, hide_input=True)
+    where = tokens.store_route(name, text) if name else tokens.store(Credential.parse(text, "the token given"))
     click.echo(f"stored in {where}")
 
 
 @cli.command(context_settings=CONTEXT)
-def logout() -> None:
-    """Forget the stored token."""
+@click.argument("name", required=False)
+def logout(name: str | None) -> None:
+    """Forget the stored token (with NAME: the stored value of credential NAME)."""
     from claude_bottle import tokens
+
+    if name:
+        removed = tokens.remove_route(name)
+        click.echo(f"removed from {', '.join(removed)}" if removed else f"no stored value for {name}")
+        return
 
     removed = tokens.remove()
     click.echo(f"removed from {', '.join(removed)}" if removed else "no stored token")

@@ -32,13 +32,14 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.config import Limits
+from claude_bottle.gate.routes import CredentialRoute, new_sentinel
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
 from claude_bottle.persistence import Plants, make_repository, share
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules, make_host_rules
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import engine
-from claude_bottle.runtime.bottle import AGENT_LABEL, LABEL, RUN_LABEL, Run, remove_run, state_volume
+from claude_bottle.runtime.bottle import AGENT_LABEL, API_PORT, LABEL, RUN_LABEL, Run, remove_run, state_volume
 
 STUB_PORT = 8000
 PRIVATE_NAME = f"canary:{STUB_PORT}"  # allowlisted on purpose: the name resolves to a private address
@@ -242,8 +243,11 @@ def bottle_on(env: StandIns, workspace: Path) -> Iterator[Verification]:
     """A sleeping bottle of the agent on ``workspace``, started the way ``start`` would, against the stand-ins;
     the run is removed on the way out (its Claude state stays until the stand-ins go, for later bottles)."""
     env.workspaces.append(workspace)
+    # The agent's credential routes get throwaway values too: verify never reads the user's.
+    routes = tuple(CredentialRoute(c.spec(new_sentinel(c.name)), "verify-" + secrets.token_urlsafe(24))
+                   for c in env.agent.credentials)
     launch = Launch(env.agent, workspace, env.credential, f"http://stub:{STUB_PORT}", (env.outside,),
-                    (env.https_ca,))
+                    upstream_ca_files=(env.https_ca,), routes=routes)
     # The run's review of protected files is verify's own business (the persistence group judges it).
     with started(launch, env.progress, review=lambda report: None) as run:
         assert run.internal is not None and run.egress is not None
@@ -353,12 +357,23 @@ FILE_SEARCH = Check(CREDENTIAL, "a search of the whole file system and home dire
                     _nothing("found in", "not found"))
 
 
+def held_values(target: Verification) -> tuple[str, ...]:
+    """What the bottle must never find: the throwaway credential and each credential route's value."""
+    return (target.credential.secret, *(route.secret for route in target.run.spec.routes))
+
+
+def judged_for_each(check: Check, code: int, output: str, values: tuple[str, ...]) -> tuple[str, bool]:
+    """``check``'s verdict for every value: blocked only if blocked for each; the first leak otherwise."""
+    verdicts = [check.judge(code, output, value) for value in values]
+    return next((v for v in verdicts if not v[1]), verdicts[0])
+
+
 def bottle_attacks(target: Verification) -> list[Outcome]:
     outcomes = []
-    secret = target.credential.secret
+    values = held_values(target)
     for check in (*BOTTLE_CHECKS, FILE_SEARCH):
-        code, output = in_bottle(target.run, check.script, secret if check is FILE_SEARCH else None)
-        actual, blocked = check.judge(code, output, secret)
+        code, output = in_bottle(target.run, check.script, "\n".join(values) if check is FILE_SEARCH else None)
+        actual, blocked = judged_for_each(check, code, output, values)
         outcomes.append(Outcome(check.group, check.attack, check.expected, actual, blocked))
     return outcomes
 
@@ -470,6 +485,31 @@ def inspection_attacks(target: Verification) -> list[Outcome]:
     return outcomes
 
 
+SENTINELS = "credential routes"
+
+
+def sentinel_attacks(target: Verification) -> list[Outcome]:
+    """For each credential route of the agent: its sentinel sent out through the allowed channel every bottle
+    has, the API route (in a Messages body, and as the request's credential), must be refused before it
+    reaches the upstream."""
+    outcomes = []
+    api = f"http://{target.run.gate_ip}:{API_PORT}/v1/messages"
+    for route in target.run.spec.routes:
+        sentinel = route.spec.sentinel
+        body = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 16,
+                           "messages": [{"role": "user", "content": f"remember {sentinel}"}]})
+        name = route.spec.name
+        for attack, headers in ((f"route {name}'s sentinel in a Messages body", ""),
+                                (f"route {name}'s sentinel in a request header", f"-H 'x-note: {sentinel}' ")):
+            _, output = in_bottle(target.run, f"curl -s -o /dev/null -w '%{{http_code}}' -m 20 {headers}"
+                                              f"-H 'content-type: application/json' --data-binary @- {api}", body)
+            arrived = any(sentinel in json.dumps(r) for r in _stub_requests(target))
+            blocked = output.strip() == "403" and not arrived
+            actual = "reached the upstream" if arrived else f"answered {output.strip() or 'nothing'}"
+            outcomes.append(Outcome(SENTINELS, attack, "refused (403)", actual, blocked))
+    return outcomes
+
+
 # ---- attacks on the network, from the bottle's namespace ---------------------------------------------------
 
 def network_attacks(target: Verification) -> list[Outcome]:
@@ -554,14 +594,15 @@ def inspect_outcome(target: Verification) -> Outcome:
         assert container is not None
         container.reload()
         shown += json.dumps(container.attrs)
-    found = target.credential.secret in shown
+    found = any(value in shown for value in held_values(target))
     return Outcome(CREDENTIAL, "docker inspect of the bottle and the gate (from the host)", "no credential",
                    "the credential is shown" if found else "not shown", not found)
 
 
 def attack(target: Verification) -> list[Outcome]:
     """Every attack on one bottle; those that carry the credential into it (in a pipe) after the file search."""
-    return [*network_attacks(target), *bottle_attacks(target), *inspection_attacks(target), inspect_outcome(target)]
+    return [*network_attacks(target), *bottle_attacks(target), *sentinel_attacks(target),
+            *inspection_attacks(target), inspect_outcome(target)]
 
 
 def verify(agent: AgentConfig, progress: Progress) -> list[Outcome]:

@@ -32,7 +32,7 @@ from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import forward, outbound, set_headers
 from claude_bottle.gate.http import HttpConnection, header_values
-from claude_bottle.gate.inspection import inspected
+from claude_bottle.gate.inspection import answered, inspected
 from claude_bottle.gate.serve import Exchange, serve_requests
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
 from claude_bottle.gate.upstream import STREAM_LIMIT, dial
@@ -184,7 +184,7 @@ def _exchange(target: Target, origin: KeptOrigin, learned: bool = False) -> Exch
         record.would_deny = learned
         await forward(conn, outbound(conn, request, request.target, idle), origin.use, record, idle,
                       [set_headers(frozenset({b"host"}), [(b"host", authority(target, 443).encode())]),
-                       *inspected(target, ctx)])
+                       *inspected(target, ctx)], answered(target, ctx))
 
     return exchange
 

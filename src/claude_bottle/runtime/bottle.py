@@ -34,6 +34,7 @@ from claude_bottle.errors import BottleError, ConfigError, DockerError, GateErro
 from claude_bottle.gate import control
 from claude_bottle.gate.ca import announced_ca
 from claude_bottle.gate.dlp import DlpPolicy
+from claude_bottle.gate.routes import CredentialRoute, RouteSpec
 from claude_bottle.paths import state_dir, workspace_key
 from claude_bottle.policy.addresses import AddressGuard
 from claude_bottle.policy.decide import EgressPolicy
@@ -116,6 +117,9 @@ class RunSpec:
     request_policy: RequestPolicy = RequestPolicy()  # [[egress]] (--egress-rule, --no-inspect)
     dlp: DlpPolicy = DlpPolicy()  # [dlp] (--dlp-rule, --dlp-off)
     learn: bool = False  # learn mode (--learn): what the allowlist does not name passes, audited as would_deny
+    routes: tuple[CredentialRoute, ...] = ()  # [credentials.NAME] with their values: the gate gets them on stdin
+    route_env: dict[str, str] = field(default_factory=dict)  # bottle variables holding a route's sentinel
+    git_routes: tuple[RouteSpec, ...] = ()  # routes the bottle's git credential helper answers for
 
 
 def seeded_claude_json(kind: CredentialKind, placeholder: str, mcp_servers: dict[str, Any]) -> bytes:
@@ -152,10 +156,11 @@ def gate_command(spec: RunSpec) -> list[str]:
     private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
     tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
     ca_args = [arg for path in upstream_ca_mounts(spec).values() for arg in ("--extra-ca", path["bind"])]
+    route_args = [arg for route in spec.routes for arg in ("--credential-route", route.spec.flag())]
     return ["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}", "--upstream", spec.upstream,
             "--token-file", "-", "--audit-log", "-", "--control-socket", CONTROL_SOCKET,
             *(["--learn"] if spec.learn else []), *allow_args, *tcp_args, *private_args, *tool_args,
-            *ca_args, *spec.request_policy.args(), *spec.dlp.args()]
+            *ca_args, *spec.request_policy.args(), *spec.dlp.args(), *route_args]
 
 
 def upstream_ca_mounts(spec: RunSpec) -> dict[str, dict[str, str]]:
@@ -211,6 +216,28 @@ def control_gate(gate: Container, op: str, entry: str = "") -> dict[str, Any]:
     if op != "show":
         write_policy(gate.labels.get(RUN_LABEL, ""), reply["policy"])
     return dict(reply)
+
+
+def gate_input(spec: RunSpec) -> bytes:
+    """What the gate reads on its stdin: the token, then each route's value, one line each in the order of
+    ``--credential-route`` (``gate_command``)."""
+    return "".join(f"{value}\n" for value in (spec.credential.secret, *(r.secret for r in spec.routes))).encode()
+
+
+# The bottle's /etc/gitconfig (root-owned, 0644): for each host of a route with git, a credential helper that
+# answers the route's sentinel, so git in the bottle authenticates (the gate replaces it with the real value).
+GIT_CONFIG = "/etc/gitconfig"
+
+
+def git_credentials(routes: Iterable[RouteSpec]) -> bytes:
+    lines = []
+    for route in routes:
+        username = route.username or "git"
+        for host, port in route.hosts:
+            url = f"https://{host}" if port == 443 else f"https://{host}:{port}"
+            answer = f"echo username={username} && echo password={route.sentinel}"
+            lines += [f'[credential "{url}"]', "\thelper =", f'\thelper = "!f() {{ test $1 = get && {answer}; }}; f"']
+    return ("\n".join(lines) + "\n").encode() if lines else b""
 
 
 def bottle_user(uid: int, gid: int, workspace: Path) -> str:
@@ -386,7 +413,7 @@ class Run:
             socket_ = self.gate.attach_socket(params={"stdin": 1, "stream": 1})
             self.gate.start()
             raw = getattr(socket_, "_sock", socket_)  # the SDK wraps the socket; half-close needs the real one
-            raw.sendall(spec.credential.secret.encode() + b"\n")
+            raw.sendall(gate_input(spec))
             with contextlib.suppress(OSError):
                 raw.shutdown(socket.SHUT_WR)
             raw.close()
@@ -424,6 +451,7 @@ class Run:
             **spec.env,
             **CLAUDE_ENV,
             **CA_ENV,
+            **spec.route_env,
             "ANTHROPIC_BASE_URL": api,
             credential_variable: spec.credential.placeholder(),
             "HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy, "http_proxy": proxy,
@@ -468,6 +496,11 @@ class Run:
             raise DockerError(f"cannot create the bottle: {exc.explanation or exc}") from None
         self.wait_for_gate()
         trust_in_bottle(self.bottle, self.gate_ca)
+        if config := git_credentials(spec.git_routes):
+            try:
+                self.bottle.put_archive("/etc", _tar({GIT_CONFIG.rsplit("/", 1)[1]: config}, 0, 0, 0o644))
+            except docker.errors.APIError as exc:
+                raise DockerError(f"cannot write the bottle's {GIT_CONFIG}: {exc.explanation or exc}") from None
         return self.bottle
 
     def remove(self) -> None:
