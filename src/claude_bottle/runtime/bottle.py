@@ -103,6 +103,7 @@ class RunSpec:
     server_tools: tuple[str, ...] = ()  # server-tool families the API route lets through (--allow-server-tool)
     request_policy: RequestPolicy = RequestPolicy()  # [[egress]] (--egress-rule, --no-inspect)
     dlp: DlpPolicy = DlpPolicy()  # [dlp] (--dlp-rule, --dlp-off)
+    runtime: str = ""  # the bottle's OCI runtime (runsc: gVisor); empty: the engine's default. The gate keeps it.
 
 
 def seeded_claude_json(kind: CredentialKind, placeholder: str, mcp_servers: dict[str, Any]) -> bytes:
@@ -378,7 +379,7 @@ class Run:
                     user=spec.user, environment=self.bottle_environment(), log_config=LOG_CONFIG,
                     network=self.internal.name,
                     dns=[self.gate_ip], dns_search=["."], dns_opt=["timeout:1", "attempts:1"],
-                    working_dir="/workspace", tty=tty, stdin_open=tty,
+                    working_dir="/workspace", tty=tty, stdin_open=tty, runtime=spec.runtime or None,
                     cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=resources.pids,
                     mem_limit=resources.memory, nano_cpus=int(resources.cpus * 1e9),
                     volumes={
