@@ -292,7 +292,8 @@ BOTTLE_CHECKS = (
           _no_secret("Claude's config")),
     Check(PRIVILEGE, "effective capabilities", "none", "cat /proc/self/status", _status_field("CapEff", "0" * 16)),
     Check(PRIVILEGE, "bounding capabilities", "none", "cat /proc/self/status", _status_field("CapBnd", "0" * 16)),
-    Check(PRIVILEGE, "no-new-privileges", "set", "cat /proc/self/status", _status_field("NoNewPrivs", "1")),
+    # prctl(PR_GET_NO_NEW_PRIVS), which gVisor answers; its /proc/self/status has no NoNewPrivs line
+    Check(PRIVILEGE, "no-new-privileges", "set", "setpriv -d 2>&1", _status_field("no_new_privs", "1")),
     Check(PRIVILEGE, "setuid and setgid programs", "none",
           "find / -xdev -type f -perm /6000 2>/dev/null", _nothing("found", "none found")),
     Check(PRIVILEGE, "a Docker socket", "none",

@@ -109,10 +109,18 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
+def bottle_runtime() -> str:
+    """The OCI runtime the bottle tests give their agents: $CLAUDE_BOTTLE_TEST_RUNTIME (scripts/test runs a
+    share of them again with runsc, gVisor), else the engine's default."""
+    return os.environ.get("CLAUDE_BOTTLE_TEST_RUNTIME", "")
+
+
 def write_agent(name: str, body: str) -> None:
+    """An agent of the test's own, on ``bottle_runtime()`` unless the body names a runtime."""
     agents = Path(os.environ["XDG_CONFIG_HOME"], "claude-bottle", "agents")
     agents.mkdir(parents=True, exist_ok=True)
-    (agents / f"{name}.toml").write_text("version = 1\n" + body)
+    runtime = f'runtime = "{bottle_runtime()}"\n' if bottle_runtime() and "runtime =" not in body else ""
+    (agents / f"{name}.toml").write_text("version = 1\n" + runtime + body)
 
 
 def on_screen(text: str) -> str:
