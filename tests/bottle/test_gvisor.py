@@ -47,10 +47,10 @@ def test_the_bottle_runs_on_gvisor_and_the_gate_on_the_default_runtime(
         run.gate.reload()
         assert bottle.attrs["HostConfig"]["Runtime"] == runsc
         assert run.gate.attrs["HostConfig"]["Runtime"] != runsc
-        code, kernel = in_bottle(run, "dmesg 2>&1 | head -3")
+        _, kernel = in_bottle(run, "dmesg 2>&1 | head -3")
         assert "gVisor" in kernel, kernel
-        code, answer = in_bottle(run, f"curl -s -m 10 http://{run.gate_ip}:8080/v1/messages -o /dev/null "
-                                      "-w '%{http_code}' -d '{}'")
+        _, answer = in_bottle(run, f"curl -s -m 10 http://{run.gate_ip}:8080/v1/messages -o /dev/null "
+                                   "-w '%{http_code}' -d '{}'")
         assert answer.strip() not in ("", "000"), "the gate is out of the gVisor bottle's reach"
     assert leftovers(client, "sandboxed") == []
 

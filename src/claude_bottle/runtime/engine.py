@@ -4,6 +4,8 @@ say what to do."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -63,12 +65,14 @@ def describe(client: docker.DockerClient) -> EngineInfo:
     components = [str(c.get("Name", "")) for c in about.get("Components") or []]
     kind = "Podman" if any(name.startswith("Podman") for name in components) else "Docker"
     info = client.info()
-    runtimes = tuple(sorted(info.get("Runtimes") or {}))
+    registered: dict[str, Any] = info.get("Runtimes") or {}
+    if kind == "Podman":  # Podman lists every runtime its configuration knows of, installed or not
+        registered = {name: entry for name, entry in registered.items()
+                      if not isinstance(entry, dict) or Path(str(entry.get("path", ""))).exists()}
+    runtimes = tuple(sorted(registered))
     default = str(info.get("DefaultRuntime") or "")
     options = [str(o) for o in info.get("SecurityOptions") or []]
     rootless = any("rootless" in o for o in options)
-    if kind == "Podman" and not runtimes:
-        runtimes = (default,) if default else ()
     return EngineInfo(kind, _numbers(str(about.get("Version", "0"))), runtimes, default, rootless)
 
 
@@ -77,7 +81,7 @@ def check_runtime(client: docker.DockerClient, runtime: str, origin: str) -> Non
     if not runtime:
         return
     info = describe(client)
-    if runtime in info.runtimes or (info.podman and not info.runtimes):
+    if runtime in info.runtimes:
         return
     known = ", ".join(info.runtimes) or "none listed"
     raise DockerError(

@@ -183,7 +183,7 @@ _CERTIFICATE_ERRORS = re.compile(
     r"unable to verify the first certificate|SELF_SIGNED_CERT_IN_CHAIN|UNABLE_TO_GET_ISSUER_CERT|"
     r"CERT_UNTRUSTED|server certificate verification failed|certificate is not trusted|x509: certificate",
     re.IGNORECASE)
-_STEP = re.compile(r"^(?:Step|STEP) (\d+)/(\d+)\s*:?\s*(.*)$")
+_STEP = re.compile(r"^(?:\[\d+/\d+\] )?(?:Step|STEP) (\d+)/(\d+)\s*:?\s*(.*)$")
 
 
 def _certificate_problem(log: str) -> bool:
