@@ -38,9 +38,15 @@ def client() -> docker.DockerClient:
         pytest.skip(f"no Docker engine: {exc} (scripts/test installs and starts one)")
 
 
+def claude_version() -> str:
+    """The Claude Code release in the tests' bottles: $CLAUDE_BOTTLE_TEST_CLAUDE_VERSION (scripts/test runs a
+    share of the tests again on the newest release), else the default."""
+    return os.environ.get("CLAUDE_BOTTLE_TEST_CLAUDE_VERSION") or AgentConfig().claude_version
+
+
 @pytest.fixture(scope="session")
 def built_images(client: docker.DockerClient) -> tuple[str, str]:
-    return build_images(client, AgentConfig(), lambda line: None)
+    return build_images(client, AgentConfig(claude_version=claude_version()), lambda line: None)
 
 
 @dataclass
@@ -120,7 +126,8 @@ def write_agent(name: str, body: str) -> None:
     agents = Path(os.environ["XDG_CONFIG_HOME"], "claude-bottle", "agents")
     agents.mkdir(parents=True, exist_ok=True)
     runtime = f'runtime = "{bottle_runtime()}"\n' if bottle_runtime() and "runtime =" not in body else ""
-    (agents / f"{name}.toml").write_text("version = 1\n" + runtime + body)
+    claude = f'\n[claude]\nversion = "{claude_version()}"\n' if "[claude]" not in body else ""
+    (agents / f"{name}.toml").write_text("version = 1\n" + runtime + body + claude)
 
 
 def on_screen(text: str) -> str:

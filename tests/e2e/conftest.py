@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CLAUDE_VERSION = "2.1.126"
+CLAUDE_VERSION = "2.1.190"
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from claude_bottle.errors import ConfigError, DockerError
 
 BASE_IMAGE = "debian:bookworm-slim"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-DEFAULT_CLAUDE_CODE_VERSION = "2.1.126"
+DEFAULT_CLAUDE_CODE_VERSION = "2.1.190"
 CLAUDE_CODE_PACKAGE = "@anthropic-ai/claude-code"
 LATEST = "latest"  # claude.version: the newest release, resolved to a version number when the image is built
 # Where systems keep the certificates their administrator added to the system trust store (Debian, Ubuntu,
