@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,13 +152,17 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         protective_mounts(launch.workspace, found[0])  # a .git that cannot be mounted safely fails here
         client = engine.connect()
         engine.check_runtime(client, agent.runtime, f"agent {agent.name}: runtime")
+        began = time.monotonic()
         bottle_image, gate_image = build_images(client, agent, progress)
+        progress(f"images ready ({time.monotonic() - began:.1f} s)")
         run = Run(client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0])))
         watch = trust.Watch(launch.workspace, run.id)
         try:
             watch.begin(found)
             progress(f"starting gate for agent {agent.name}")
+            began = time.monotonic()
             run.start_gate()
+            progress(f"networks and gate created ({time.monotonic() - began:.1f} s)")
             yield run
         finally:
             with on_stop_signals(signal.SIG_IGN):
