@@ -151,7 +151,8 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         found = workspace.protected_paths(launch.workspace)
         protective_mounts(launch.workspace, found[0])  # a .git that cannot be mounted safely fails here
         client = engine.connect()
-        engine.check_runtime(client, agent.runtime, f"agent {agent.name}: runtime")
+        about = engine.describe(client)
+        engine.check_runtime(about, agent.runtime, f"agent {agent.name}: runtime")
         began = time.monotonic()
         bottle_image, gate_image = build_images(client, agent, progress)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
@@ -162,6 +163,8 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
             progress(f"starting gate for agent {agent.name}")
             began = time.monotonic()
             run.start_gate()
+            if about.podman:
+                run.check_host_unreachable()
             progress(f"networks and gate created ({time.monotonic() - began:.1f} s)")
             yield run
         finally:

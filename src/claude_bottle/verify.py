@@ -43,6 +43,9 @@ FRONT = "front"  # an allowed host the bottle may reach (its address too), to at
 PUBLIC_IPV4 = ("1.1.1.1", "8.8.8.8")
 PUBLIC_IPV6 = ("2606:4700:4700::1111",)
 PROBE_SECONDS = 120
+# The host-side name of the stand-ins' bridge: unlike a bottle's (runtime/bottle.py BRIDGE_PREFIX), the host
+# serves the gate there (Podman's resolver answers on the bridge's address).
+STAND_IN_BRIDGE = "stand-"
 
 
 class HostCanary:
@@ -166,7 +169,8 @@ class StandIns:
 def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | None = None) -> Iterator[StandIns]:
     """The stand-ins, removed on the way out (Ctrl-C included), with every bottle started against them."""
     credential = credential or throwaway_credential()
-    verify_id = f"verify-{secrets.token_hex(4)}"
+    verify_hex = secrets.token_hex(4)
+    verify_id = f"verify-{verify_hex}"
     labels = {LABEL: "1", RUN_LABEL: verify_id, AGENT_LABEL: agent.name}
     workspaces: list[Path] = []
     with on_stop_signals(interrupt):
@@ -176,6 +180,7 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
             _, gate_image = build_images(client, agent, progress)
             progress("starting the stub upstream and a host outside the bottle")
             outside = client.networks.create(f"claude-bottle-{verify_id}-outside", driver="bridge", internal=True,
+                                             options={"com.docker.network.bridge.name": STAND_IN_BRIDGE + verify_hex},
                                              labels=labels)
             stub, canary, front = (stub_container(client, gate_image, outside.name, alias,
                                                   f"claude-bottle-{verify_id}-{alias}", labels)

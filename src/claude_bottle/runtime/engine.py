@@ -76,11 +76,10 @@ def describe(client: docker.DockerClient) -> EngineInfo:
     return EngineInfo(kind, _numbers(str(about.get("Version", "0"))), runtimes, default, rootless)
 
 
-def check_runtime(client: docker.DockerClient, runtime: str, origin: str) -> None:
+def check_runtime(info: EngineInfo, runtime: str, origin: str) -> None:
     """A DockerError naming ``origin`` (where the runtime was asked for) when the engine lacks ``runtime``."""
     if not runtime:
         return
-    info = describe(client)
     if runtime in info.runtimes:
         return
     known = ", ".join(info.runtimes) or "none listed"
