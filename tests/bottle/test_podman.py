@@ -1,8 +1,6 @@
 """Bottles on Podman through its Docker-compatible API (DOCKER_HOST at `podman system service`): images,
-networks, the gate with its token over the attached stdin, labels and removal. scripts/podman sets it up.
-
-Podman 4's internal networks give their bridge an address on the host, which a bottle reaches: the attacks on
-that address are the known gap docs/engines.md describes, and every other attack must stay blocked."""
+networks, the gate with its token over the attached stdin, labels and removal. scripts/podman sets it up,
+with the firewall rules docs/engines.md gives for the address Podman's internal bridges have on the host."""
 
 from __future__ import annotations
 
@@ -16,11 +14,16 @@ from pathlib import Path
 import docker
 import pytest
 
+from claude_bottle.config import load_agent
+from claude_bottle.credentials import Credential
+from claude_bottle.errors import DockerError
+from claude_bottle.launch import Launch, started
+from claude_bottle.runtime import bottle as bottle_module
+from tests.bottle.conftest import write_agent
+
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
 CLI = [sys.executable, "-m", "claude_bottle"]
 SOCKET = os.environ.get("CLAUDE_BOTTLE_TEST_PODMAN", "unix:///run/podman/podman.sock")
-# docs/engines.md, "Podman": the host's address on an internal network's bridge
-HOST_BRIDGE_ATTACKS = ("TCP to the Docker host at", "anything at a listener on the Docker host")
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +51,36 @@ def test_doctor_names_podman(podman: docker.DockerClient, tmp_path: Path) -> Non
     assert "ok  OCI runtimes: " in result.stdout
 
 
-def test_verify_on_podman_blocks_all_but_the_host_bridge_and_leaves_nothing(
+def test_verify_on_podman_blocks_every_attack_and_leaves_nothing(
     podman: docker.DockerClient, tmp_path: Path,
 ) -> None:
     result = on_podman("verify", "--json", cwd=tmp_path, home=tmp_path)
     assert result.stdout, result.stderr
     report = json.loads(result.stdout)
-    leaks = [r["attack"] for r in report["results"] if not r["blocked"]]
-    assert [a for a in leaks if not a.startswith(HOST_BRIDGE_ATTACKS)] == []
+    assert [r["attack"] for r in report["results"] if not r["blocked"]] == []
+    assert result.returncode == 0, result.stderr
     assert report["attacks"] >= 60
     records = list((tmp_path / "state" / "claude-bottle" / "runs").glob("*/audit.jsonl"))
-    assert records and records[0].stat().st_size > 0, "the gate's audit was not kept"
+    assert records and any(r.stat().st_size > 0 for r in records), "no gate's audit was kept"
     flt = {"label": "claude-bottle.agent=default"}
+    assert [c.name for c in podman.containers.list(all=True, filters=flt)] == []
+    assert [n.name for n in podman.networks.list(filters=flt)] == []
+
+
+def test_start_is_refused_while_the_host_answers_on_the_bottles_bridge(
+    podman: docker.DockerClient, token: str, workspace: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The attack: a bottle's bridge named outside the firewall rule, so the host answers on its address, as
+    on a Podman host without the rule. Start must refuse before any bottle exists, and leave nothing."""
+    monkeypatch.setenv("DOCKER_HOST", SOCKET)
+    monkeypatch.setattr(bottle_module, "BRIDGE_PREFIX", "exposd-")
+    write_agent("exposed", "")
+    launch = Launch(load_agent("exposed", workspace), workspace, Credential.parse(token, "test"),
+                    "http://stub.invalid:8000")
+    refused = (r"address on this host \(10\.[0-9.]+, bridge exposd-[0-9a-f]{8}\) and the host answers there.*"
+               r"`iptables -I INPUT -i exposd-\+ -j DROP`.*docs/engines.md")
+    with pytest.raises(DockerError, match=refused), started(launch, lambda line: None) as run:
+        run.create_bottle(["true"], tty=False)
+    flt = {"label": "claude-bottle.agent=exposed"}
     assert [c.name for c in podman.containers.list(all=True, filters=flt)] == []
     assert [n.name for n in podman.networks.list(filters=flt)] == []

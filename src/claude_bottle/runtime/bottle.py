@@ -365,9 +365,9 @@ class Run:
             raise DockerError(
                 f"this engine gives the bottle's internal network an address on this host ({reached[0]}, bridge "
                 f"{BRIDGE_PREFIX}{self.hex}) and the host answers there, so a bottle could reach this machine's "
-                f"services. As root, drop what arrives from bottles' bridges: `iptables -A INPUT -i {BRIDGE_PREFIX}+ -j "
-                f"DROP` and `ip6tables -A INPUT -i {BRIDGE_PREFIX}+ -j DROP` (docs/engines.md, \"Podman\"; "
-                "scripts/podman sets them up), then start again")
+                f"services. As root, drop what arrives from bottles' bridges (`iptables -I INPUT -i "
+                f"{BRIDGE_PREFIX}+ -j DROP`, the same with ip6tables, and the rules that go with them in "
+                "docs/engines.md, \"Podman\"; scripts/podman sets them all up), then start again")
 
     def wait_for_gate(self) -> None:
         """Return once the gate listens, with the CA certificate it announced in ``gate_ca``; a gate that exits
