@@ -131,8 +131,9 @@ def write_agent(name: str, body: str) -> None:
 
 
 def on_screen(text: str) -> str:
-    """A pattern for ``text`` as a terminal program draws it: spaces may be cursor moves (ESC [ n C)."""
-    return r"(?:\s|\x1b\[\d*C)+".join(re.escape(word) for word in text.split())
+    """A pattern for ``text`` as a terminal program draws it: spaces may be cursor moves, relative (ESC [ n C)
+    or to a column (ESC [ n G, as Claude Code draws from about 2.1.190)."""
+    return r"(?:\s|\x1b\[\d*[CG])+".join(re.escape(word) for word in text.split())
 
 
 def leftovers(client: docker.DockerClient, agent: str) -> list[str]:
