@@ -81,6 +81,8 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         egress_rules: tuple[str, ...] = (),
         no_inspect: tuple[str, ...] = (),
         dlp_off: tuple[str, ...] = (),
+        learn: bool = False,
+        control_socket: Path | None = None,
         **limits: float | int,
     ) -> AsyncIterator[RunningGate]:
         token = token or make_token()
@@ -100,6 +102,8 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             extra_ca_files=tuple(Path(p) for p in extra_ca),
             limits=replace(gc.Limits(header_timeout=5, idle_timeout=5, connect_timeout=2, drain_seconds=2),
                            **limits),
+            learn=learn,
+            control_socket=control_socket,
         )
         stream = io.StringIO()
         async with Gate(config, AuditLog(stream, secrets=(token,)), resolver, ca=ca) as gate:

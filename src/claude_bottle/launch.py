@@ -86,6 +86,8 @@ class Launch:
     credential: Credential
     upstream: str | None = None  # overrides the agent's
     upstream_networks: tuple[str, ...] = ()
+    upstream_ca_files: tuple[Path, ...] = ()  # stand-ins' CAs the gate trusts (RunSpec.upstream_ca_files)
+    learn: bool = False  # learn mode: what the allowlist does not name passes, audited as would_deny
 
 
 def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
@@ -128,11 +130,13 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
         allow=agent.egress_allowlist, allow_tcp=agent.allow_tcp, allow_private=agent.allow_private,
         env=agent.env,
         resources=agent.resources, upstream_networks=launch.upstream_networks,
+        upstream_ca_files=launch.upstream_ca_files,
         mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
         mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
                               if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
         server_tools=agent.server_tools, protected=protected, request_policy=agent.egress, dlp=agent.dlp,
         runtime=agent.runtime,
+        learn=launch.learn,
     )
 
 

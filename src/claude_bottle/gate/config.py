@@ -83,6 +83,12 @@ class GateConfig:
     dlp: DlpPolicy = DlpPolicy()
     extra_ca_files: tuple[Path, ...] = ()
     limits: Limits = field(default_factory=Limits)
+    # Learn mode: a target outside the allowlist is let through and audited as "would deny" (never the
+    # upstream's host; the address guard, rules and DLP still apply); the CA may then certify every name.
+    learn: bool = False
+    # A unix socket inside the gate's own file system through which the host changes the allowlist while it
+    # runs (gate/control.py); None: the policy is fixed at start.
+    control_socket: Path | None = None
 
     @property
     def guard(self) -> AddressGuard:
