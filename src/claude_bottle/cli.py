@@ -22,6 +22,7 @@ from claude_bottle.errors import EXIT_FAILURE, BottleError, ConfigError
 if TYPE_CHECKING:  # the gate image runs this module without the Docker SDK: import the bottle side lazily
     from docker.models.containers import Container
 
+    from claude_bottle.config import AgentConfig
     from claude_bottle.launch import Launch
     from claude_bottle.records import RunRecord
 
@@ -194,15 +195,25 @@ def _progress(message: str) -> None:
     click.echo(message, err=True)
 
 
+def _with_runtime(agent: AgentConfig, runtime: str | None) -> AgentConfig:
+    """The agent, with --runtime (checked like the config key) in place of its own runtime."""
+    from claude_bottle.config import check_runtime_name
+
+    if runtime is None:
+        return agent
+    check_runtime_name(runtime, lambda key, problem: ConfigError(f"--runtime: {problem}"))
+    return dataclasses.replace(agent, runtime=runtime)
+
+
 def _launch(agent_name: str | None, workspace: str | None, upstream: str | None,
-            upstream_network: tuple[str, ...], learn: bool = False) -> Launch:
+            upstream_network: tuple[str, ...], runtime: str | None = None, learn: bool = False) -> Launch:
     from claude_bottle import tokens
     from claude_bottle.config import load_agent
     from claude_bottle.gate.config import parse_upstream
     from claude_bottle.launch import Launch, workspace_of
 
     path = workspace_of(workspace)
-    agent = load_agent(agent_name, path)
+    agent = _with_runtime(load_agent(agent_name, path), runtime)
     if upstream is not None:
         parse_upstream(upstream)
     credential, _ = tokens.find()
@@ -217,6 +228,9 @@ _agent_argument = click.argument("agent", required=False)
 _workspace_option = click.option("--workspace", metavar="DIR", help="Mount DIR at /workspace (default: here).")
 _upstream_option = click.option("--upstream", metavar="URL", default=None,
                                 help="Advanced: point the gate at another Anthropic-compatible API.")
+_runtime_option = click.option(
+    "--runtime", metavar="NAME", default=None,
+    help="The bottle's OCI runtime, e.g. runsc (gVisor), instead of the agent's (default: the engine's).")
 _learn_option = click.option(
     "--learn", is_flag=True,
     help="Learn mode: let destinations outside the allowlist through and record them as would_deny (the address "
@@ -231,10 +245,11 @@ _upstream_network_option = click.option(
 @_workspace_option
 @_upstream_option
 @_upstream_network_option
+@_runtime_option
 @_learn_option
 @click.option("--keep", is_flag=True, help="Keep the stopped containers and networks for inspection.")
 def start(agent: str | None, workspace: str | None, upstream: str | None, upstream_network: tuple[str, ...],
-          learn: bool, keep: bool) -> None:
+          runtime: str | None, learn: bool, keep: bool) -> None:
     """Start Claude Code interactively in a bottle, in this terminal.
 
     AGENT names a config in the user's agents folder; without it the project's .claude-bottle.toml is used,
@@ -242,7 +257,8 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
     """
     from claude_bottle.launch import run_interactive
 
-    sys.exit(run_interactive(_launch(agent, workspace, upstream, upstream_network, learn), _progress, keep))
+    sys.exit(run_interactive(_launch(agent, workspace, upstream, upstream_network, runtime, learn), _progress,
+                             keep))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -251,13 +267,15 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
 @_workspace_option
 @_upstream_option
 @_upstream_network_option
+@_runtime_option
 @_learn_option
 def run(agent: str | None, prompt: str, workspace: str | None, upstream: str | None,
-        upstream_network: tuple[str, ...], learn: bool) -> None:
+        upstream_network: tuple[str, ...], runtime: str | None, learn: bool) -> None:
     """Run Claude Code headless (claude -p) in a bottle; prints its output and exits with its code."""
     from claude_bottle.launch import run_headless
 
-    sys.exit(run_headless(_launch(agent, workspace, upstream, upstream_network, learn), prompt, _progress))
+    sys.exit(run_headless(_launch(agent, workspace, upstream, upstream_network, runtime, learn), prompt,
+                         _progress))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -669,7 +687,8 @@ def exec_(ctx: click.Context, agent: str | None, workspace: str | None) -> None:
 @cli.command(context_settings=CONTEXT)
 @_agent_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def verify(agent: str | None, as_json: bool) -> None:
+@_runtime_option
+def verify(agent: str | None, as_json: bool, runtime: str | None) -> None:
     """Prove the isolation: attack a bottle of AGENT from inside and report what got through.
 
     The bottle is the agent's own, with a throwaway credential, a stub Messages API as its upstream (no
@@ -680,7 +699,7 @@ def verify(agent: str | None, as_json: bool) -> None:
     from claude_bottle import verify as verification
     from claude_bottle.config import load_agent
 
-    config = load_agent(agent, Path.cwd())
+    config = _with_runtime(load_agent(agent, Path.cwd()), runtime)
     outcomes = verification.verify(config, _progress)
     click.echo(verification.as_json(config, outcomes) if as_json else verification.report(outcomes))
     sys.exit(1 if any(not o.blocked for o in outcomes) else 0)
@@ -688,7 +707,7 @@ def verify(agent: str | None, as_json: bool) -> None:
 
 @cli.command(context_settings=CONTEXT)
 def doctor() -> None:
-    """Check the Docker engine, its DNS caveat, the token and the images."""
+    """Check the container engine (Docker or Podman), its OCI runtimes, the token and the images."""
     from claude_bottle import tokens
     from claude_bottle.config import AgentConfig
     from claude_bottle.launch import build_inputs
@@ -703,11 +722,16 @@ def doctor() -> None:
 
     try:
         client = engine.connect()
-        version = engine.version(client)
-        report(True, f"Docker engine {'.'.join(map(str, version))}")
-        report(True, "engine resolves no external names on internal networks" if version >= engine.DNS_FIXED_VERSION
-               else "engine older than 25.0.5 (CVE-2024-29018): bottles get a resolver that answers nothing, so "
-                    "this is covered, but upgrading is wise")
+        about = engine.describe(client)
+        report(True, f"engine: {about.describe()} ({os.environ.get('DOCKER_HOST') or 'the default socket'})")
+        gvisor = "available (runtime = 'runsc')" if "runsc" in about.runtimes else "not registered"
+        report(True, f"OCI runtimes: {', '.join(about.runtimes) or 'none listed'} (default "
+                     f"{about.default_runtime or 'unknown'}); gVisor {gvisor}")
+        if not about.podman:
+            report(True, "engine resolves no external names on internal networks"
+                   if about.version >= engine.DNS_FIXED_VERSION
+                   else "engine older than 25.0.5 (CVE-2024-29018): bottles get a resolver that answers nothing, "
+                        "so this is covered, but upgrading is wise")
     except BottleError as exc:
         report(False, str(exc))
         client = None

@@ -15,6 +15,7 @@ import os
 import re
 import stat
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from claude_bottle.policy.hosts import Allowlist, InvalidHost, Target, normalize
 from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
 from claude_bottle.policy.rules import HostRules, InvalidRule, RequestPolicy, Verdict, make_host_rules, parse_rule
 from claude_bottle.runtime.bottle import Resources
-from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION
+from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 
 CONFIG_VERSION = 1
 PROJECT_FILE = ".claude-bottle.toml"
@@ -52,6 +53,7 @@ PROJECT_FORBIDDEN = {
     "allow_private": "it opens private networks to the bottle",
     "extra_ca_certificates": "it decides whom TLS connections trust",
     "credentials": "it decides which of your credentials go where, and may run commands on your machine",
+    "runtime": "it chooses the kernel boundary between the bottle and your machine",
 }
 DEFAULT_AGENT = "default"
 PRESETS: dict[str, tuple[str, ...]] = {
@@ -126,6 +128,7 @@ class CredentialConfig:
         return RouteSpec(self.name, self.hosts, self.scheme, self.username, sentinel)
 
 
+_RUNTIME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _MEMORY = re.compile(r"\d+[kmg]?", re.IGNORECASE)
 
 
@@ -168,6 +171,7 @@ class AgentConfig:
     dlp: DlpPolicy = DlpPolicy()  # [dlp]: extra rules, built-in rules turned off
     upstream: str = DEFAULT_UPSTREAM
     credentials: tuple[CredentialConfig, ...] = ()  # [credentials.NAME]: routes beyond Anthropic
+    runtime: str = ""  # the bottle's OCI runtime (e.g. runsc for gVisor); empty: the engine's default
     sources: tuple[str, ...] = ()  # the files this came from, for messages
 
     @property
@@ -338,7 +342,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     top = _Fields(data, source)
     top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
                     "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp",
-                    "credentials"})
+                    "credentials", "runtime"})
     if data.get("version") != CONFIG_VERSION:
         raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
 
@@ -377,8 +381,12 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     claude = _Fields(top.table("claude"), source, "claude.")
     claude.check_keys({"version", "args", "model"})
     version = claude.string("version", DEFAULT_CLAUDE_CODE_VERSION)
-    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
-        raise claude.fail("version", f"{version!r} is not a Claude Code version such as {DEFAULT_CLAUDE_CODE_VERSION}")
+    if version != LATEST and not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise claude.fail("version", f"{version!r} is not a Claude Code version such as {DEFAULT_CLAUDE_CODE_VERSION} "
+                                     f"or {LATEST!r} (the newest release, resolved at build time)")
+    runtime = top.string("runtime")
+    if runtime:
+        check_runtime_name(runtime, top.fail)
 
     agent = AgentConfig(
         name=name,
@@ -400,6 +408,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
         dlp=_dlp(_Fields(top.table("dlp"), source, "dlp.")),
         upstream=upstream,
         credentials=tuple(c for c, _ in credentials),
+        runtime=runtime,
         sources=(source,),
     )
     _check_bound_hosts(agent)
@@ -413,6 +422,13 @@ def _check_patterns(fields: _Fields, key: str, patterns: list[str] | tuple[str, 
             parse_pattern(pattern)
         except InvalidHost as exc:
             raise fields.fail(key, str(exc)) from None
+
+
+def check_runtime_name(runtime: str, fail: Callable[[str, str], ConfigError]) -> str:
+    """An OCI runtime's name as engines register it (runsc, runc, crun, kata-runtime)."""
+    if not _RUNTIME.fullmatch(runtime):
+        raise fail("runtime", f"{runtime!r} is not an OCI runtime name such as runsc (gVisor) or runc")
+    return runtime
 
 
 def _existing(path: Path, fields: _Fields, key: str) -> Path:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,26 +26,46 @@ from claude_bottle.runtime import engine, images
 from claude_bottle.runtime.bottle import Run, RunSpec, bottle_user, protective_mounts
 
 EXTRA_CA_VARIABLE = "CLAUDE_BOTTLE_EXTRA_CA_CERTS"
+HOST_CA_VARIABLE = "CLAUDE_BOTTLE_HOST_CA_CERTS"  # "0" (or no, false, off): the images do not trust the host's CAs
 
 Progress = Callable[[str], None]
 
 
-def build_inputs(agent: AgentConfig, environ: dict[str, str] | None = None) -> images.BuildInputs:
-    """Extra CA certificates come from the agent and from $CLAUDE_BOTTLE_EXTRA_CA_CERTS (a path list)."""
+def host_ca_enabled(environ: dict[str, str]) -> bool:
+    value = environ.get(HOST_CA_VARIABLE, "1").strip().lower()
+    if value not in ("1", "yes", "true", "on", "0", "no", "false", "off"):
+        raise ConfigError(f"${HOST_CA_VARIABLE}={value!r}: use 1 (trust the host's added CA certificates, the "
+                          "default) or 0 (do not)")
+    return value in ("1", "yes", "true", "on")
+
+
+def build_inputs(agent: AgentConfig, environ: dict[str, str] | None = None,
+                 host_dirs: tuple[str, ...] = images.HOST_CA_DIRS) -> images.BuildInputs:
+    """Extra CA certificates: the ones this host's administrator added to its trust store (``host_dirs``;
+    unless $CLAUDE_BOTTLE_HOST_CA_CERTS=0), the agent's, and $CLAUDE_BOTTLE_EXTRA_CA_CERTS (a path list)."""
     environ = dict(os.environ) if environ is None else environ
     from_env = tuple(Path(p) for p in environ.get(EXTRA_CA_VARIABLE, "").split(os.pathsep) if p)
     for path in from_env:
         if not path.is_file():
             raise ConfigError(f"${EXTRA_CA_VARIABLE}: {path} is not a file")
+    from_host = images.host_ca_files(host_dirs) if host_ca_enabled(environ) else ()
+    resolved = {Path(os.path.realpath(p)) for p in from_host}
+    listed = tuple(p for p in agent.extra_ca_certificates + from_env if Path(os.path.realpath(p)) not in resolved)
     return images.BuildInputs(
         claude_code_version=agent.claude_version,
-        extra_ca_files=tuple(dict.fromkeys(agent.extra_ca_certificates + from_env)),
+        extra_ca_files=tuple(dict.fromkeys(from_host + listed)),
         extra_packages=agent.extra_packages,
     )
 
 
 def build_images(client: docker.DockerClient, agent: AgentConfig, progress: Progress) -> tuple[str, str]:
+    """Both images, built where missing; ``claude.version = "latest"`` is resolved to a release first, so the
+    bottle image's tag names what it holds."""
     inputs = build_inputs(agent)
+    version = images.resolve_claude_version(inputs.claude_code_version, inputs.extra_ca_files)
+    if version != inputs.claude_code_version:
+        progress(f"Claude Code {images.LATEST}: {version}")
+        inputs = dataclasses.replace(inputs, claude_code_version=version)
     return images.build(client, images.bottle_spec(inputs), progress), \
         images.build(client, images.gate_spec(inputs), progress)
 
@@ -118,6 +140,7 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
         mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
                               if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
         server_tools=agent.server_tools, protected=protected, request_policy=agent.egress, dlp=agent.dlp,
+        runtime=agent.runtime,
         learn=launch.learn,
         routes=launch.routes,
         route_env={variable: routes[config.name].spec.sentinel for config in agent.credentials
@@ -141,13 +164,21 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         found = workspace.protected_paths(launch.workspace)
         protective_mounts(launch.workspace, found[0])  # a .git that cannot be mounted safely fails here
         client = engine.connect()
+        about = engine.describe(client)
+        engine.check_runtime(about, agent.runtime, f"agent {agent.name}: runtime")
+        began = time.monotonic()
         bottle_image, gate_image = build_images(client, agent, progress)
+        progress(f"images ready ({time.monotonic() - began:.1f} s)")
         run = Run(client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0])))
         watch = trust.Watch(launch.workspace, run.id)
         try:
             watch.begin(found)
             progress(f"starting gate for agent {agent.name}")
+            began = time.monotonic()
             run.start_gate()
+            if about.podman:
+                run.check_host_unreachable()
+            progress(f"networks and gate created ({time.monotonic() - began:.1f} s)")
             yield run
         finally:
             with on_stop_signals(signal.SIG_IGN):

@@ -17,8 +17,9 @@ What an answer says is steered by the conversation itself, so real Claude Code c
 - The last user message has a line ``run: <shell command>`` and the request offers the ``Bash`` tool: the
   answer is a ``tool_use`` block asking ``Bash`` to run that command (stop reason ``tool_use``; streamed as
   ``input_json_delta`` events when the request streams). ``search: <query>`` calls ``WebSearch`` and
-  ``fetch: <url>`` calls ``WebFetch`` the same way. A request without the tool (a session title, say) gets
-  the usual text, as a real model could not call a tool it was not offered.
+  ``fetch: <url>`` calls ``WebFetch`` the same way. A request that offers ``ToolSearch`` but not the tool
+  gets a ``ToolSearch`` call selecting it, then the tool's call once it is loaded. A request without the
+  tool (a session title, say) gets the usual text, as a real model could not call a tool it was not offered.
 - The last user message carries a ``tool_result``: the answer is ``Tool said: <first line of its output>``.
 - Anything else: the stub's text (``DEFAULT_TEXT`` unless it was started with another).
 """
@@ -87,6 +88,7 @@ TOOL_LINES: dict[str, tuple[str, Callable[[str], dict[str, str]]]] = {
     "fetch": ("WebFetch", lambda arg: {"url": arg, "prompt": "Summarize the page"}),
 }
 TOOL_LINE = re.compile(rf"^({'|'.join(TOOL_LINES)}): (.+)$", re.MULTILINE)
+TOOL_SEARCH = "ToolSearch"
 
 
 def _content(message: Any) -> list[Block]:
@@ -105,22 +107,42 @@ def _text_of(block: Block) -> str:
     return str(inner or "")
 
 
+def _tool_use(name: str, tool_input: dict[str, Any]) -> Block:
+    return {"type": "tool_use", "id": f"toolu_stub{secrets.token_hex(8)}", "name": name, "input": tool_input}
+
+
+def _call_asked(blocks: list[Block], offered: set[Any]) -> Block | None:
+    """The call a ``run:``/``search:``/``fetch:`` line in ``blocks`` asks for, if its tool is offered; else a
+    ``ToolSearch`` for it where that is offered (Claude Code from about 2.1.300 defers WebSearch and WebFetch
+    behind it: the model loads them first, by name)."""
+    calls = [m for b in blocks if b.get("type") == "text" for m in TOOL_LINE.findall(_text_of(b))]
+    if not calls:
+        return None
+    tool, make_input = TOOL_LINES[calls[-1][0]]
+    if tool in offered:
+        return _tool_use(tool, make_input(calls[-1][1].strip()))
+    if TOOL_SEARCH in offered:
+        return _tool_use(TOOL_SEARCH, {"query": f"select:{tool}", "max_results": 1})
+    return None
+
+
 def answer_block(payload: dict[str, Any], text: str) -> Block:
     """What to answer a Messages request with: a tool call, a report of a tool's output, or ``text``."""
-    users = [m for m in payload.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
+    messages = [m for m in payload.get("messages") or [] if isinstance(m, dict)]
+    users = [m for m in messages if m.get("role") == "user"]
     blocks = _content(users[-1]) if users else []
+    offered = {t.get("name") for t in payload.get("tools") or [] if isinstance(t, dict)}
     results = [b for b in blocks if b.get("type") == "tool_result"]
     if results:
+        searches = {b.get("id") for m in messages if m.get("role") == "assistant" for b in _content(m)
+                    if b.get("type") == "tool_use" and b.get("name") == TOOL_SEARCH}
+        if results[-1].get("tool_use_id") in searches:  # the tool is loaded now: the call the prompt asked for
+            asked = _call_asked(_content(users[-2]) if len(users) > 1 else [], offered - {TOOL_SEARCH})
+            if asked is not None:
+                return asked
         lines = [line.strip() for line in _text_of(results[-1]).splitlines() if line.strip()]
         return {"type": "text", "text": f"Tool said: {lines[0] if lines else '(no output)'}"}
-    offered = {t.get("name") for t in payload.get("tools") or [] if isinstance(t, dict)}
-    calls = [m for b in blocks if b.get("type") == "text" for m in TOOL_LINE.findall(_text_of(b))]
-    if calls:
-        tool, make_input = TOOL_LINES[calls[-1][0]]
-        if tool in offered:
-            return {"type": "tool_use", "id": f"toolu_stub{secrets.token_hex(8)}", "name": tool,
-                    "input": make_input(calls[-1][1].strip())}
-    return {"type": "text", "text": text}
+    return _call_asked(blocks, offered) or {"type": "text", "text": text}
 
 
 def _stop_reason(block: Block) -> str:

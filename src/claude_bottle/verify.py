@@ -51,6 +51,9 @@ TLS_PORT = 8443
 PUBLIC_IPV4 = ("1.1.1.1", "8.8.8.8")
 PUBLIC_IPV6 = ("2606:4700:4700::1111",)
 PROBE_SECONDS = 120
+# The host-side name of the stand-ins' bridge: unlike a bottle's (runtime/bottle.py BRIDGE_PREFIX), the host
+# serves the gate there (Podman's resolver answers on the bridge's address).
+STAND_IN_BRIDGE = "stand-"
 
 
 class HostCanary:
@@ -180,7 +183,8 @@ class StandIns:
 def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | None = None) -> Iterator[StandIns]:
     """The stand-ins, removed on the way out (Ctrl-C included), with every bottle started against them."""
     credential = credential or throwaway_credential()
-    verify_id = f"verify-{secrets.token_hex(4)}"
+    verify_hex = secrets.token_hex(4)
+    verify_id = f"verify-{verify_hex}"
     labels = {LABEL: "1", RUN_LABEL: verify_id, AGENT_LABEL: agent.name}
     workspaces: list[Path] = []
     with on_stop_signals(interrupt), tempfile.TemporaryDirectory(prefix="claude-bottle-verify-tls-") as tls:
@@ -190,6 +194,7 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
             _, gate_image = build_images(client, agent, progress)
             progress("starting the stub upstream and a host outside the bottle")
             outside = client.networks.create(f"claude-bottle-{verify_id}-outside", driver="bridge", internal=True,
+                                             options={"com.docker.network.bridge.name": STAND_IN_BRIDGE + verify_hex},
                                              labels=labels)
             stub, canary, front = (stub_container(client, gate_image, outside.name, alias,
                                                   f"claude-bottle-{verify_id}-{alias}", labels)
@@ -334,7 +339,8 @@ BOTTLE_CHECKS = (
           _no_secret("Claude's config")),
     Check(PRIVILEGE, "effective capabilities", "none", "cat /proc/self/status", _status_field("CapEff", "0" * 16)),
     Check(PRIVILEGE, "bounding capabilities", "none", "cat /proc/self/status", _status_field("CapBnd", "0" * 16)),
-    Check(PRIVILEGE, "no-new-privileges", "set", "cat /proc/self/status", _status_field("NoNewPrivs", "1")),
+    # prctl(PR_GET_NO_NEW_PRIVS), which gVisor answers; its /proc/self/status has no NoNewPrivs line
+    Check(PRIVILEGE, "no-new-privileges", "set", "setpriv -d 2>&1", _status_field("no_new_privs", "1")),
     Check(PRIVILEGE, "setuid and setgid programs", "none",
           "find / -xdev -type f -perm /6000 2>/dev/null", _nothing("found", "none found")),
     Check(PRIVILEGE, "a Docker socket", "none",

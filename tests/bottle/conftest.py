@@ -38,9 +38,15 @@ def client() -> docker.DockerClient:
         pytest.skip(f"no Docker engine: {exc} (scripts/test installs and starts one)")
 
 
+def claude_version() -> str:
+    """The Claude Code release in the tests' bottles: $CLAUDE_BOTTLE_TEST_CLAUDE_VERSION (scripts/test runs a
+    share of the tests again on the newest release), else the default."""
+    return os.environ.get("CLAUDE_BOTTLE_TEST_CLAUDE_VERSION") or AgentConfig().claude_version
+
+
 @pytest.fixture(scope="session")
 def built_images(client: docker.DockerClient) -> tuple[str, str]:
-    return build_images(client, AgentConfig(), lambda line: None)
+    return build_images(client, AgentConfig(claude_version=claude_version()), lambda line: None)
 
 
 @dataclass
@@ -109,15 +115,25 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
+def bottle_runtime() -> str:
+    """The OCI runtime the bottle tests give their agents: $CLAUDE_BOTTLE_TEST_RUNTIME (scripts/test runs a
+    share of them again with runsc, gVisor), else the engine's default."""
+    return os.environ.get("CLAUDE_BOTTLE_TEST_RUNTIME", "")
+
+
 def write_agent(name: str, body: str) -> None:
+    """An agent of the test's own, on ``bottle_runtime()`` unless the body names a runtime."""
     agents = Path(os.environ["XDG_CONFIG_HOME"], "claude-bottle", "agents")
     agents.mkdir(parents=True, exist_ok=True)
-    (agents / f"{name}.toml").write_text("version = 1\n" + body)
+    runtime = f'runtime = "{bottle_runtime()}"\n' if bottle_runtime() and "runtime =" not in body else ""
+    claude = f'\n[claude]\nversion = "{claude_version()}"\n' if "[claude]" not in body else ""
+    (agents / f"{name}.toml").write_text("version = 1\n" + runtime + body + claude)
 
 
 def on_screen(text: str) -> str:
-    """A pattern for ``text`` as a terminal program draws it: spaces may be cursor moves (ESC [ n C)."""
-    return r"(?:\s|\x1b\[\d*C)+".join(re.escape(word) for word in text.split())
+    """A pattern for ``text`` as a terminal program draws it: spaces may be cursor moves, relative (ESC [ n C)
+    or to a column (ESC [ n G, as Claude Code draws from about 2.1.190)."""
+    return r"(?:\s|\x1b\[\d*[CG])+".join(re.escape(word) for word in text.split())
 
 
 def leftovers(client: docker.DockerClient, agent: str) -> list[str]:

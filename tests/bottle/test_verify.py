@@ -26,7 +26,7 @@ from claude_bottle.policy.rules import HostRules
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.verify import Verification, attack, verification
-from tests.bottle.conftest import leftovers
+from tests.bottle.conftest import bottle_runtime, leftovers
 
 pytestmark = pytest.mark.docker
 CLI = [sys.executable, "-m", "claude_bottle"]
@@ -47,7 +47,9 @@ def test_verify_blocks_every_attack_on_a_default_bottle(
 ) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    result = subprocess.run([*CLI, "verify", "--json"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    runtime = ["--runtime", bottle_runtime()] if bottle_runtime() else []
+    result = subprocess.run([*CLI, "verify", "--json", *runtime], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path)
     report = json.loads(result.stdout)
     assert [r for r in report["results"] if not r["blocked"]] == []
     assert result.returncode == 0, result.stderr

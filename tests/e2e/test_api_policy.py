@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import ipaddress
 import json
 import ssl
 import threading
@@ -16,7 +17,8 @@ import pytest
 import trustme
 
 from claude_bottle.gate.config import Endpoint
-from claude_bottle.stub import DEFAULT_TEXT, StubUpstream
+from claude_bottle.gate.resolver import StaticResolver
+from claude_bottle.stub import DEFAULT_TEXT, TOOL_SEARCH, StubUpstream
 from tests.conftest import GateFactory, RunningGate
 from tests.e2e.test_claude_code import run_claude
 from tests.helpers import exchange, make_token, parse_head
@@ -29,11 +31,17 @@ PAGE = b"<html><body><h1>The fetched page</h1></body></html>"
 # the gate's proxy.
 SETTINGS = json.dumps({"skipWebFetchPreflight": True})
 TOOLS = ("--allowedTools", "WebSearch,WebFetch", "--settings", SETTINGS)
+# The page has a name, as pages on the web do: Claude Code's WebFetch (from 2.1.191) refuses a certificate
+# that names only an IP address. The gate resolves the name (to a loopback address) and the bottle never does.
+PAGE_NAME = "docs.example.com"
+PAGE_ADDRESS = "127.0.0.2"
 
 
 @contextlib.contextmanager
-def https_page(ca: trustme.CA, host: str = "127.0.0.2") -> Iterator[tuple[Endpoint, list[str]]]:
-    """A web page on a loopback address, its certificate from ``ca``; yields where it is and what was asked."""
+def https_page(ca: trustme.CA, name: str = PAGE_NAME, address: str = PAGE_ADDRESS,
+               ) -> Iterator[tuple[Endpoint, list[str]]]:
+    """A web page on a loopback ``address``, its certificate from ``ca`` for ``name``; yields the name and port
+    it is served under, and what was asked."""
     asked: list[str] = []
 
     class Page(http.server.BaseHTTPRequestHandler):
@@ -48,14 +56,14 @@ def https_page(ca: trustme.CA, host: str = "127.0.0.2") -> Iterator[tuple[Endpoi
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer((host, 0), Page)
+    server = http.server.ThreadingHTTPServer((address, 0), Page)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ca.issue_cert(host).configure_cert(context)
+    ca.issue_cert(name).configure_cert(context)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
     try:
-        yield Endpoint(host, server.server_address[1]), asked
+        yield Endpoint(name, server.server_address[1]), asked
     finally:
         server.shutdown()
         server.server_close()
@@ -72,6 +80,14 @@ def environment(gate: RunningGate, placeholder: str, ca_file: Path | None = None
 
 def api_records(gate: RunningGate) -> list[dict[str, Any]]:
     return [r for r in gate.records() if r["listener"] == "api"]
+
+
+def loads(stub: StubUpstream) -> int:
+    """How many turns Claude Code spent loading a deferred tool with ToolSearch before calling it (from about
+    2.1.300 WebSearch and WebFetch are offered that way; before, directly): the ToolSearch calls it replays."""
+    return len({b.get("id") for r in stub.requests for m in (r.json() or {}).get("messages", [])
+                if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+                for b in m["content"] if b.get("type") == "tool_use" and b.get("name") == TOOL_SEARCH})
 
 
 async def test_an_ordinary_turn_passes_and_the_same_request_with_a_provider_fetch_is_refused(
@@ -119,7 +135,7 @@ async def test_web_search_passes_the_policy(
     searches = [r for r in stub.requests if any(t.get("type") == "web_search_20250305"
                                                 for t in (r.json() or {}).get("tools", []))]
     assert len(searches) == 1
-    assert all(r["decision"] == "allow" for r in api_records(gate)) and len(api_records(gate)) == 3
+    assert all(r["decision"] == "allow" for r in api_records(gate)) and len(api_records(gate)) == 3 + loads(stub)
 
 
 async def test_web_fetch_goes_through_the_proxy_and_its_summary_passes_the_policy(
@@ -129,7 +145,8 @@ async def test_web_fetch_goes_through_the_proxy_and_its_summary_passes_the_polic
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     with https_page(ca) as (page, asked):
-        async with make_gate(allow=(str(page),), allow_private=("127.0.0.2/32",)) as gate:
+        resolver = StaticResolver({PAGE_NAME: [ipaddress.ip_address(PAGE_ADDRESS)]})
+        async with make_gate(allow=(str(page),), allow_private=(f"{PAGE_ADDRESS}/32",), resolver=resolver) as gate:
             result = await run_claude(claude_binary, tmp_path, environment(gate, make_token(), ca_file),
                                       f"fetch: https://{page}/article", TOOLS)
     assert result.returncode == 0, result.stderr
@@ -137,6 +154,6 @@ async def test_web_fetch_goes_through_the_proxy_and_its_summary_passes_the_polic
     assert f"Tool said: {DEFAULT_TEXT}" in result.stdout  # the summary the stub wrote, from the fetched page
     summaries = [r for r in stub.requests if r.json() and r.json().get("tools") == []]
     assert summaries and "The fetched page" in summaries[0].body.decode()
-    assert all(r["decision"] == "allow" for r in api_records(gate)) and len(api_records(gate)) == 3
+    assert all(r["decision"] == "allow" for r in api_records(gate)) and len(api_records(gate)) == 3 + loads(stub)
     assert any(r["listener"] == "proxy" and r["target"] == str(page) and r["decision"] == "allow"
                for r in gate.records())

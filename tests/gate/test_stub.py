@@ -82,6 +82,24 @@ def test_a_tool_result_is_reported_with_its_first_line(content: str | list[dict[
     assert answer_block(payload, "t") == {"type": "text", "text": "Tool said: tool-ran"}
 
 
+TOOL_SEARCH = {"name": "ToolSearch", "description": "Load deferred tools", "input_schema": {"type": "object"}}
+WEB_SEARCH = {"name": "WebSearch", "description": "Search the web", "input_schema": {"type": "object"}}
+
+
+def test_a_deferred_tool_is_loaded_with_tool_search_then_called() -> None:
+    asked = user("search: claude bottle")
+    first = answer_block(request(asked, tools=(BASH, TOOL_SEARCH)), "t")
+    assert first["name"] == "ToolSearch" and first["input"] == {"query": "select:WebSearch", "max_results": 1}
+    loaded = user({"type": "tool_result", "tool_use_id": first["id"],
+                   "content": [{"type": "tool_reference", "tool_name": "WebSearch"}]})
+    searched = {"role": "assistant", "content": [first]}
+    second = answer_block(request(asked, searched, loaded, tools=(BASH, TOOL_SEARCH, WEB_SEARCH)), "t")
+    assert second["name"] == "WebSearch" and second["input"] == {"query": "claude bottle"}
+    # still not offered after the search: no loop, the search's result is reported
+    third = answer_block(request(asked, searched, loaded, tools=(BASH, TOOL_SEARCH)), "t")
+    assert third == {"type": "text", "text": "Tool said: (no output)"}
+
+
 def test_an_empty_tool_result_says_so() -> None:
     payload = request(user("run: true"), ASKED, user({"type": "tool_result", "tool_use_id": "toolu_1", "content": ""}))
     assert answer_block(payload, "t")["text"] == "Tool said: (no output)"

@@ -85,7 +85,8 @@ def test_every_key_is_parsed(tmp_path: Path) -> None:
     ('version = 1\nupstream = "ftp://x"', "upstream:"),
     ('version = 1\n[env]\n"BAD-NAME" = "x"', "env.BAD-NAME:"),
     ('version = 1\n[env]\nX = 1', "env.X:"),
-    ('version = 1\n[claude]\nversion = "latest"', "claude.version: 'latest' is not a Claude Code version"),
+    ('version = 1\n[claude]\nversion = "newest"', "claude.version: 'newest' is not a Claude Code version"),
+    ('version = 1\nruntime = "run sc"', "runtime: 'run sc' is not an OCI runtime name"),
     ('version = 1\n[claude]\nmodle = "x"', "claude.modle: unknown key"),
     ('version = 1\n[resources]\nmemory = "lots"', "resources.memory:"),
     ('version = 1\n[resources]\ncpus = 0', "resources.cpus:"),
@@ -259,3 +260,9 @@ def test_egress_and_dlp_mistakes_name_the_file_and_key(body: str, message: str, 
     with pytest.raises(ConfigError) as caught:
         parse("version = 1\n" + body, tmp_path)
     assert re.match(".*".join(map(re.escape, ("agent.toml: " + message).split(".*"))), str(caught.value)), caught.value
+
+
+def test_runtime_and_latest_are_kept(tmp_path: Path) -> None:
+    agent = parse_agent("g", {"version": 1, "runtime": "runsc", "claude": {"version": "latest"}}, "g.toml")
+    assert (agent.runtime, agent.claude_version) == ("runsc", "latest")
+    assert parse_agent("d", {"version": 1}, "d.toml").runtime == ""

@@ -6,8 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from claude_bottle.errors import ConfigError
-from claude_bottle.runtime.images import BuildInputs, bottle_spec, gate_spec
+from claude_bottle.config import AgentConfig
+from claude_bottle.errors import ConfigError, DockerError
+from claude_bottle.launch import HOST_CA_VARIABLE, build_inputs
+from claude_bottle.runtime.images import (
+    LATEST,
+    BuildInputs,
+    bottle_spec,
+    build_failure,
+    gate_spec,
+    host_ca_files,
+    resolve_claude_version,
+)
 
 PEM = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
@@ -60,3 +70,71 @@ def test_a_file_that_is_not_pem_is_refused(tmp_path: Path) -> None:
     bogus.write_bytes(b"\\x30\\x82")
     with pytest.raises(ConfigError, match="not a PEM certificate"):
         bottle_spec(BuildInputs(extra_ca_files=(bogus,)))
+
+
+def test_host_ca_files_are_the_pem_certificates_an_administrator_added(tmp_path: Path) -> None:
+    local, anchors = tmp_path / "local", tmp_path / "anchors"
+    (local / "corp").mkdir(parents=True)
+    anchors.mkdir()
+    (local / "corp" / "proxy.crt").write_bytes(PEM)
+    (anchors / "other.pem").write_bytes(PEM)
+    (anchors / "binary.crt").write_bytes(b"\x30\x82\x01\x0a")  # DER: update-ca-certificates cannot use it
+    (local / "README").write_bytes(PEM)
+    found = host_ca_files((str(local), str(anchors), str(tmp_path / "missing")))
+    assert found == (local / "corp" / "proxy.crt", anchors / "other.pem")
+
+
+def test_build_inputs_trust_the_host_cas_unless_told_not_to(tmp_path: Path) -> None:
+    (tmp_path / "proxy.crt").write_bytes(PEM)
+    listed = tmp_path / "listed.pem"
+    listed.write_bytes(PEM)
+    dirs = (str(tmp_path),)
+    both = build_inputs(AgentConfig(extra_ca_certificates=(listed,)), {}, dirs).extra_ca_files
+    assert both == (listed, tmp_path / "proxy.crt")  # listed.pem is in the host folder and listed: once
+    assert build_inputs(AgentConfig(), {HOST_CA_VARIABLE: "0"}, dirs).extra_ca_files == ()
+    with pytest.raises(ConfigError, match=r"CLAUDE_BOTTLE_HOST_CA_CERTS='maybe'"):
+        build_inputs(AgentConfig(), {HOST_CA_VARIABLE: "maybe"}, dirs)
+
+
+@pytest.mark.parametrize("said", [
+    "npm error code SELF_SIGNED_CERT_IN_CHAIN\nnpm error request to https://registry.npmjs.org/x failed, reason: "
+    "self-signed certificate in certificate chain",
+    "curl: (60) SSL certificate problem: unable to get local issuer certificate",
+    "ssl.SSLCertVerificationError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed",
+    "Certificate verification failed: The certificate is NOT trusted.",
+])
+def test_a_certificate_failure_names_the_step_and_the_ca_settings(said: str) -> None:
+    error = build_failure("bottle", "step 5/12 (RUN npm install)", "The command returned a non-zero code: 1",
+                          ["Step 5/12 : RUN npm install", *said.splitlines()])
+    text = str(error)
+    assert text.startswith("building the bottle image failed at step 5/12 (RUN npm install): The command")
+    assert "CLAUDE_BOTTLE_EXTRA_CA_CERTS" in text and "/usr/local/share/ca-certificates" in text
+    assert said.splitlines()[-1] in text
+
+
+def test_other_failures_say_to_read_the_output_or_check_the_network() -> None:
+    plain = str(build_failure("gate", "step 2/9 (RUN false)", "returned 1", ["Step 2/9 : RUN false"]))
+    assert "CLAUDE_BOTTLE_EXTRA_CA_CERTS" not in plain and "the output above shows why" in plain
+    offline = str(build_failure("gate", "", "returned 100", ["Temporary failure resolving 'deb.debian.org'"]))
+    assert "could not reach a package registry" in offline
+
+
+def test_a_release_is_its_own_version_and_latest_needs_npm(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_claude_version("2.1.126") == "2.1.126"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(DockerError, match="npm is not installed"):
+        resolve_claude_version(LATEST)
+
+
+def test_latest_is_what_npm_view_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    npm = tmp_path / "npm"
+    npm.write_text('#!/bin/sh\n[ "$*" = "view @anthropic-ai/claude-code version" ] && [ -s "$NODE_EXTRA_CA_CERTS" ] '
+                   '&& echo 2.1.999\n')
+    npm.chmod(0o755)
+    ca = tmp_path / "corp.pem"
+    ca.write_bytes(PEM)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert resolve_claude_version(LATEST, (ca,)) == "2.1.999"
+    npm.write_text("#!/bin/sh\necho 'npm error self-signed certificate in certificate chain' >&2; exit 1\n")
+    with pytest.raises(DockerError, match=r"self-signed certificate.*CLAUDE_BOTTLE_EXTRA_CA_CERTS"):
+        resolve_claude_version(LATEST)

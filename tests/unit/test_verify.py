@@ -51,8 +51,10 @@ def test_status_fields_must_have_the_safe_value() -> None:
     status = "Name:\tbash\nCapEff:\t0000000000000000\nCapBnd:\t000001ffffffffff\nNoNewPrivs:\t0\n"
     assert check("effective capabilities").judge(0, status, SECRET) == ("CapEff 0000000000000000", True)
     assert check("bounding capabilities").judge(0, status, SECRET) == ("CapBnd 000001ffffffffff", False)
-    assert check("no-new-privileges").judge(0, status, SECRET) == ("NoNewPrivs 0", False)
-    assert check("no-new-privileges").judge(0, "", SECRET) == ("NoNewPrivs missing", False)
+    setpriv = "uid: 1000\nno_new_privs: {}\nInheritable capabilities: [none]\n"
+    assert check("no-new-privileges").judge(0, setpriv.format(0), SECRET) == ("no_new_privs 0", False)
+    assert check("no-new-privileges").judge(0, setpriv.format(1), SECRET) == ("no_new_privs 1", True)
+    assert check("no-new-privileges").judge(0, "", SECRET) == ("no_new_privs missing", False)
 
 
 def test_anything_found_is_a_leak_and_nothing_found_is_not() -> None:

@@ -54,6 +54,10 @@ POLICY_DIR = "/etc/claude-bottle"  # in the bottle, read-only: the policy in eff
 POLICY_FILE = "policy.toml"
 GATE_READY_SECONDS = 30
 GATE_STOP_SECONDS = 3
+# The host-side name of every internal network's bridge: this prefix and the run's hex, 15 characters (the
+# kernel's limit). A firewall rule on the prefix covers every bottle's bridge (docs/engines.md, "Podman").
+BRIDGE_PREFIX = "bottle-"
+HOST_PROBE_SECONDS = 1  # a firewall that drops what comes in from a bridge makes the check wait this long
 HOME = "/home/agent"
 AGENT_UID = 1000  # the image's user: who a bottle runs as when root starts it on a folder root owns
 # What a container may leave in the engine's logs (the gate's audit, the bottle's output), whatever it floods.
@@ -116,6 +120,7 @@ class RunSpec:
     server_tools: tuple[str, ...] = ()  # server-tool families the API route lets through (--allow-server-tool)
     request_policy: RequestPolicy = RequestPolicy()  # [[egress]] (--egress-rule, --no-inspect)
     dlp: DlpPolicy = DlpPolicy()  # [dlp] (--dlp-rule, --dlp-off)
+    runtime: str = ""  # the bottle's OCI runtime (runsc: gVisor); empty: the engine's default. The gate keeps it.
     learn: bool = False  # learn mode (--learn): what the allowlist does not name passes, audited as would_deny
     routes: tuple[CredentialRoute, ...] = ()  # [credentials.NAME] with their values: the gate gets them on stdin
     route_env: dict[str, str] = field(default_factory=dict)  # bottle variables holding a route's sentinel
@@ -370,7 +375,8 @@ class Run:
     def __init__(self, client: docker.DockerClient, spec: RunSpec) -> None:
         self.client = client
         self.spec = spec
-        self.id = f"{spec.agent}-{secrets.token_hex(4)}"
+        self.hex = secrets.token_hex(4)
+        self.id = f"{spec.agent}-{self.hex}"
         self.labels = {LABEL: "1", RUN_LABEL: self.id, AGENT_LABEL: spec.agent, WORKSPACE_LABEL: str(spec.workspace)}
         self.internal: Network | None = None
         self.egress: Network | None = None
@@ -382,7 +388,10 @@ class Run:
     def _network(self, suffix: str, internal: bool) -> Network:
         # An internal bridge still gets the gateway address on the host side, and with it anything the host
         # serves on that address or on 0.0.0.0 would be in the bottle's reach: the bridge gets no address.
-        options = {"com.docker.network.bridge.inhibit_ipv4": "true"} if internal else {}
+        # Podman ignores that option; its bridge gets a name a firewall rule can cover, and start checks the
+        # host is out of reach there (check_host_unreachable).
+        options = {"com.docker.network.bridge.inhibit_ipv4": "true",
+                   "com.docker.network.bridge.name": BRIDGE_PREFIX + self.hex} if internal else {}
         try:
             with _uninterrupted():
                 return self.client.networks.create(f"claude-bottle-{self.id}-{suffix}", driver="bridge",
@@ -421,6 +430,41 @@ class Run:
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot start the gate: {exc.explanation or exc}") from None
         self.gate_ip = self.gate.attrs["NetworkSettings"]["Networks"][self.internal.name]["IPAddress"]
+
+    def check_host_unreachable(self) -> None:
+        """A DockerError unless this host is out of the internal network's reach at the bridge's gateway address.
+
+        Docker gives an internal bridge no address on the host (``inhibit_ipv4``); Podman gives it one, and a
+        bottle would reach whatever the host serves there or on 0.0.0.0. The gate, on the same network, dials
+        a port this host listens on at that address: a connection dropped on the way (the firewall rule
+        docs/engines.md gives) or refused is fine; a connection made is refused here, before any bottle
+        exists."""
+        assert self.internal is not None and self.gate is not None
+        self.internal.reload()
+        gateways = [pool["Gateway"] for pool in self.internal.attrs.get("IPAM", {}).get("Config") or []
+                    if pool.get("Gateway") and ":" not in pool["Gateway"]]
+        if not gateways:
+            return
+        with socket.create_server(("0.0.0.0", 0)) as listener:
+            port = listener.getsockname()[1]
+            dial = ("import socket, sys\n"
+                    "try:\n"
+                    f"    socket.create_connection((sys.argv[1], {port}), timeout={HOST_PROBE_SECONDS}).close()\n"
+                    "except OSError:\n"
+                    "    sys.exit(1)\n")
+            try:
+                reached = [address for address in gateways
+                           if self.gate.exec_run([GATE_PYTHON, "-c", dial, address]).exit_code == 0]
+            except docker.errors.APIError as exc:
+                raise DockerError(f"cannot check the internal network from the gate: {exc.explanation or exc}") \
+                    from None
+        if reached:
+            raise DockerError(
+                f"this engine gives the bottle's internal network an address on this host ({reached[0]}, bridge "
+                f"{BRIDGE_PREFIX}{self.hex}) and the host answers there, so a bottle could reach this machine's "
+                f"services. As root, drop what arrives from bottles' bridges (`iptables -I INPUT -i "
+                f"{BRIDGE_PREFIX}+ -j DROP`, the same with ip6tables, and the rules that go with them in "
+                "docs/engines.md, \"Podman\"; scripts/podman sets them all up), then start again")
 
     def wait_for_gate(self) -> None:
         """Return once the gate listens, with the CA certificate it announced in ``gate_ca``; a gate that exits
@@ -477,7 +521,7 @@ class Run:
                     user=spec.user, environment=self.bottle_environment(), log_config=LOG_CONFIG,
                     network=self.internal.name,
                     dns=[self.gate_ip], dns_search=["."], dns_opt=["timeout:1", "attempts:1"],
-                    working_dir="/workspace", tty=tty, stdin_open=tty,
+                    working_dir="/workspace", tty=tty, stdin_open=tty, runtime=spec.runtime or None,
                     cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=resources.pids,
                     mem_limit=resources.memory, nano_cpus=int(resources.cpus * 1e9),
                     volumes={

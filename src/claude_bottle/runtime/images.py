@@ -11,10 +11,12 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
@@ -28,7 +30,14 @@ from claude_bottle.errors import ConfigError, DockerError
 
 BASE_IMAGE = "debian:bookworm-slim"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-DEFAULT_CLAUDE_CODE_VERSION = "2.1.126"
+DEFAULT_CLAUDE_CODE_VERSION = "2.1.190"
+CLAUDE_CODE_PACKAGE = "@anthropic-ai/claude-code"
+LATEST = "latest"  # claude.version: the newest release, resolved to a version number when the image is built
+# Where systems keep the certificates their administrator added to the system trust store (Debian, Ubuntu,
+# Alpine; Fedora, RHEL; Arch, SUSE): a corporate TLS-inspection CA lives here on a host that works behind it.
+HOST_CA_DIRS = ("/usr/local/share/ca-certificates", "/etc/pki/ca-trust/source/anchors",
+                "/etc/ca-certificates/trust-source/anchors", "/usr/share/pki/trust/anchors")
+PEM_MARK = b"-----BEGIN CERTIFICATE-----"
 # What the gate imports, pinned with what cryptography needs, so the image tag follows every version.
 GATE_REQUIREMENTS = ("click", "h11", "idna", "publicsuffixlist", "cryptography", "cffi", "pycparser")
 
@@ -66,11 +75,64 @@ def _ca_files(inputs: BuildInputs) -> dict[str, bytes]:
             data = Path(path).read_bytes()
         except OSError as exc:
             raise ConfigError(f"extra CA certificate {path}: {exc.strerror}") from None
-        if b"-----BEGIN CERTIFICATE-----" not in data:
+        if PEM_MARK not in data:
             raise ConfigError(f"extra CA certificate {path} is not a PEM certificate")
         # update-ca-certificates only picks up *.crt files
         files[f"ca/{hashlib.sha256(data).hexdigest()[:12]}-{Path(path).stem}.crt"] = data
     return files
+
+
+def host_ca_files(dirs: tuple[str, ...] = HOST_CA_DIRS) -> tuple[Path, ...]:
+    """The PEM certificates this host's administrator added to its trust store (``HOST_CA_DIRS``), sorted;
+    files that are not PEM certificates (a DER file, a README) are passed over."""
+    found = []
+    for folder in dirs:
+        root = Path(folder)
+        if not root.is_dir():
+            continue
+        for path in sorted(root.rglob("*")):
+            if path.suffix not in (".crt", ".pem") or not path.is_file():
+                continue
+            try:
+                if PEM_MARK in path.read_bytes():
+                    found.append(path)
+            except OSError:
+                continue  # unreadable for this user: it cannot be copied into an image either
+    return tuple(found)
+
+
+def resolve_claude_version(version: str, ca_files: tuple[Path, ...] = ()) -> str:
+    """``version`` itself, or for ``latest`` the newest release as npm's registry names it (``npm view``, with
+    the host's npm settings, trusting ``ca_files`` as well). A DockerError says what failed."""
+    if version != LATEST:
+        return version
+    npm = shutil.which("npm")
+    if npm is None:
+        raise DockerError(f'claude.version = "{LATEST}" is resolved with `npm view {CLAUDE_CODE_PACKAGE} version`, and '
+                          "npm is not installed: install npm, or set claude.version to a release such as "
+                          f"{DEFAULT_CLAUDE_CODE_VERSION}")
+    env = dict(os.environ)
+    if ca_files:
+        with tempfile.NamedTemporaryFile("wb", prefix="claude-bottle-ca-", suffix=".pem", delete=False) as bundle:
+            for path in ca_files:
+                bundle.write(Path(path).read_bytes().rstrip() + b"\n")
+        env["NODE_EXTRA_CA_CERTS"] = bundle.name
+    try:
+        result = subprocess.run([npm, "view", CLAUDE_CODE_PACKAGE, "version"], capture_output=True, text=True,
+                                env=env, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise DockerError(f"`npm view {CLAUDE_CODE_PACKAGE} version` did not answer within 60 s; set "
+                          "claude.version to a release, or check the network") from None
+    finally:
+        if ca_files:
+            os.unlink(env["NODE_EXTRA_CA_CERTS"])
+    found = result.stdout.strip().splitlines()[-1:] if result.returncode == 0 else []
+    if not found or not re.fullmatch(r"\d+\.\d+\.\d+", found[0]):
+        error = [line for line in result.stderr.splitlines() if "ERR" in line][-2:] or result.stderr.splitlines()[-1:]
+        raise DockerError(f"cannot resolve claude.version = \"{LATEST}\": `npm view {CLAUDE_CODE_PACKAGE} version` "
+                          f"said {' / '.join(error) or result.stdout.strip() or 'nothing'}"
+                          + ("; " + CA_HINT if _certificate_problem(result.stderr) else ""))
+    return found[0]
 
 
 def _dockerfile(name: str) -> bytes:
@@ -113,35 +175,86 @@ def image_exists(client: docker.DockerClient, tag: str) -> bool:
         return False
 
 
+CA_HINT = ("a TLS-inspecting proxy is likely in the way: put its CA certificate (PEM) in the host's trust store "
+           f"({HOST_CA_DIRS[0]}/ and update-ca-certificates), or list it in $CLAUDE_BOTTLE_EXTRA_CA_CERTS or an "
+           "agent's extra_ca_certificates (docs/engines.md#tls-inspection)")
+# What npm, pip, curl, apt and OpenSSL say when a certificate in the chain is not trusted.
+_CERTIFICATE_ERRORS = re.compile(
+    r"self[- ]signed certificate|unable to get local issuer certificate|certificate verify failed|"
+    r"unable to verify the first certificate|SELF_SIGNED_CERT_IN_CHAIN|UNABLE_TO_GET_ISSUER_CERT|"
+    r"CERT_UNTRUSTED|server certificate verification failed|certificate is not trusted|x509: certificate",
+    re.IGNORECASE)
+_STEP = re.compile(r"^(?:\[\d+/\d+\] )?(?:Step|STEP) (\d+)/(\d+)\s*:?\s*(.*)$")
+
+
+def _certificate_problem(log: str) -> bool:
+    return bool(_CERTIFICATE_ERRORS.search(log))
+
+
+def build_failure(name: str, step: str, error: str, log: list[str]) -> DockerError:
+    """The one error a failed build ends with: which image, which step, what it said, and what to do."""
+    last = [line for line in log if line.strip()][-12:]
+    shown = "\n".join(f"    {line}" for line in last)
+    text = "\n".join([*log, error])
+    if _certificate_problem(text):
+        hint = CA_HINT
+    elif re.search(r"Temporary failure resolving|Could not resolve|getaddrinfo|ENOTFOUND|EAI_AGAIN|"
+                   r"Network is unreachable|timed out|ETIMEDOUT|ECONNREFUSED", text):
+        hint = ("the build could not reach a package registry: check this machine's network and proxy "
+                "(HTTP_PROXY/HTTPS_PROXY are passed to the build)")
+    else:
+        hint = "the output above shows why; fix it and run `claude-bottle build` again"
+    where = f" at {step}" if step else ""
+    return DockerError(f"building the {name} image failed{where}: {error.strip()}\n  last output:\n{shown}\n"
+                       f"  what to do: {hint}")
+
+
 def build(client: docker.DockerClient, spec: ImageSpec, progress: Progress) -> str:
-    """Build ``spec`` unless an image with its tag exists. Returns the tag."""
+    """Build ``spec`` unless an image with its tag exists. Returns the tag.
+
+    Progress shows one line per Dockerfile step with the seconds the previous one took; the steps' own
+    output is kept and shown only when the build fails (``build_failure``)."""
     if image_exists(client, spec.tag):
         return spec.tag
     ensure_base_image(client, progress)
-    progress(f"building {spec.tag}")
+    progress(f"building the {spec.name} image {spec.tag}")
+    began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="claude-bottle-build-") as context:
         for relative, data in spec.files.items():
             target = Path(context, relative)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        tail: list[str] = []
         build_id = secrets.token_hex(8)
         buildargs = dict(spec.buildargs)
         if STAGE_ARG in spec.files["Dockerfile"]:
             buildargs["BUILD_ID"] = build_id
+        log: list[str] = []
+        step, step_began = "", began
+        took: dict[str, float] = {}
         try:
             for chunk in client.api.build(path=context, tag=spec.tag, buildargs=buildargs, rm=True,
                                           forcerm=True, decode=True, pull=False):
                 if "error" in chunk:
-                    raise DockerError(f"building the {spec.name} image failed: {chunk['error'].strip()}\n"
-                                      + "\n".join(tail[-15:]))
+                    raise build_failure(spec.name, step, str(chunk["error"]), log)
                 for line in str(chunk.get("stream", "")).splitlines():
-                    if line.strip():
-                        tail.append(line)
-                        progress(f"  {line}")
+                    if not line.strip():
+                        continue
+                    log.append(line)
+                    del log[:-200]
+                    if match := _STEP.match(line.strip()):
+                        now = time.monotonic()
+                        if step:
+                            took[step] = now - step_began
+                        step, step_began = f"step {match[1]}/{match[2]} ({match[3][:70]})", now
+                        progress(f"  {spec.name} {step}")
         except docker.errors.APIError as exc:
-            raise DockerError(f"building the {spec.name} image failed: {exc.explanation or exc}") from None
+            raise build_failure(spec.name, step, str(exc.explanation or exc), log) from None
     remove_build_stage(client, build_id)
+    if step:
+        took[step] = time.monotonic() - step_began
+    slowest = max(took, key=took.__getitem__, default="")
+    progress(f"built the {spec.name} image in {time.monotonic() - began:.1f} s"
+             + (f" (slowest: {slowest}, {took[slowest]:.1f} s)" if slowest else ""))
     return spec.tag
 
 

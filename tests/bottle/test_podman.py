@@ -1,0 +1,86 @@
+"""Bottles on Podman through its Docker-compatible API (DOCKER_HOST at `podman system service`): images,
+networks, the gate with its token over the attached stdin, labels and removal. scripts/podman sets it up,
+with the firewall rules docs/engines.md gives for the address Podman's internal bridges have on the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from claude_bottle.config import load_agent
+from claude_bottle.credentials import Credential
+from claude_bottle.errors import DockerError
+from claude_bottle.launch import Launch, started
+from claude_bottle.runtime import bottle as bottle_module
+from tests.bottle.conftest import write_agent
+
+pytestmark = [pytest.mark.docker, pytest.mark.podman]
+CLI = [sys.executable, "-m", "claude_bottle"]
+SOCKET = os.environ.get("CLAUDE_BOTTLE_TEST_PODMAN", "unix:///run/podman/podman.sock")
+
+
+@pytest.fixture(scope="module")
+def podman() -> Iterator[docker.DockerClient]:
+    try:
+        client = docker.DockerClient(base_url=SOCKET, timeout=120)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"no Podman service at {SOCKET}: {exc}")
+        pytest.skip(f"no Podman service at {SOCKET} (scripts/podman starts one): {exc}")
+    yield client
+    client.close()
+
+
+def on_podman(*args: str, cwd: Path, home: Path, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DOCKER_HOST": SOCKET, "XDG_CONFIG_HOME": str(home / "config"),
+           "XDG_STATE_HOME": str(home / "state")}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def test_doctor_names_podman(podman: docker.DockerClient, tmp_path: Path) -> None:
+    result = on_podman("doctor", cwd=tmp_path, home=tmp_path)
+    assert f"ok  engine: Podman {podman.version()['Version']}" in result.stdout, result.stdout
+    assert "ok  OCI runtimes: " in result.stdout
+
+
+def test_verify_on_podman_blocks_every_attack_and_leaves_nothing(
+    podman: docker.DockerClient, tmp_path: Path,
+) -> None:
+    result = on_podman("verify", "--json", cwd=tmp_path, home=tmp_path)
+    assert result.stdout, result.stderr
+    report = json.loads(result.stdout)
+    assert [r["attack"] for r in report["results"] if not r["blocked"]] == []
+    assert result.returncode == 0, result.stderr
+    assert report["attacks"] >= 60
+    records = list((tmp_path / "state" / "claude-bottle" / "runs").glob("*/audit.jsonl"))
+    assert records and any(r.stat().st_size > 0 for r in records), "no gate's audit was kept"
+    flt = {"label": "claude-bottle.agent=default"}
+    assert [c.name for c in podman.containers.list(all=True, filters=flt)] == []
+    assert [n.name for n in podman.networks.list(filters=flt)] == []
+
+
+def test_start_is_refused_while_the_host_answers_on_the_bottles_bridge(
+    podman: docker.DockerClient, token: str, workspace: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The attack: a bottle's bridge named outside the firewall rule, so the host answers on its address, as
+    on a Podman host without the rule. Start must refuse before any bottle exists, and leave nothing."""
+    monkeypatch.setenv("DOCKER_HOST", SOCKET)
+    monkeypatch.setattr(bottle_module, "BRIDGE_PREFIX", "exposd-")
+    write_agent("exposed", "")
+    launch = Launch(load_agent("exposed", workspace), workspace, Credential.parse(token, "test"),
+                    "http://stub.invalid:8000")
+    refused = (r"address on this host \(10\.[0-9.]+, bridge exposd-[0-9a-f]{8}\) and the host answers there.*"
+               r"`iptables -I INPUT -i exposd-\+ -j DROP`.*docs/engines.md")
+    with pytest.raises(DockerError, match=refused), started(launch, lambda line: None) as run:
+        run.create_bottle(["true"], tty=False)
+    flt = {"label": "claude-bottle.agent=exposed"}
+    assert [c.name for c in podman.containers.list(all=True, filters=flt)] == []
+    assert [n.name for n in podman.networks.list(filters=flt)] == []
