@@ -41,7 +41,7 @@ from claude_bottle.gate.ca import RunCA
 from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime import bottle as bottle_module
-from claude_bottle.runtime.bottle import SYSTEM_BUNDLE, Run
+from claude_bottle.runtime.bottle import CONTROL_SOCKET, SYSTEM_BUNDLE, Run
 from claude_bottle.verify import in_bottle as inside
 from tests.bottle.conftest import TEST_LABEL, Upstream, leftovers, write_agent
 
@@ -229,8 +229,10 @@ def test_the_ca_key_is_nowhere_but_the_gates_memory(client: docker.DockerClient,
     code, found = inside(run, "grep -rlsIE -D skip 'PRIVATE KEY|BEGIN EC' / --exclude-dir=proc --exclude-dir=sys")
     assert code in (1, 2) and found == "", f"private keys in the bottle: {found}"
     assert inside(run, f"grep -c CERTIFICATE {SYSTEM_BUNDLE}")[1].strip() != "0", "the search must find what is there"
-    code, output = run.gate.exec_run(["ls", "-A", "/tmp"])
-    assert code == 0 and output == b"", f"the gate wrote files: {output!r}"
+    code, output = run.gate.exec_run(["find", "/tmp", "-mindepth", "1"])
+    assert code == 0 and output.decode().split() == [CONTROL_SOCKET], f"the gate wrote files: {output!r}"
+    code, output = run.gate.exec_run(["find", "/tmp", "-mindepth", "1", "!", "-type", "s"])
+    assert code == 0 and output == b"", f"the gate wrote files: {output!r}"  # the control socket holds no data
     assert not run.gate.diff(), "the gate changed its file system"
     seen = [json.dumps(client.api.inspect_container(c.id)) for c in (run.gate, run.bottle)]
     seen += [json.dumps(client.api.inspect_image(image)) for image in images]
