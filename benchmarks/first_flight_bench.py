@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import trustme
-from gate_bench import (
+from benchkit import (
     LOOPBACK,
     RESULTS,
     ROOT,
