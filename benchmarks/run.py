@@ -380,6 +380,19 @@ class Loopback:
 
 # --------------------------------------------------------------------------------------- bottle part
 
+STEP_NOTES = {
+    "until_gate_started": "config, image check, both networks, the gate created, connected and started",
+    "create_bottle": "the state volume, the bottle created, ~/.claude.json and the image's trust store read",
+    "wait_gate_ready": "what is left of the gate's boot once the bottle is created (its CA announced)",
+    "trust_ca": "the gate's CA appended to the bottle's trust store (one write)",
+    "start_bottle": "the bottle container started",
+    "claude_runs": "Claude Code in the bottle, from its start to its exit",
+    "teardown_gate_stop": "the gate stopped (SIGTERM, its network endpoints released) for its audit",
+    "teardown": "everything removed: bottle, gate (stop above included), both networks",
+    "total": "in-process run -p: no CLI start-up",
+}
+
+
 
 class Bottle:
     """Real bottles: `claude-bottle run -p` against plain `docker run` of the bottle image."""
@@ -573,11 +586,72 @@ class Bottle:
         log(f"   run -p {r_wall:.2f} s, docker run {p_wall:.2f} s, overhead {r_wall - p_wall:.2f} s, "
             f"teardown {teardown:.2f} s")
 
-    def idle_and_sizes(self) -> None:
-        # A kept-alive bottle (sleep) through the product's own API, as the tests do: the gate idles.
+    def start_breakdown(self) -> None:
+        """Where `run -p`'s seconds go: the same steps as `run_headless`, in this process, each timed. The
+        engine calls are the product's own (launch.started, Run); only the clock is added around them."""
+        self._use_bench_environment()
+        from claude_bottle import tokens
+        from claude_bottle.config import load_agent
+        from claude_bottle.launch import Launch, claude_command, started
+        from claude_bottle.runtime import bottle as bottle_module
+
+        credential, _ = tokens.find()
+        agent = load_agent(self.agent, self.workspace)
+        reps = self.args.bottle_reps
+        log(f"start breakdown: {reps} x run -p in process, each step timed")
+        steps: list[dict[str, float]] = []
+        trust_in_bottle = bottle_module.trust_in_bottle
+        keep_audit = bottle_module.keep_audit
+
+        def timed(t: dict[str, float], name: str, call: Any) -> Any:
+            def run_timed(*a: Any, **k: Any) -> Any:
+                t0 = time.monotonic()
+                try:
+                    return call(*a, **k)
+                finally:
+                    t[name] = t.get(name, 0.0) + time.monotonic() - t0
+            return run_timed
+
+        try:
+            for _ in range(reps):
+                self.deadline.check()
+                t: dict[str, float] = {}
+                bottle_module.trust_in_bottle = timed(t, "trust_ca", trust_in_bottle)
+                bottle_module.keep_audit = timed(t, "teardown_gate_stop", keep_audit)
+                launch = Launch(agent, self.workspace, credential, "http://stub:8000", (self.net,))
+                t0 = time.monotonic()
+                with started(launch, lambda line: None) as run:
+                    t["until_gate_started"] = time.monotonic() - t0
+                    run.wait_for_gate = timed(t, "wait_gate_ready", run.wait_for_gate)  # type: ignore[method-assign]
+                    t1 = time.monotonic()
+                    bottle = run.create_bottle(claude_command(agent, "-p", "say hi"), tty=False)
+                    t["create_bottle"] = time.monotonic() - t1 - t["wait_gate_ready"] - t["trust_ca"]
+                    t2 = time.monotonic()
+                    bottle.start()
+                    t["start_bottle"] = time.monotonic() - t2
+                    t3 = time.monotonic()
+                    bottle.wait()
+                    t["claude_runs"] = time.monotonic() - t3
+                    t4 = time.monotonic()
+                t["teardown"] = time.monotonic() - t4
+                t["total"] = time.monotonic() - t0
+                steps.append(t)
+        finally:
+            bottle_module.trust_in_bottle, bottle_module.keep_audit = trust_in_bottle, keep_audit
+        median = {k: percentile([s[k] for s in steps], 50) for k in steps[0]}
+        self.details["start_breakdown_s"] = {"median": median, "runs": steps}
+        for k, v in median.items():
+            self.entries.append(Entry(f"run_p_step_{k}", "s", v, note=STEP_NOTES.get(k, "")))
+        log("   " + ", ".join(f"{k} {v:.3f}" for k, v in median.items()))
+
+    def _use_bench_environment(self) -> None:
         os.environ.update({k: self.env[k] for k in ("CLAUDE_BOTTLE_OAUTH_TOKEN", "XDG_CONFIG_HOME")})
         if "CLAUDE_BOTTLE_EXTRA_CA_CERTS" in self.env:
             os.environ["CLAUDE_BOTTLE_EXTRA_CA_CERTS"] = self.env["CLAUDE_BOTTLE_EXTRA_CA_CERTS"]
+
+    def idle_and_sizes(self) -> None:
+        # A kept-alive bottle (sleep) through the product's own API, as the tests do: the gate idles.
+        self._use_bench_environment()
         from claude_bottle import tokens
         from claude_bottle.config import load_agent
         from claude_bottle.launch import Launch, started
@@ -726,6 +800,7 @@ def run(args: argparse.Namespace) -> int:
             with deadline.for_phase("bottle", 600):
                 bottle.setup()
                 bottle.measure()
+                bottle.start_breakdown()
                 bottle.idle_and_sizes()
         doc["complete"] = True
         status = 0
