@@ -77,7 +77,7 @@ class Gate:
                                 raw_tcp=self.config.allow_tcp),
             api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
                                   limits.connect_timeout),
-            upstream_tls=self.config.ssl_context(alpn=("http/1.1",)),
+            upstream_tls=self.config.ssl_context(),
             ca=self.ca,
         )
         try:
