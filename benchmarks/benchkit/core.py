@@ -336,6 +336,7 @@ def rounded(x: Any) -> Any:
         return {k: rounded(v) for k, v in x.items()}
     if isinstance(x, list):
         return [rounded(v) for v in x]
+    return x
 
 
 def print_verdicts(results: list[dict[str, Any]]) -> None:
