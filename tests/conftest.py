@@ -17,6 +17,7 @@ from claude_bottle.gate import config as gc
 from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.context import LeafIssuer
 from claude_bottle.gate.resolver import Resolver
+from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.server import Gate
 from claude_bottle.stub import StubUpstream
 from tests.helpers import make_token
@@ -81,6 +82,9 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         egress_rules: tuple[str, ...] = (),
         no_inspect: tuple[str, ...] = (),
         dlp_off: tuple[str, ...] = (),
+        learn: bool = False,
+        control_socket: Path | None = None,
+        routes: tuple[CredentialRoute, ...] = (),
         **limits: float | int,
     ) -> AsyncIterator[RunningGate]:
         token = token or make_token()
@@ -90,7 +94,8 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             proxy_listen=gc.Endpoint("127.0.0.1", proxy_port),
             credential=Credential.parse(token, "test token"),
             upstream=gc.parse_upstream(upstream or stub.url),
-            allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns),
+            allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns
+                                         + gc.route_patterns(tuple(r.spec for r in routes))),
             allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
             allow_private=gc.parse_networks(allow_private),
             api_policy=gc.parse_api_paths(api_paths),
@@ -100,12 +105,16 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             extra_ca_files=tuple(Path(p) for p in extra_ca),
             limits=replace(gc.Limits(header_timeout=5, idle_timeout=5, connect_timeout=2, drain_seconds=2),
                            **limits),
+            learn=learn,
+            control_socket=control_socket,
+            routes=routes,
         )
         stream = io.StringIO()
-        async with Gate(config, AuditLog(stream, secrets=(token,)), resolver, ca=ca) as gate:
+        async with Gate(config, AuditLog(stream, secrets=config.injected_secrets), resolver, ca=ca) as gate:
             running = RunningGate(gate, token, stream)
             yield running
         assert token not in stream.getvalue(), "the audit log must never hold the credential"
+        assert all(r.secret not in stream.getvalue() for r in routes), "nor a route's"
         unexplained = [r for r in running.records() if not r["reason"]]
         assert unexplained == [], "every audit line carries a reason"
 

@@ -7,19 +7,21 @@ import contextlib
 import dataclasses
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import traceback
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
 from claude_bottle import __version__
-from claude_bottle.credentials import read_token_file
 from claude_bottle.errors import EXIT_FAILURE, BottleError, ConfigError
 
 if TYPE_CHECKING:  # the gate image runs this module without the Docker SDK: import the bottle side lazily
+    from docker.models.containers import Container
+
     from claude_bottle.launch import Launch
     from claude_bottle.records import RunRecord
 
@@ -81,6 +83,11 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
 @click.option("--dlp-rule", multiple=True, metavar="'NAME REGEX'",
               help="An extra DLP rule refusing requests that match REGEX (bounded length). Repeatable.")
 @click.option("--dlp-off", multiple=True, metavar="NAME", help="Turn a built-in DLP rule off. Repeatable.")
+@click.option("--credential-route", multiple=True, metavar="'NAME SCHEME USERNAME|- SENTINEL HOST[,HOST...]'",
+              help="Hold a credential for these hosts (scheme bearer, token or basic): injected on inspected "
+                   "requests to them in place of the client's; SENTINEL, the bottle's stand-in, is refused "
+                   "elsewhere. Its value is read from standard input after the token (--token-file -), one "
+                   "line per route in order. Repeatable.")
 @click.option("--extra-ca", multiple=True, metavar="PATH", type=click.Path(dir_okay=False),
               help="Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.")
 @click.option("--audit-log", metavar="PATH", help="Append one JSON line per decision here; '-' for stderr.")
@@ -95,12 +102,20 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
               help="Seconds without traffic before a stream or tunnel is closed.")
 @click.option("--drain-seconds", type=click.FloatRange(0, 3600), default=10, show_default=True,
               help="On SIGTERM, how long in-flight requests may finish.")
+@click.option("--learn", is_flag=True,
+              help="Learn mode: let destinations outside the allowlist through and audit them as would_deny "
+                   "(never the upstream's host; the address guard, rules and DLP still apply).")
+@click.option("--control-socket", metavar="PATH", type=click.Path(dir_okay=False),
+              help="A unix socket (mode 0600) through which the allowlist can be changed while the gate runs "
+                   "(python -m claude_bottle.gate.control PATH allow|deny|show HOST).")
 def gate(
     api_listen: str, proxy_listen: str, upstream: str, token_file: str, allow: tuple[str, ...],
     allow_tcp: tuple[str, ...], allow_private: tuple[str, ...], allow_api_path: tuple[str, ...],
     allow_server_tool: tuple[str, ...], egress_rule: tuple[str, ...], no_inspect: tuple[str, ...],
-    dlp_rule: tuple[str, ...], dlp_off: tuple[str, ...], extra_ca: tuple[str, ...], audit_log: str | None,
+    dlp_rule: tuple[str, ...], dlp_off: tuple[str, ...], credential_route: tuple[str, ...],
+    extra_ca: tuple[str, ...], audit_log: str | None,
     ca_cert_out: str | None, max_tunnels: int, max_connections: int, idle_timeout: float, drain_seconds: float,
+    learn: bool, control_socket: str | None,
 ) -> None:
     """Run the gate: hold the credential, forward API calls, filter egress.
 
@@ -115,11 +130,13 @@ def gate(
     from claude_bottle.gate.server import run
 
     request_policy = gc.parse_egress_rules(egress_rule, no_inspect)
+    route_specs = gc.parse_routes(credential_route, request_policy)
+    credential, routes = gc.read_secrets(token_file, route_specs)
     config = gc.GateConfig(
         api_listen=gc.parse_listen(api_listen, "--api-listen"),
         proxy_listen=gc.parse_listen(proxy_listen, "--proxy-listen"),
         upstream=gc.parse_upstream(upstream),
-        allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns),
+        allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns + gc.route_patterns(route_specs)),
         allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
         request_policy=request_policy,
         dlp=gc.parse_dlp(dlp_rule, dlp_off),
@@ -127,16 +144,19 @@ def gate(
         api_policy=gc.parse_api_paths(allow_api_path),
         messages_policy=gc.parse_server_tools(allow_server_tool),
         extra_ca_files=tuple(Path(p) for p in extra_ca),
-        credential=read_token_file(token_file),
+        credential=credential,
+        routes=routes,
         limits=gc.Limits(max_tunnels=max_tunnels, max_connections=max_connections, idle_timeout=idle_timeout,
                          drain_seconds=drain_seconds),
+        learn=learn,
+        control_socket=Path(control_socket) if control_socket else None,
     )
     config.ssl_context()  # fail now, not on the first request, if an extra CA cannot be loaded
     if config.upstream.scheme == "http" and not gc.loopback(config.upstream.host):
         click.echo(f"warning: --upstream {upstream} is plain HTTP: the credential crosses the network "
                    "unencrypted", err=True)
     with _audit_stream(audit_log) as stream:
-        asyncio.run(run(config, AuditLog(stream, secrets=(config.credential.secret,)),
+        asyncio.run(run(config, AuditLog(stream, secrets=config.injected_secrets),
                         ca_cert_out=Path(ca_cert_out) if ca_cert_out else None))
 
 
@@ -144,17 +164,28 @@ def gate(
 @click.option("--listen", default="127.0.0.1:0", show_default=True, metavar="HOST:PORT")
 @click.option("--text", default=None, help="The answer text.")
 @click.option("--log", is_flag=True, help="Print each request (with its headers) as a JSON line.")
-def stub_upstream(listen: str, text: str | None, log: bool) -> None:
+@click.option("--tls", "tls_file", default=None, metavar="PATH", type=click.Path(dir_okay=False),
+              help="Serve HTTPS with the certificate chain and private key in this PEM file.")
+def stub_upstream(listen: str, text: str | None, log: bool, tls_file: str | None) -> None:
     """Serve a stand-in for the Anthropic Messages API (for tests, benchmarks and verify).
 
     It answers /v1/messages with a fixed text, streaming or not, and spends no tokens.
     """
+    import ssl
+
     from claude_bottle.gate.config import parse_listen
     from claude_bottle.stub import DEFAULT_TEXT, serve
 
     endpoint = parse_listen(listen, "--listen")
+    tls = None
+    if tls_file is not None:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            tls.load_cert_chain(tls_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"--tls {tls_file}: cannot load a certificate chain and key ({exc})") from None
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(endpoint.host, endpoint.port, text or DEFAULT_TEXT, log))
+        asyncio.run(serve(endpoint.host, endpoint.port, text or DEFAULT_TEXT, log, tls))
 
 
 # ---- the bottle -------------------------------------------------------------------------------------------
@@ -164,7 +195,7 @@ def _progress(message: str) -> None:
 
 
 def _launch(agent_name: str | None, workspace: str | None, upstream: str | None,
-            upstream_network: tuple[str, ...]) -> Launch:
+            upstream_network: tuple[str, ...], learn: bool = False) -> Launch:
     from claude_bottle import tokens
     from claude_bottle.config import load_agent
     from claude_bottle.gate.config import parse_upstream
@@ -175,13 +206,21 @@ def _launch(agent_name: str | None, workspace: str | None, upstream: str | None,
     if upstream is not None:
         parse_upstream(upstream)
     credential, _ = tokens.find()
-    return Launch(agent, path, credential, upstream, upstream_network)
+    if learn:
+        _progress("learn mode: destinations outside the allowlist are let through and recorded as would_deny; "
+                  "`claude-bottle policy suggest` turns the run into an allowlist")
+    return Launch(agent, path, credential, upstream, upstream_network, learn=learn,
+                  routes=tokens.routes_for(agent.credentials))
 
 
 _agent_argument = click.argument("agent", required=False)
 _workspace_option = click.option("--workspace", metavar="DIR", help="Mount DIR at /workspace (default: here).")
 _upstream_option = click.option("--upstream", metavar="URL", default=None,
                                 help="Advanced: point the gate at another Anthropic-compatible API.")
+_learn_option = click.option(
+    "--learn", is_flag=True,
+    help="Learn mode: let destinations outside the allowlist through and record them as would_deny (the address "
+         "guard, credential hosts and DLP still apply); then `claude-bottle policy suggest`.")
 _upstream_network_option = click.option(
     "--upstream-network", multiple=True, metavar="NETWORK", hidden=True,
     help="Join the gate to this Docker network, to reach an upstream running there.")
@@ -192,9 +231,10 @@ _upstream_network_option = click.option(
 @_workspace_option
 @_upstream_option
 @_upstream_network_option
+@_learn_option
 @click.option("--keep", is_flag=True, help="Keep the stopped containers and networks for inspection.")
 def start(agent: str | None, workspace: str | None, upstream: str | None, upstream_network: tuple[str, ...],
-          keep: bool) -> None:
+          learn: bool, keep: bool) -> None:
     """Start Claude Code interactively in a bottle, in this terminal.
 
     AGENT names a config in the user's agents folder; without it the project's .claude-bottle.toml is used,
@@ -202,7 +242,7 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
     """
     from claude_bottle.launch import run_interactive
 
-    sys.exit(run_interactive(_launch(agent, workspace, upstream, upstream_network), _progress, keep))
+    sys.exit(run_interactive(_launch(agent, workspace, upstream, upstream_network, learn), _progress, keep))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -211,12 +251,13 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
 @_workspace_option
 @_upstream_option
 @_upstream_network_option
+@_learn_option
 def run(agent: str | None, prompt: str, workspace: str | None, upstream: str | None,
-        upstream_network: tuple[str, ...]) -> None:
+        upstream_network: tuple[str, ...], learn: bool) -> None:
     """Run Claude Code headless (claude -p) in a bottle; prints its output and exits with its code."""
     from claude_bottle.launch import run_headless
 
-    sys.exit(run_headless(_launch(agent, workspace, upstream, upstream_network), prompt, _progress))
+    sys.exit(run_headless(_launch(agent, workspace, upstream, upstream_network, learn), prompt, _progress))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -277,24 +318,31 @@ def trust_(directory: str | None, yes: bool) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("name", required=False)
 @click.option("--stdin", "from_stdin", is_flag=True, help="Read the token from standard input.")
-def login(from_stdin: bool) -> None:
-    """Store your token (from `claude setup-token`, or an API key) in the OS keyring or a 0600 file."""
+def login(name: str | None, from_stdin: bool) -> None:
+    """Store your token (from `claude setup-token`, or an API key) in the OS keyring or a 0600 file.
+
+    With NAME, store the value of the credential route [credentials.NAME] instead (docs/credentials.md)."""
     from claude_bottle import tokens
     from claude_bottle.credentials import Credential
 
-    if from_stdin or not sys.stdin.isatty():
-        text = sys.stdin.read()
-    else:
-        text = click.prompt("Token (from `claude setup-token`)", hide_input=True)
-    where = tokens.store(Credential.parse(text, "the token given"))
+    what = f"Value for credential {name}" if name else "Token (from `claude setup-token`)"
+    text = sys.stdin.read() if from_stdin or not sys.stdin.isatty() else click.prompt(what, hide_input=True)
+    where = tokens.store_route(name, text) if name else tokens.store(Credential.parse(text, "the token given"))
     click.echo(f"stored in {where}")
 
 
 @cli.command(context_settings=CONTEXT)
-def logout() -> None:
-    """Forget the stored token."""
+@click.argument("name", required=False)
+def logout(name: str | None) -> None:
+    """Forget the stored token (with NAME: the stored value of credential NAME)."""
     from claude_bottle import tokens
+
+    if name:
+        removed = tokens.remove_route(name)
+        click.echo(f"removed from {', '.join(removed)}" if removed else f"no stored value for {name}")
+        return
 
     removed = tokens.remove()
     click.echo(f"removed from {', '.join(removed)}" if removed else "no stored token")
@@ -346,31 +394,17 @@ def _print_runs(found: list[RunRecord], as_json: bool) -> None:
             click.echo(f"{r.run:24} {r.agent:16} {r.started:20} {r.ended:20} {r.lines:7} {r.workspace}")
 
 
-@cli.command(context_settings=CONTEXT)
-@_agent_argument
-@click.option("--workspace", metavar="DIR", help="The workspace whose bottle or last run to show (default: here).")
-@click.option("--run", "run_id", metavar="ID", help="This run, running or recorded (see --runs).")
-@click.option("--runs", "list_recorded", is_flag=True, help="List the recorded runs, oldest first.")
-@click.option("--egress", is_flag=True, help="Only the proxy's decisions (not the API route's).")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new decisions (a running bottle only).")
-@click.option("--json", "as_json", is_flag=True, help="The raw JSON audit lines.")
-def logs(agent: str | None, workspace: str | None, run_id: str | None, list_recorded: bool, egress: bool,
-         follow: bool, as_json: bool) -> None:
-    """Show the gate's decisions: what was forwarded, what was refused and why.
-
-    Without options: the running bottle of this workspace, else its last run (every run's audit is kept on
-    the host when it ends). AGENT: that agent's running bottle, else its last run. --runs lists what is kept.
-    """
+def _audit(agent: str | None, workspace: str | None, run_id: str | None, follow: bool
+           ) -> tuple[Iterator[dict[str, Any]], str, str]:
+    """The audit entries ``logs`` and ``policy suggest`` read: a running bottle's (this workspace's, or
+    ``agent``'s, or run ``run_id``), else the last recorded run of those. Also the run's agent and id."""
     from pathlib import Path
 
     from claude_bottle import records
     from claude_bottle.errors import DockerError
     from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import running_run, runs
+    from claude_bottle.runtime.bottle import AGENT_LABEL, running_run, runs
 
-    if list_recorded:
-        _print_runs(records.recorded(), as_json)
-        return
     # with AGENT and no --workspace, any workspace of that agent's
     place = None if agent and workspace is None else Path(workspace or os.getcwd()).expanduser().resolve()
     live, client = None, None
@@ -382,22 +416,216 @@ def logs(agent: str | None, workspace: str | None, run_id: str | None, list_reco
         gate = client.containers.get(f"claude-bottle-{live}-gate")
         lines: Iterator[str] = (chunk.decode("utf-8", "replace") for chunk in
                                 gate.logs(stdout=False, stderr=True, stream=True, follow=follow))
+        owner, source = gate.labels.get(AGENT_LABEL, agent or ""), live
     elif follow:
         raise ConfigError("--follow shows a running bottle's decisions as they come, and none is running here; "
                           "without --follow, the last run's are shown")
     else:
         record = records.find(run_id) if run_id else records.latest(agent, place)
-        lines = records.audit_lines(record)
-    for line in lines:
-        text = line.strip()
-        if not text.startswith("{"):
-            continue
-        entry = json.loads(text)
+        lines, owner, source = records.audit_lines(record), record.agent, record.run
+    entries = (json.loads(text) for text in (line.strip() for line in lines) if text.startswith("{"))
+    return entries, owner, source
+
+
+@cli.command(context_settings=CONTEXT)
+@_agent_argument
+@click.option("--workspace", metavar="DIR", help="The workspace whose bottle or last run to show (default: here).")
+@click.option("--run", "run_id", metavar="ID", help="This run, running or recorded (see --runs).")
+@click.option("--runs", "list_recorded", is_flag=True, help="List the recorded runs, oldest first.")
+@click.option("--egress", is_flag=True, help="Only the proxy's decisions (not the API route's).")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new decisions (a running bottle only), with the command that allows each "
+                   "destination the allowlist refused.")
+@click.option("--json", "as_json", is_flag=True, help="The raw JSON audit lines.")
+def logs(agent: str | None, workspace: str | None, run_id: str | None, list_recorded: bool, egress: bool,
+         follow: bool, as_json: bool) -> None:
+    """Show the gate's decisions: what was forwarded, what was refused and why.
+
+    Without options: the running bottle of this workspace, else its last run (every run's audit is kept on
+    the host when it ends). AGENT: that agent's running bottle, else its last run. --runs lists what is kept.
+    A table (time, decision, method, host, path, rule, reason), coloured on a terminal; would_deny marks what
+    learn mode let through.
+    """
+    from claude_bottle import logview, records
+
+    if list_recorded:
+        _print_runs(records.recorded(), as_json)
+        return
+    entries, owner, _ = _audit(agent, workspace, run_id, follow)
+    colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    shown = 0
+    for entry in entries:
         if egress and entry.get("listener") != "proxy":
             continue
-        click.echo(text if as_json else
-                   f"{entry['time']} {entry['decision']:5} {entry['status']:3} {entry['method']:7} "
-                   f"{entry['target']}{entry.get('path', '')}  {entry['reason']}")
+        if as_json:
+            click.echo(json.dumps(entry, ensure_ascii=False))
+            continue
+        if not shown:
+            click.echo(logview.header())
+        shown += 1
+        click.echo(logview.row(entry, colour))
+        offer = logview.offer(entry, owner) if follow else None
+        if offer:
+            click.echo(offer)
+
+
+def _gate_for(agent: str | None, workspace: str | None) -> Container:
+    from pathlib import Path
+
+    from claude_bottle.runtime import engine
+    from claude_bottle.runtime.bottle import gate_of
+
+    return gate_of(engine.connect(), agent, Path(workspace or os.getcwd()).expanduser().resolve())
+
+
+def _agent_and_entry(words: tuple[str, ...], ctx: click.Context) -> tuple[str | None, str]:
+    if len(words) not in (1, 2):
+        raise click.UsageError(f"give HOST[:PORT], optionally after the AGENT: claude-bottle {ctx.info_name} "
+                               "[AGENT] HOST", ctx)
+    return (words[0] if len(words) == 2 else None), words[-1]
+
+
+def _agent_allowlist(name: str) -> tuple[str, ...]:
+    """What the agent file ``name`` lets the bottle reach (its allowlist and raw-TCP targets); empty when there
+    is no such file yet."""
+    from pathlib import Path
+
+    from claude_bottle.config import agents_dir, load_agent
+
+    if not (agents_dir() / f"{name}.toml").exists():
+        return ()
+    agent = load_agent(name, Path.cwd())
+    return agent.egress_allowlist + agent.allow_tcp
+
+
+def _agent_file(name: str) -> pathlib.Path:
+    from claude_bottle.config import _NAME, agents_dir
+
+    if not _NAME.fullmatch(name):
+        raise ConfigError(f"agent name {name!r}: use lower-case letters, digits, '-' and '_' (up to 40)")
+    return agents_dir() / f"{name}.toml"
+
+
+def _add_to_agent(name: str, additions: str, yes: bool) -> None:
+    """Append ``additions`` (TOML tables) to the agent file ``name`` (created if missing)."""
+    path = _agent_file(name)
+    before = path.read_text() if path.exists() else ""
+    _rewrite_agent(name, before, (before or "version = 1\n") + additions, yes)
+
+
+def _rewrite_agent(name: str, before: str, after: str, yes: bool) -> None:
+    """Replace the agent file ``name`` (whose text is ``before``) with ``after``, once it parses as an agent,
+    after showing the diff and asking (or ``yes``); else nothing is written."""
+    import tomllib
+
+    from claude_bottle import suggest
+    from claude_bottle.config import parse_agent
+
+    path = _agent_file(name)
+    try:
+        parse_agent(name, tomllib.loads(after), str(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: would not parse after the change ({exc}); nothing written") from None
+    click.echo(suggest.diff(before, after, str(path)), nl=False)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("review the change above, then run again with --yes (no terminal to ask on)")
+        if not click.confirm(f"Write {path}?", default=False):
+            raise ConfigError("not written")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(after)
+    os.replace(partial, path)
+    click.echo(f"wrote {path}")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("words", nargs=-1, metavar="[AGENT] HOST[:PORT]")
+@click.option("--workspace", metavar="DIR", help="Prefer the bottle of this workspace (default: here).")
+@click.option("--save", is_flag=True, help="Also add it to the agent's file (shows the change first).")
+@click.option("--yes", is_flag=True, help="With --save: write without asking.")
+@click.pass_context
+def allow(ctx: click.Context, words: tuple[str, ...], workspace: str | None, save: bool, yes: bool) -> None:
+    """Allow a destination in a running bottle, at once, without restarting it.
+
+    HOST[:PORT] as in an agent's allow list (*.example.com, host:8443). The change reaches the gate through
+    the container engine (a channel the bottle cannot reach) and the bottle's /etc/claude-bottle/policy.toml.
+    """
+    from claude_bottle import suggest
+    from claude_bottle.runtime.bottle import AGENT_LABEL, control_gate
+
+    agent, entry = _agent_and_entry(words, ctx)
+    gate = _gate_for(agent, workspace)
+    reply = control_gate(gate, "allow", entry)
+    click.echo(f"{reply['message']} in {gate.name.removeprefix('claude-bottle-').removesuffix('-gate')}")
+    if save:
+        name = gate.labels.get(AGENT_LABEL, agent or "")
+        if reply["message"].removeprefix("allowed ") in _agent_allowlist(name):
+            click.echo(f"agent {name} already lists it")
+            return
+        _add_to_agent(name, suggest.host_table(reply["message"].removeprefix("allowed "),
+                                               "added by `claude-bottle allow --save`"), yes)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("words", nargs=-1, metavar="[AGENT] HOST[:PORT]")
+@click.option("--workspace", metavar="DIR", help="Prefer the bottle of this workspace (default: here).")
+@click.option("--save", is_flag=True, help="Also remove it from the agent's file (shows the change first).")
+@click.option("--yes", is_flag=True, help="With --save: write without asking.")
+@click.pass_context
+def deny(ctx: click.Context, words: tuple[str, ...], workspace: str | None, save: bool, yes: bool) -> None:
+    """Refuse a destination in a running bottle from now on (even in learn mode, even under a wider pattern);
+    tunnels already open stay."""
+    from claude_bottle import suggest
+    from claude_bottle.runtime.bottle import AGENT_LABEL, control_gate
+
+    agent, entry = _agent_and_entry(words, ctx)
+    gate = _gate_for(agent, workspace)
+    reply = control_gate(gate, "deny", entry)
+    click.echo(f"{reply['message']} in {gate.name.removeprefix('claude-bottle-').removesuffix('-gate')}")
+    if not save:
+        return
+    name, pattern = gate.labels.get(AGENT_LABEL, agent or ""), reply["message"].removeprefix("denied ")
+    path = _agent_file(name)
+    before = path.read_text() if path.exists() else ""
+    try:
+        after = suggest.without_entry(before, pattern)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}; remove {pattern} from it by hand") from None
+    if after == before:
+        raise ConfigError(f"{path} lists no entry {pattern} (in allow or as an [[egress]] host); it may come from "
+                          "a preset or another spelling: edit the file by hand")
+    _rewrite_agent(name, before, after, yes)
+
+
+@cli.group(context_settings=CONTEXT)
+def policy() -> None:
+    """Allowlists from what runs did."""
+
+
+@policy.command("suggest", context_settings=CONTEXT)
+@_agent_argument
+@click.option("--workspace", metavar="DIR", help="The workspace whose bottle or last run to read (default: here).")
+@click.option("--run", "run_id", metavar="ID", help="This run, running or recorded (see `logs --runs`).")
+@click.option("--write", "write_to", metavar="AGENT", help="Add what the agent does not allow yet to its file.")
+@click.option("--yes", is_flag=True, help="With --write: write without asking.")
+def policy_suggest(agent: str | None, workspace: str | None, run_id: str | None, write_to: str | None,
+                   yes: bool) -> None:
+    """Print an allowlist (agent-file TOML) from a run's audit: its hosts, with method and path rules where
+    the gate read the requests. Run with --learn first to let everything the task needs through."""
+    from claude_bottle import suggest
+    from claude_bottle.policy.hosts import Allowlist
+
+    entries, _, source = _audit(agent, workspace, run_id, False)
+    found = suggest.suggest(entries)
+    if write_to is None:
+        click.echo(suggest.render(found, f"run {source}"), nl=False)
+        return
+    added = suggest.additions(found, Allowlist.parse(_agent_allowlist(write_to)), f"run {source}")
+    if not added:
+        click.echo(f"agent {write_to} already allows every destination of run {source}")
+        return
+    _add_to_agent(write_to, added, yes)
 
 
 class _AfterDoubleDash(click.Command):

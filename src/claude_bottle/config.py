@@ -24,9 +24,18 @@ from claude_bottle import trust
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.config import DEFAULT_UPSTREAM, parse_upstream
 from claude_bottle.gate.dlp import DlpPolicy, DlpRule, InvalidDlpRule, parse_builtin_name, parse_dlp_rule
+from claude_bottle.gate.routes import (
+    InvalidRoute,
+    RouteSpec,
+    Scheme,
+    check_name,
+    check_routes,
+    check_username,
+    parse_bound_host,
+)
 from claude_bottle.paths import config_dir, state_dir
 from claude_bottle.policy.addresses import parse_network
-from claude_bottle.policy.hosts import InvalidHost, normalize_host, parse_pattern, parse_port
+from claude_bottle.policy.hosts import Allowlist, InvalidHost, Target, normalize_host, parse_pattern, parse_port
 from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
 from claude_bottle.policy.rules import HostRules, InvalidRule, RequestPolicy, Verdict, make_host_rules, parse_rule
 from claude_bottle.runtime.bottle import Resources
@@ -42,6 +51,7 @@ PROJECT_FORBIDDEN = {
     "mounts": "it puts paths of your machine into the bottle",
     "allow_private": "it opens private networks to the bottle",
     "extra_ca_certificates": "it decides whom TLS connections trust",
+    "credentials": "it decides which of your credentials go where, and may run commands on your machine",
 }
 DEFAULT_AGENT = "default"
 PRESETS: dict[str, tuple[str, ...]] = {
@@ -70,6 +80,52 @@ PROJECT_FORBIDDEN_WEAKER = {
     "dlp.disable": "it turns off checks that stop credentials leaving",
 }
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What a bottle's tools read a credential from may be more than a variable name (npm's per-registry keys).
+_BOTTLE_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_./:-]{0,200}")
+
+
+@dataclass(frozen=True)
+class CredentialPreset:
+    hosts: tuple[str, ...]
+    scheme: Scheme
+    username: str = ""
+    bottle_env: tuple[str, ...] = ()
+    git: bool = False
+
+
+# [credentials.NAME] with one of these names: the hosts, how the value is sent, and where the bottle finds its
+# sentinel (docs/credentials.md has a section for each).
+CREDENTIAL_PRESETS = {
+    "github": CredentialPreset(("github.com", "api.github.com"), Scheme.BASIC, "x-access-token",
+                               ("GH_TOKEN", "GITHUB_TOKEN"), git=True),
+    "npm": CredentialPreset(("registry.npmjs.org",), Scheme.BEARER,
+                            bottle_env=("npm_config_//registry.npmjs.org/:_authToken",)),
+    "pypi": CredentialPreset(("upload.pypi.org",), Scheme.BASIC, "__token__", ("TWINE_PASSWORD",)),
+}
+COMMAND_TIMEOUT = 30.0  # seconds a host command (`gh auth token`) may take at start
+
+
+@dataclass(frozen=True)
+class CredentialConfig:
+    """``[credentials.NAME]``: where the value comes from (``env``, ``command``, else the store that
+    ``claude-bottle login NAME`` fills), the hosts it is bound to and how it is sent there, and where the bottle
+    finds the run's sentinel for it. No value here: it is read at start (``tokens.route_value``)."""
+
+    name: str
+    hosts: tuple[tuple[str, int], ...]
+    scheme: Scheme
+    username: str = ""
+    env: str = ""  # a host environment variable holding the value
+    command: tuple[str, ...] = ()  # a host command printing the value, run at start
+    bottle_env: tuple[str, ...] = ()  # variables in the bottle set to the sentinel
+    git: bool = False  # a git credential helper in the bottle answering the sentinel for the hosts
+    origin: str = ""  # "FILE: credentials.NAME", for messages
+
+    def spec(self, sentinel: str) -> RouteSpec:
+        return RouteSpec(self.name, self.hosts, self.scheme, self.username, sentinel)
+
+
 _MEMORY = re.compile(r"\d+[kmg]?", re.IGNORECASE)
 
 
@@ -111,15 +167,17 @@ class AgentConfig:
     egress: RequestPolicy = RequestPolicy()  # [[egress]] entries and the read-only presets' entries
     dlp: DlpPolicy = DlpPolicy()  # [dlp]: extra rules, built-in rules turned off
     upstream: str = DEFAULT_UPSTREAM
+    credentials: tuple[CredentialConfig, ...] = ()  # [credentials.NAME]: routes beyond Anthropic
     sources: tuple[str, ...] = ()  # the files this came from, for messages
 
     @property
     def egress_allowlist(self) -> tuple[str, ...]:
-        """The allowlist the gate enforces: listed hosts, the hosts of ``[[egress]]`` entries and of remote MCP
-        servers."""
+        """The allowlist the gate enforces: listed hosts, the hosts of ``[[egress]]`` entries, of remote MCP
+        servers and of credential routes."""
         remote = tuple(s.allow_entry for s in self.mcp_servers if s.allow_entry)
         egress = tuple(str(pattern) for pattern in self.egress.patterns)
-        return tuple(dict.fromkeys(self.allow + egress + remote))
+        bound = tuple(f"{host}:{port}" for c in self.credentials for host, port in c.hosts)
+        return tuple(dict.fromkeys(self.allow + egress + remote + bound))
 
 
 def agents_dir() -> Path:
@@ -279,7 +337,8 @@ class _Fields:
 def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     top = _Fields(data, source)
     top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
-                    "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp"})
+                    "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp",
+                    "credentials"})
     if data.get("version") != CONFIG_VERSION:
         raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
 
@@ -313,13 +372,15 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     except ConfigError as exc:
         raise top.fail("upstream", str(exc)) from None
 
+    credentials = _credentials(_Fields(top.table("credentials"), source, "credentials."))
+    read_entries.extend((f"credentials.{c.name}", entry) for c, entry in credentials if entry is not None)
     claude = _Fields(top.table("claude"), source, "claude.")
     claude.check_keys({"version", "args", "model"})
     version = claude.string("version", DEFAULT_CLAUDE_CODE_VERSION)
     if not re.fullmatch(r"\d+\.\d+\.\d+", version):
         raise claude.fail("version", f"{version!r} is not a Claude Code version such as {DEFAULT_CLAUDE_CODE_VERSION}")
 
-    return AgentConfig(
+    agent = AgentConfig(
         name=name,
         allow=tuple(dict.fromkeys(allow)),
         allow_tcp=tuple(dict.fromkeys(allow_tcp)),
@@ -338,8 +399,11 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
         egress=_egress(data.get("egress", []), top, read_entries),
         dlp=_dlp(_Fields(top.table("dlp"), source, "dlp.")),
         upstream=upstream,
+        credentials=tuple(c for c, _ in credentials),
         sources=(source,),
     )
+    _check_bound_hosts(agent)
+    return agent
 
 
 def _check_patterns(fields: _Fields, key: str, patterns: list[str] | tuple[str, ...]) -> None:
@@ -569,3 +633,92 @@ def _dlp(fields: _Fields) -> DlpPolicy:
         except InvalidDlpRule as exc:
             raise fields.fail(f"rules.{name}", str(exc)) from None
     return DlpPolicy(tuple(extra), frozenset(disabled))
+
+
+def _credentials(fields: _Fields) -> list[tuple[CredentialConfig, HostRules | None]]:
+    """``[credentials.NAME]`` tables, each with the ``[[egress]]``-like entry of its rules (one per bound host,
+    when it has rules). A preset's name fills in what the table leaves out."""
+    found: list[tuple[CredentialConfig, HostRules | None]] = []
+    for name, table in fields.data.items():
+        entry = _Fields(table if isinstance(table, dict) else {}, fields.source, f"credentials.{name}.")
+        if not isinstance(table, dict):
+            raise fields.fail(name, f"must be a table ([credentials.{name}])")
+        try:
+            check_name(name)
+        except InvalidRoute as exc:
+            raise fields.fail(name, str(exc)) from None
+        entry.check_keys({"hosts", "scheme", "username", "env", "command", "bottle_env", "git", "allow", "deny"})
+        preset = CREDENTIAL_PRESETS.get(name)
+        host_texts = entry.strings("hosts") or (preset.hosts if preset else ())
+        if not host_texts:
+            raise entry.fail("hosts", f"is required (the hosts this credential is sent to), unless the name is a "
+                                      f"preset ({', '.join(CREDENTIAL_PRESETS)})")
+        try:
+            hosts = tuple(dict.fromkeys(parse_bound_host(h) for h in host_texts))
+        except InvalidRoute as exc:
+            raise entry.fail("hosts", str(exc)) from None
+        scheme_text = entry.string("scheme", preset.scheme.value if preset else "")
+        try:
+            scheme = Scheme(scheme_text)
+        except ValueError:
+            raise entry.fail("scheme", f"{scheme_text!r} is not one of {', '.join(s.value for s in Scheme)} "
+                                       "(how the value goes in the Authorization header)") from None
+        username = entry.string("username", preset.username if preset and scheme is preset.scheme else "")
+        if scheme is Scheme.BASIC and not username:
+            raise entry.fail("username", 'is required with scheme = "basic" (x-access-token for GitHub, __token__ '
+                                         "for PyPI)")
+        if scheme is not Scheme.BASIC and username:
+            raise entry.fail("username", f'goes with scheme = "basic" only, not {scheme.value!r}')
+        if username:
+            try:
+                check_username(username)
+            except InvalidRoute as exc:
+                raise entry.fail("username", str(exc)) from None
+        env, command = entry.string("env"), entry.strings("command")
+        if env and command:
+            raise entry.fail("command", "give env or command, not both (neither: `claude-bottle login NAME`)")
+        if env and not _VARIABLE.fullmatch(env):
+            raise entry.fail("env", f"{env!r} is not a variable name")
+        bottle_env = entry.strings("bottle_env") if "bottle_env" in table else (preset.bottle_env if preset else ())
+        for variable in bottle_env:
+            if not _BOTTLE_VARIABLE.fullmatch(variable):
+                raise entry.fail("bottle_env", f"{variable!r} is not a variable name")
+        git = table.get("git", preset.git if preset else False)
+        if not isinstance(git, bool):
+            raise entry.fail("git", "must be true or false")
+        rules = {}
+        for verdict in Verdict:
+            try:
+                rules[verdict] = tuple(parse_rule(verdict, text) for text in entry.strings(verdict))
+            except InvalidRule as exc:
+                raise entry.fail(verdict, str(exc)) from None
+        config = CredentialConfig(name, hosts, scheme, username, env, command, bottle_env, git,
+                                  f"{fields.source}: credentials.{name}")
+        if rules[Verdict.ALLOW] or rules[Verdict.DENY]:
+            # The host as [[egress]] would write it (no port for 443), so an entry of its own there clashes.
+            found.extend((config, HostRules(parse_pattern(host if port == 443 else f"{host}:{port}"),
+                                            rules[Verdict.ALLOW], rules[Verdict.DENY])) for host, port in hosts)
+        else:
+            found.append((config, None))
+    unique = list(dict.fromkeys(config for config, _ in found))
+    try:
+        check_routes([c.spec("-") for c in unique])
+    except InvalidRoute as exc:
+        raise ConfigError(f"{fields.source}: credentials: {exc}") from None
+    return found
+
+
+def _check_bound_hosts(agent: AgentConfig) -> None:
+    """A host bound to a credential is always inspected: not ``inspect = false``, not raw TCP."""
+    raw = Allowlist.parse(agent.allow_tcp)
+    for credential in agent.credentials:
+        for host, port in credential.hosts:
+            target = Target(host, port, normalize_host(host)[1])
+            if not agent.egress.inspects(target):
+                raise ConfigError(f"{credential.origin}: {host}:{port} has an [[egress]] entry with inspect = false, "
+                                  "but the gate must read every request to a host bound to a credential (it replaces "
+                                  "the client's credentials there); drop inspect = false")
+            if raw.match(target) is not None:
+                raise ConfigError(f"{credential.origin}: {host}:{port} is in allow_tcp, whose tunnels the gate does "
+                                  "not read, but a host bound to a credential must be inspected; remove it from "
+                                  "allow_tcp")

@@ -65,6 +65,11 @@ def read_token_file(path: str) -> Credential:
     """Read a token from ``path`` ('-' for stdin), refusing files that group or others could read."""
     if path == "-":
         return Credential.parse(sys.stdin.read(), "the token on standard input")
+    return Credential.parse(read_private_file(path), f"token file {path}")
+
+
+def read_private_file(path: str) -> str:
+    """The text of a secret's file, refusing one that group or others could read, or another user owns."""
     try:
         # O_NONBLOCK: a FIFO with no writer must not hang the start; it is refused below as not regular.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -83,6 +88,6 @@ def read_token_file(path: str) -> Credential:
             )
         if st.st_uid not in (os.getuid(), 0):
             raise CredentialError(f"token file {path} is owned by another user (uid {st.st_uid})")
-        return Credential.parse(os.read(fd, 1 << 16).decode("utf-8", "replace"), f"token file {path}")
+        return os.read(fd, 1 << 16).decode("utf-8", "replace")
     finally:
         os.close(fd)

@@ -19,6 +19,7 @@ from claude_bottle import trust, workspace
 from claude_bottle.config import AgentConfig, check_mounts
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, DockerError
+from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.runtime import engine, images
 from claude_bottle.runtime.bottle import Run, RunSpec, bottle_user, protective_mounts
 
@@ -64,6 +65,9 @@ class Launch:
     credential: Credential
     upstream: str | None = None  # overrides the agent's
     upstream_networks: tuple[str, ...] = ()
+    upstream_ca_files: tuple[Path, ...] = ()  # stand-ins' CAs the gate trusts (RunSpec.upstream_ca_files)
+    learn: bool = False  # learn mode: what the allowlist does not name passes, audited as would_deny
+    routes: tuple[CredentialRoute, ...] = ()  # the agent's credentials with their values (tokens.routes_for)
 
 
 def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
@@ -100,16 +104,25 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
     """``user``: uid:gid from ``bottle_user``; ``protected``: the workspace paths to mount read-only where they
     exist (``workspace.protected_paths``)."""
     agent = launch.agent
+    routes = {route.spec.name: route for route in launch.routes}
+    if missing := [c.name for c in agent.credentials if c.name not in routes]:
+        raise ConfigError(f"credentials {', '.join(missing)} of agent {agent.name} have no value for this run")
     return RunSpec(
         agent=agent.name, workspace=launch.workspace, bottle_image=bottle_image, gate_image=gate_image,
         credential=launch.credential, user=user, upstream=launch.upstream or agent.upstream,
         allow=agent.egress_allowlist, allow_tcp=agent.allow_tcp, allow_private=agent.allow_private,
         env=agent.env,
         resources=agent.resources, upstream_networks=launch.upstream_networks,
+        upstream_ca_files=launch.upstream_ca_files,
         mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
         mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
                               if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
         server_tools=agent.server_tools, protected=protected, request_policy=agent.egress, dlp=agent.dlp,
+        learn=launch.learn,
+        routes=launch.routes,
+        route_env={variable: routes[config.name].spec.sentinel for config in agent.credentials
+                   for variable in config.bottle_env},
+        git_routes=tuple(routes[config.name].spec for config in agent.credentials if config.git),
     )
 
 

@@ -156,7 +156,8 @@ def judged(status: int | None, received: bytes) -> tuple[str, bool]:
     line = received.split(b"\r\n", 1)[0].decode("latin-1")
     reason = next((h.split(b":", 1)[1].strip().decode("latin-1") for h in received.split(b"\r\n")
                    if h.lower().startswith(b"x-deny-reason:")), "")
-    return f"{line}{f' ({reason})' if reason else ''}", status in REFUSED_STATUSES
+    shown = f" ({reason})" if reason and not line.endswith(reason) else ""  # the gate's phrase is the reason
+    return f"{line}{shown}", status in REFUSED_STATUSES
 
 
 def proxy_request(targets: dict[str, Any], request: bytes) -> tuple[str, bool, str]:

@@ -304,9 +304,10 @@ class StubUpstream:
         await conn.send(h11.EndOfMessage())
 
 
-async def serve(host: str, port: int, text: str = DEFAULT_TEXT, log: bool = False) -> None:
-    """Run a stub until cancelled (the ``stub-upstream`` command)."""
-    async with StubUpstream(host, port, text, log=log) as stub:
+async def serve(host: str, port: int, text: str = DEFAULT_TEXT, log: bool = False,
+                tls: ssl.SSLContext | None = None) -> None:
+    """Run a stub until cancelled (the ``stub-upstream`` command); ``tls``: serve HTTPS with it."""
+    async with StubUpstream(host, port, text, tls, log=log) as stub:
         print(f"stub upstream on {stub.url}", flush=True)
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.Event().wait()

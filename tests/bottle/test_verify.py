@@ -20,6 +20,9 @@ from claude_bottle import persistence, records, trust
 from claude_bottle import verify as verify_module
 from claude_bottle.config import AgentConfig, read_project_file
 from claude_bottle.credentials import Credential
+from claude_bottle.gate.dlp import DlpPolicy
+from claude_bottle.policy.hosts import parse_pattern
+from claude_bottle.policy.rules import HostRules
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.verify import Verification, attack, verification
@@ -28,7 +31,7 @@ from tests.bottle.conftest import leftovers
 pytestmark = pytest.mark.docker
 CLI = [sys.executable, "-m", "claude_bottle"]
 GROUPS = {"direct egress", "egress proxy", "API route", "credential discovery", "privilege and persistence",
-          persistence.GROUP}
+          persistence.GROUP, verify_module.INSPECTION}
 
 
 def quiet(line: str) -> None:
@@ -128,6 +131,31 @@ def test_server_tools_opened_to_the_provider_fail_verify(
     assert leaked(outcomes) == {"the provider fetches a URL for the bottle: web_fetch_20250910",
                                 "the provider runs code for the bottle: code_execution_20250825"}
     assert leftovers(client, "provider") == []
+
+
+def test_tunnels_the_gate_does_not_inspect_fail_verify(
+    client: docker.DockerClient, built_images: tuple[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inspection taken away from the HTTPS stand-ins (their tunnels opaque, as with inspect = false): every
+    attack inside TLS reaches them, and verify says so; the controls still pass."""
+    def opaque() -> tuple[HostRules, ...]:
+        return tuple(HostRules(parse_pattern(f"{host}:{verify_module.TLS_PORT}"), inspect=False)
+                     for host in (verify_module.INSPECTED, verify_module.READ_ONLY))
+
+    monkeypatch.setattr(verify_module, "inspected_rules", opaque)
+    with verification(AgentConfig(name="unseen"), quiet) as target:
+        outcomes = verify_module.inspection_attacks(target)
+    assert leaked(outcomes) == {a.attack for a in verify_module.INSPECTED_ATTACKS}
+    assert all("the stand-in got it" in o.actual for o in outcomes if not o.blocked)
+    assert leftovers(client, "unseen") == []
+
+
+def test_a_dlp_rule_turned_off_fails_verify(client: docker.DockerClient, built_images: tuple[str, str]) -> None:
+    agent = AgentConfig(name="undetected", dlp=DlpPolicy(disabled=frozenset({"github-token"})))
+    with verification(agent, quiet) as target:
+        outcomes = verify_module.inspection_attacks(target)
+    assert leaked(outcomes) == {"a GitHub token (ghp_...) in a request header inside TLS"}
+    assert leftovers(client, "undetected") == []
 
 
 def test_interrupted_verify_leaves_nothing_behind(

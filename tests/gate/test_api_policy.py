@@ -41,8 +41,10 @@ async def test_provider_side_fetch_is_refused_before_the_upstream(
     status, headers = parse_head(response)
     assert status == 403 and words in headers["x-deny-reason"]
     assert headers["content-type"] == "application/json"
-    assert body_of(response) == {"type": "error", "error": {"type": "permission_error",
-                                                            "message": headers["x-deny-reason"]}}
+    error = body_of(response)["error"]
+    assert error["type"] == "permission_error"
+    assert error["message"].startswith("Blocked by the user's claude-bottle policy, not by the network: "
+                                       f"{headers['x-deny-reason']}.")
     assert stub.requests == []
     (record,) = gate.records()
     assert record["decision"] == "deny" and record["status"] == 403 and words in record["reason"]

@@ -128,6 +128,7 @@ async def test_requests_in_a_tunnel_are_served_by_the_gate_each_audited(make_gat
     assert all(r["target"] == upstream.target and r["reason"] for r in inner)
     (tunnel,) = [r for r in records if r["method"] == "CONNECT"]
     assert "TLS terminated" in tunnel["reason"] and tunnel["bytes_up"] > 0
+    assert tunnel["decision"] == "allow", tunnel["reason"]
 
 
 async def test_a_host_header_naming_another_site_is_refused_inside_the_tunnel(make_gate: GateFactory,
@@ -215,3 +216,32 @@ async def test_a_client_stalling_mid_upload_in_a_tunnel_gets_408(make_gate: Gate
         post = [r for r in gate.records() if r["method"] == "POST"]
     assert status == 408 and "client idle" in headers["x-deny-reason"]
     assert post[0]["status"] == 408 and "upstream" not in post[0]["reason"]
+
+
+def abort_as_python_3_11_2(self: asyncio.sslproto._SSLProtocolTransport) -> None:
+    """``_SSLProtocolTransport.abort`` of the gate image's Python (Debian bookworm's 3.11.2): a transport
+    closed twice has dropped its protocol, and aborting it then raises AttributeError (later versions check)."""
+    self._closed = True
+    self._ssl_protocol._abort()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("leave", ["close", "reset"])
+async def test_a_tunnel_the_client_ends_is_audited_as_allowed(make_gate: GateFactory, upstream: Upstream,
+                                                              leave: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However the client leaves after its last response (TLS close_notify then FIN, or a reset), the tunnel's
+    line is the allowed tunnel's, not a gate error from aborting a TLS transport already closed."""
+    monkeypatch.setattr(asyncio.sslproto._SSLProtocolTransport, "abort", abort_as_python_3_11_2)
+    ca = StandInCA()
+    async with gate_for(make_gate, upstream, ca) as gate:
+        reader, writer = await tls_via(gate, upstream.target, ca.client_context())
+        writer.write(get("/v1/models", upstream.target))
+        assert (await response(reader))[0] == 200
+        if leave == "close":
+            writer.close()
+        else:
+            writer.transport.abort()
+        await read_all(reader, 1)
+        await eventually(lambda: any(r["method"] == "CONNECT" for r in gate.records()), what="the tunnel's line")
+        (tunnel,) = [r for r in gate.records() if r["method"] == "CONNECT"]
+    assert (tunnel["decision"], tunnel["status"]) == ("allow", 200), tunnel["reason"]
+    assert "gate error" not in tunnel["reason"] and tunnel["bytes_down"] > 0, tunnel["reason"]

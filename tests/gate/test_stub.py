@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from claude_bottle.cli import cli
+from claude_bottle.errors import ConfigError
+from claude_bottle.gate.ca import RunCA
+from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.stub import DEFAULT_TEXT, StubUpstream, answer_block
 
 BASH = {"name": "Bash", "description": "Run a shell command", "input_schema": {"type": "object"}}
@@ -114,3 +121,26 @@ async def test_tool_result_answer_streams_as_text(stub: StubUpstream) -> None:
 async def test_other_prompts_still_get_the_default_text(stub: StubUpstream) -> None:
     frames = events(await post(stub, request(user("say hi"))))
     assert "".join(data["delta"]["text"] for name, data in frames if name == "content_block_delta") == DEFAULT_TEXT
+
+
+def test_the_stub_refuses_a_tls_file_it_cannot_load(tmp_path: Path) -> None:
+    bad = tmp_path / "tls.pem"
+    bad.write_text("not a certificate\n")
+    result = CliRunner().invoke(cli, ["stub-upstream", "--listen", "127.0.0.1:0", "--tls", str(bad)])
+    assert isinstance(result.exception, ConfigError)  # main() turns it into one line and exit code 2
+    assert str(result.exception).startswith(f"--tls {bad}: cannot load a certificate chain and key")
+
+
+async def test_the_stub_serves_https_with_a_chain_and_key_from_one_file(tmp_path: Path) -> None:
+    ca = RunCA.generate(Allowlist.parse(["127.0.0.1"]).patterns)
+    chain = tmp_path / "tls.pem"
+    chain.write_bytes(ca.issue("127.0.0.1"))
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(chain)
+    async with StubUpstream(tls=tls) as stub:
+        def call() -> bytes:
+            context = ssl.create_default_context(cadata=ca.certificate_pem.decode())
+            with urllib.request.urlopen(f"{stub.url}/v1/models", timeout=5, context=context) as response:
+                return bytes(response.read())
+
+        assert b"stub-model" in await asyncio.to_thread(call)

@@ -21,6 +21,7 @@ from claude_bottle.runtime.bottle import (
     seeded_claude_json,
     seeded_settings,
     state_volume,
+    upstream_ca_mounts,
     user_for,
 )
 from tests.helpers import make_token
@@ -149,3 +150,42 @@ def test_the_agents_egress_rules_and_dlp_reach_the_gate_command(tmp_path: Path) 
     assert parse_egress_rules(rules, opaque) == type(agent.egress)(
         tuple(e for e in agent.egress.hosts if e.allow or e.deny or not e.inspect))
     assert parse_dlp([v for k, v in pairs if k == "--dlp-rule"], [v for k, v in pairs if k == "--dlp-off"]) == agent.dlp
+
+
+def test_stand_in_cas_reach_the_gate_as_read_only_mounts(tmp_path: Path) -> None:
+    ca = tmp_path / "stand-in-ca.pem"
+    spec = run_spec(Launch(AgentConfig(), tmp_path, Credential.parse(make_token(), "t"), upstream_ca_files=(ca,)),
+                    "bottle", "gate", "1000:1000")
+    mounts = upstream_ca_mounts(spec)
+    assert mounts == {str(ca): {"bind": "/opt/gate/upstream-ca/0.pem", "mode": "ro"}}
+    command = gate_command(spec)
+    assert ("--extra-ca", "/opt/gate/upstream-ca/0.pem") in list(zip(command[::2], command[1::2], strict=True))
+    assert "--extra-ca" not in gate_command(run_spec(Launch(AgentConfig(), tmp_path, spec.credential),
+                                                     "bottle", "gate", "1000:1000"))
+
+
+def test_every_gate_gets_a_control_socket_in_its_own_file_system_and_learn_mode_only_when_asked(
+        tmp_path: Path) -> None:
+    from claude_bottle.runtime.bottle import CONTROL_SOCKET
+
+    launch = Launch(AgentConfig(), tmp_path, Credential.parse(make_token(), "t"))
+    command = gate_command(run_spec(launch, "bottle", "gate", "1000:1000"))
+    assert command[command.index("--control-socket") + 1] == CONTROL_SOCKET == "/tmp/claude-bottle-control.sock"
+    assert "--learn" not in command
+    learning = run_spec(Launch(AgentConfig(), tmp_path, launch.credential, learn=True), "bottle", "gate", "1000:1000")
+    assert "--learn" in gate_command(learning)
+
+
+def test_the_bottles_policy_file_is_written_on_the_host_readable_by_any_user(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from claude_bottle.runtime.bottle import POLICY_FILE, policy_dir, spec_policy, write_policy
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    agent = parse_agent("a", tomllib.loads('version = 1\nallow = ["x.example"]\n'), "a.toml")
+    spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t"), learn=True), "b", "g", "1000:1000")
+    write_policy("a-1234", spec_policy(spec))
+    path = policy_dir("a-1234") / POLICY_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644 and stat.S_IMODE(path.parent.stat().st_mode) == 0o755
+    assert tomllib.loads(path.read_text()) == {"learn": True, "allow": ["x.example"], "allow_tcp": [], "deny": [],
+                                               "rules": []}
+    assert spec.credential.secret not in path.read_text()

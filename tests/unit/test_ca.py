@@ -332,3 +332,17 @@ async def test_nothing_the_gate_writes_holds_the_ca_key(tmp_path: Path, monkeypa
         assert not any(form in text for text in written), form[:40]
         assert not any(form in key for key in loaded_keys)
     assert len(loaded_keys) == 3
+
+
+def test_a_stand_in_s_leaf_is_issued_for_its_host_and_nothing_else(tmp_path: Path) -> None:
+    ca = run_ca("inspected", "registry")
+    issued = tmp_path / "inspected.pem"
+    issued.write_bytes(ca.issue("inspected"))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(issued)
+    with tls_server(context) as address:
+        assert handshake(address, "inspected", client_context(ca))[0] == b"ok"
+    with tls_server(context) as address, pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
+        handshake(address, "registry", client_context(ca))
+    with pytest.raises(HostNotPermitted):
+        ca.issue("api.anthropic.com")

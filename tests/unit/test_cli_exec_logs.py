@@ -96,3 +96,60 @@ def test_logs_errors_say_what_to_do(recorded: Path, tmp_path: Path) -> None:
     assert "logs --runs" in str(other.exception)
     follow = runner.invoke(cli, ["logs", "--workspace", str(recorded), "--follow"])
     assert "--follow shows a running bottle's decisions" in str(follow.exception)
+
+
+def test_logs_is_a_table_and_policy_suggest_reads_the_same_run(recorded: Path) -> None:
+    runner = CliRunner()
+    table = runner.invoke(cli, ["logs", "--run", "ops-1"]).output.splitlines()
+    assert table[0].split() == ["TIME", "DECISION", "METHOD", "HOST", "PATH", "RULE", "REASON"]
+    assert table[1].split()[:3] == ["deny", "CONNECT", "run1.example:443"] and "\x1b" not in table[1]
+    suggested = runner.invoke(cli, ["policy", "suggest", "--run", "ops-1"]).output
+    assert "from run ops-1" in suggested and "run1.example:443: not in the allowlist" in suggested
+
+
+@pytest.fixture
+def gate_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """`allow` and `deny` against a stand-in gate of agent dev: the changes it was asked for."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    asked: list[tuple[str, str]] = []
+
+    class Gate:
+        name = "claude-bottle-dev-1-gate"
+
+        def __init__(self) -> None:
+            self.labels = {bottle.AGENT_LABEL: "dev"}
+
+    def control_gate(gate: Gate, op: str, entry: str = "") -> dict[str, Any]:
+        asked.append((op, entry))
+        return {"ok": True, "message": f"{op}ed {entry}".replace("denyed", "denied"), "policy": {}}
+
+    monkeypatch.setattr(engine, "connect", lambda: None)
+    monkeypatch.setattr(bottle, "gate_of", lambda client, agent, workspace=None: Gate())
+    monkeypatch.setattr(bottle, "control_gate", control_gate)
+    return asked
+
+
+def agent_file(tmp_path: Path) -> Path:
+    return tmp_path / "config" / "claude-bottle" / "agents" / "dev.toml"
+
+
+def test_allow_save_appends_the_entry_after_the_diff_and_deny_save_takes_it_out(
+        gate_changes: list[tuple[str, str]], tmp_path: Path) -> None:
+    runner = CliRunner()
+    saved = runner.invoke(cli, ["allow", "pypi.org", "--save", "--yes"])
+    assert saved.exit_code == 0, saved.output
+    assert '+host = "pypi.org"' in saved.output and agent_file(tmp_path).read_text().startswith("version = 1\n")
+    assert runner.invoke(cli, ["allow", "dev", "pypi.org", "--save", "--yes"]).output.endswith(
+        "agent dev already lists it\n")
+    removed = runner.invoke(cli, ["deny", "pypi.org", "--save", "--yes"])
+    assert removed.exit_code == 0 and '-host = "pypi.org"' in removed.output
+    assert "pypi.org" not in agent_file(tmp_path).read_text()
+    assert gate_changes == [("allow", "pypi.org"), ("allow", "pypi.org"), ("deny", "pypi.org")]
+
+
+def test_saving_without_a_terminal_or_yes_writes_nothing(gate_changes: list[tuple[str, str]], tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["allow", "pypi.org", "--save"])
+    assert result.exit_code != 0 and "run again with --yes" in str(result.exception)
+    assert not agent_file(tmp_path).exists()
+    missing = CliRunner().invoke(cli, ["deny", "other.example", "--save", "--yes"])
+    assert "lists no entry other.example" in str(missing.exception)

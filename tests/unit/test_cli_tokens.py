@@ -33,3 +33,30 @@ def test_login_refuses_what_is_not_a_token(tmp_path: Path) -> None:
     result = run(tmp_path, "login", "--stdin", stdin="hunter2\n")
     assert result.returncode == 2 and "does not hold an Anthropic token" in result.stderr
     assert not (tmp_path / "claude-bottle" / "token").exists()
+
+
+def test_login_name_stores_a_credential_routes_value_and_run_uses_it(tmp_path: Path) -> None:
+    value = "ghp_" + "Q" * 36
+    stored = run(tmp_path, "login", "github", "--stdin", stdin=value + "\n")
+    path = tmp_path / "claude-bottle" / "credentials" / "github"
+    assert stored.returncode == 0 and str(path) in stored.stdout and value not in stored.stdout + stored.stderr
+    assert path.read_text().strip() == value and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert run(tmp_path, "login", "github", "--stdin", stdin="short\n").returncode == 2
+    assert run(tmp_path, "logout", "github").returncode == 0 and not path.exists()
+
+
+def test_a_failing_value_command_stops_the_start_before_anything_runs(tmp_path: Path) -> None:
+    agents = tmp_path / "claude-bottle" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "pushing.toml").write_text(
+        f'version = 1\n[credentials.github]\ncommand = ["{sys.executable}", "-c", '
+        '"import sys; sys.exit(\'not logged in to github.com\')"]\n')
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    env = {**os.environ, "CLAUDE_BOTTLE_OAUTH_TOKEN": TOKEN, "XDG_CONFIG_HOME": str(tmp_path),
+           "XDG_STATE_HOME": str(tmp_path / "state"), "DOCKER_HOST": "unix:///nonexistent.sock"}
+    result = subprocess.run([*CLI, "run", "pushing", "-p", "hi", "--workspace", str(workspace)], text=True,
+                            capture_output=True, timeout=60, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "credentials.github: command" in result.stderr and "not logged in to github.com" in result.stderr
+    assert "Docker" not in result.stderr, "the value is read before the engine is touched"

@@ -37,6 +37,16 @@ def test_a_credential_anywhere_in_the_output_is_a_leak() -> None:
     assert judge(0, "HOME=/home/agent\n", SECRET) == ("not in the environment", True)
 
 
+def test_every_held_value_is_searched_for() -> None:
+    from claude_bottle.verify import judged_for_each
+
+    route_value = "tracker-value-0123456789abcdef"
+    env = check("environment variables")
+    assert judged_for_each(env, 0, f"T={route_value}\n", (SECRET, route_value)) == (
+        "the credential is in the environment", False)
+    assert judged_for_each(env, 0, "HOME=/home/agent\n", (SECRET, route_value)) == ("not in the environment", True)
+
+
 def test_status_fields_must_have_the_safe_value() -> None:
     status = "Name:\tbash\nCapEff:\t0000000000000000\nCapBnd:\t000001ffffffffff\nNoNewPrivs:\t0\n"
     assert check("effective capabilities").judge(0, status, SECRET) == ("CapEff 0000000000000000", True)

@@ -16,25 +16,25 @@ import h11
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.failures import Refused, UpstreamSide, upstream_side
+from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import (
-    Inbound,
     Outbound,
     RequestFilter,
-    ResponseFilter,
     forward,
     outbound,
     read_whole,
     set_headers,
 )
-from claude_bottle.gate.http import HttpConnection, header_values
-from claude_bottle.gate.inspection import data_loss
-from claude_bottle.gate.scan import SecretReflected, SecretScanner
+from claude_bottle.gate.http import HttpConnection
+from claude_bottle.gate.inspection import (
+    CLIENT_CREDENTIAL_HEADERS,
+    data_loss,
+    identity_only,
+    reflection_scans,
+)
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.messages import MessagesPolicy
 
-# Every way a client can present a credential. Names arrive lower-cased from h11, once per occurrence.
-CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie"})
 # Replaced by the gate: the upstream's own Host, and identity encoding so the reflection scan sees plain bytes.
 GATE_SET_HEADERS = frozenset({b"host", b"accept-encoding"})
 
@@ -55,16 +55,16 @@ async def api_exchange(conn: HttpConnection, request: h11.Request, record: Audit
     filters: list[RequestFilter] = []
     if method == "POST" and record.path in config.messages_policy.paths:
         filters.append(messages_policy(config.messages_policy, config.limits.max_body_bytes))
-    secret = config.credential.secret.encode()
     # DLP sees the request with the client's credentials gone (the bottle's placeholder is an sk-ant- token)
     # and before the real one is added.
     filters += [set_headers(CLIENT_CREDENTIAL_HEADERS | GATE_SET_HEADERS, []),
-                data_loss(config.dlp, (secret,)),
+                data_loss(config.dlp, config.held_secrets),
                 set_headers(frozenset(), [(b"host", upstream.authority), config.credential.header(),
                                           (b"accept-encoding", b"identity")])]
     idle = config.limits.idle_timeout
     await forward(conn, outbound(conn, request, (upstream.base_path + target).encode(), idle),
-                  lambda: pooled(ctx.api_pool), record, idle, filters, [identity_only, reflection_scan(secret)])
+                  lambda: pooled(ctx.api_pool), record, idle, filters,
+                  [identity_only, *reflection_scans(config.injected_secrets)])
 
 
 def messages_policy(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:
@@ -78,36 +78,6 @@ def messages_policy(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:
         record.allow(f"{record.reason}; {verdict.reason}")
 
     return judge
-
-
-def identity_only(response: Inbound, record: AuditRecord) -> None:
-    """The gate asked for identity encoding: anything else could hide the credential from the scan."""
-    encodings = {v.strip().lower() for v in header_values(response.headers, b"content-encoding")}
-    if encodings - {b"identity", b""}:
-        raise UpstreamSide(502, "upstream sent an encoded body although the gate asked for identity")
-
-
-def reflection_scan(secret: bytes) -> ResponseFilter:
-    """Never deliver the credential back: not in a header, not in the body, not even a prefix of it."""
-    refused = "upstream response carried the injected credential; not delivered"
-
-    def scan(response: Inbound, record: AuditRecord) -> None:
-        if any(secret in value for _, value in response.headers):
-            raise UpstreamSide(502, refused)
-        response.body = _scanned(response.body, SecretScanner(secret), refused)
-
-    return scan
-
-
-async def _scanned(body: AsyncIterator[bytes], scanner: SecretScanner, refused: str) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in body:
-            if safe := scanner.feed(chunk):
-                yield safe
-    except SecretReflected:
-        raise UpstreamSide(502, refused) from None
-    if tail := scanner.finish():
-        yield tail
 
 
 @contextlib.asynccontextmanager

@@ -23,6 +23,7 @@ class AuditRecord:
     status: int = 0  # HTTP status sent to the client; 0 if the connection closed before one was sent
     path: str | None = None
     rule: str | None = None  # the configured rule that decided (an [[egress]] rule, a [dlp] rule), if one did
+    would_deny: bool = False  # let through by learn mode only: a gate without it would have refused this
     bytes_up: int = 0  # client -> upstream, body or tunnel bytes
     bytes_down: int = 0  # upstream -> client
     started: float = field(default_factory=time.time)
@@ -53,8 +54,8 @@ class AuditLog:
             return
         fields = asdict(record)
         started = fields.pop("started")
-        for optional in ("path", "rule"):
-            if fields[optional] is None:
+        for optional in ("path", "rule", "would_deny"):
+            if fields[optional] in (None, False):
                 del fields[optional]
         line = json.dumps(
             {

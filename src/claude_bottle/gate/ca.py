@@ -17,6 +17,8 @@ trusts it for nothing else, even if the key were stolen from a running gate:
 - The names are fixed when the gate starts; a gate with other names needs another CA (and the hosts of a
   run's bottle trust only its own gate's).
 - With no allowlisted name the CA permits only the ``invalid`` name (RFC 6761), which never resolves.
+- In learn mode (``every_name``) it permits every name but the excluded ones, so the destinations a learning
+  gate lets through are inspected too (rules can be suggested, DLP applies); IP addresses stay as above.
 
 Clients that enforce name constraints: OpenSSL (Python, curl, node, pip), GnuTLS (Debian's git), BoringSSL
 (Claude Code's runtime), Go, NSS. ``context_for`` also refuses a host outside them, before minting.
@@ -73,10 +75,13 @@ class NameScope:
     addresses: tuple[IPNetwork, ...]  # single addresses
     excluded_names: tuple[str, ...] = ()
     excluded_addresses: tuple[IPNetwork, ...] = ()
+    every_name: bool = False  # learn mode: every DNS name but the excluded ones (``names`` then play no part)
 
     @classmethod
-    def of(cls, patterns: Iterable[HostPattern], excluded_hosts: Iterable[str] = ()) -> NameScope:
-        """The scope of allowlist ``patterns`` (ports play no part), less ``excluded_hosts``."""
+    def of(cls, patterns: Iterable[HostPattern], excluded_hosts: Iterable[str] = (),
+           every_name: bool = False) -> NameScope:
+        """The scope of allowlist ``patterns`` (ports play no part), less ``excluded_hosts``; with
+        ``every_name``, every name less ``excluded_hosts``."""
         names: dict[str, None] = {}
         addresses: dict[IPNetwork, None] = {}
         for pattern in patterns:
@@ -93,22 +98,25 @@ class NameScope:
                 excluded_names[name] = None
             else:
                 excluded_addresses[ipaddress.ip_network(ip)] = None
-        return cls(tuple(names), tuple(addresses), tuple(excluded_names), tuple(excluded_addresses))
+        return cls(tuple(names), tuple(addresses), tuple(excluded_names), tuple(excluded_addresses), every_name)
 
     def permits(self, host: str, ip: IPAddress | None) -> bool:
         """Whether a certificate for ``host`` (normalised; ``ip`` its address when it is a literal) is
         within the constraints. Exclusions win, as in RFC 5280."""
         if ip is not None:
             return not any(ip in net for net in self.excluded_addresses) and any(ip in n for n in self.addresses)
-        return not any(_below(host, base) for base in self.excluded_names) and any(
-            _below(host, base) for base in self.names)
+        return not any(_below(host, base) for base in self.excluded_names) and (self.every_name or any(
+            _below(host, base) for base in self.names))
 
     def constraints(self) -> x509.NameConstraints:
-        permitted: list[x509.GeneralName] = [x509.DNSName(n) for n in self.names or (NOTHING,)]
+        """Without a permitted DNS subtree (``every_name``), names are limited by the exclusions only; the
+        excluded addresses are never empty, so neither list is."""
+        permitted: list[x509.GeneralName] = [] if self.every_name else [
+            x509.DNSName(n) for n in self.names or (NOTHING,)]
         permitted += [x509.IPAddress(net) for net in self.addresses]
         excluded: list[x509.GeneralName] = [x509.DNSName(n) for n in self.excluded_names]
         excluded += [x509.IPAddress(net) for net in (self.excluded_addresses if self.addresses else _ALL_ADDRESSES)]
-        return x509.NameConstraints(permitted_subtrees=permitted, excluded_subtrees=excluded or None)
+        return x509.NameConstraints(permitted_subtrees=permitted or None, excluded_subtrees=excluded or None)
 
 
 def _ip(host: str) -> IPAddress | None:
@@ -141,9 +149,11 @@ class RunCA:
 
     @classmethod
     def generate(cls, patterns: Iterable[HostPattern] = (), excluded_hosts: Iterable[str] = (),
-                 max_hosts: int = MAX_HOSTS, clock: Callable[[], float] = time.time) -> RunCA:
-        """A new CA limited to the names of allowlist ``patterns``, never for ``excluded_hosts``."""
-        scope = NameScope.of(patterns, excluded_hosts)
+                 max_hosts: int = MAX_HOSTS, clock: Callable[[], float] = time.time,
+                 every_name: bool = False) -> RunCA:
+        """A new CA limited to the names of allowlist ``patterns`` (``every_name``: to every name, for learn
+        mode), never for ``excluded_hosts``."""
+        scope = NameScope.of(patterns, excluded_hosts, every_name)
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.fromtimestamp(clock(), dt.UTC)
         name = x509.Name([
@@ -218,6 +228,17 @@ class RunCA:
     def cached_hosts(self) -> list[str]:
         """The hosts with a cached context, least recently used first."""
         return list(self._contexts)
+
+    def issue(self, host: str) -> bytes:
+        """A leaf for ``host`` and its private key, as one PEM file, for a server this CA's clients must trust
+        that is not the gate (``verify``'s HTTPS stand-ins). The gate never calls it: its own leaves' keys
+        stay in memory. Raises ``HostNotPermitted`` outside the CA's names."""
+        name, ip = normalize_host(host)
+        if not self.scope.permits(name, ip):
+            raise HostNotPermitted(f"{name} is not among the names this CA may certify")
+        leaf, key = self._mint(name, ip, self._clock())
+        return leaf.public_bytes(serialization.Encoding.PEM) + self.certificate_pem + key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
     def _mint(self, name: str, ip: IPAddress | None, now: float) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         """A leaf for ``name``, whatever the scope says (``context_for`` checks it first; tests do not)."""

@@ -5,21 +5,32 @@ from __future__ import annotations
 import functools
 import ipaddress
 import ssl
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from claude_bottle.credentials import Credential
+from claude_bottle.credentials import Credential, read_token_file
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.dlp import DlpPolicy, InvalidDlpRule
 from claude_bottle.gate.dlp import policy_from_flags as dlp_from_flags
+from claude_bottle.gate.routes import (
+    CredentialRoute,
+    InvalidRoute,
+    RouteSpec,
+    check_routes,
+    check_secret,
+    parse_route_flag,
+)
 from claude_bottle.policy.addresses import AddressGuard, IPNetwork, parse_network
 from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy
 from claude_bottle.policy.hosts import (
     Allowlist,
     HostPattern,
     InvalidHost,
+    Target,
     normalize_host,
+    parse_pattern,
     parse_port,
     split_host_port,
 )
@@ -84,6 +95,26 @@ class GateConfig:
     dlp: DlpPolicy = DlpPolicy()
     extra_ca_files: tuple[Path, ...] = ()
     limits: Limits = field(default_factory=Limits)
+    # Learn mode: a target outside the allowlist is let through and audited as "would deny" (never the
+    # upstream's host; the address guard, rules and DLP still apply); the CA may then certify every name.
+    learn: bool = False
+    # A unix socket inside the gate's own file system through which the host changes the allowlist while it
+    # runs (gate/control.py); None: the policy is fixed at start.
+    control_socket: Path | None = None
+    # Credentials for other hosts (gate/routes.py): injected on inspected requests to their bound hosts only.
+    routes: tuple[CredentialRoute, ...] = ()
+
+    @property
+    def held_secrets(self) -> tuple[bytes, ...]:
+        """What no request may carry out and no response may carry back: the Anthropic credential, each
+        route's secret, and each route's sentinel (the bottle's stand-in, valid nowhere)."""
+        values = [self.credential.secret] + [v for r in self.routes for v in (r.secret, r.spec.sentinel)]
+        return tuple(dict.fromkeys(v.encode() for v in values))
+
+    @property
+    def injected_secrets(self) -> tuple[str, ...]:
+        """The real values the gate sends upstream: the audit redacts them, responses must not carry them."""
+        return (self.credential.secret, *(value for route in self.routes for value in route.sent()))
 
     @property
     def guard(self) -> AddressGuard:
@@ -207,3 +238,46 @@ def loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def parse_routes(texts: tuple[str, ...] | list[str], request_policy: RequestPolicy) -> tuple[RouteSpec, ...]:
+    """``--credential-route`` entries. A bound host must be inspected: not under ``--no-inspect``."""
+    try:
+        routes = tuple(parse_route_flag(text) for text in texts)
+        check_routes(routes)
+    except InvalidRoute as exc:
+        raise ConfigError(str(exc)) from None
+    for route in routes:
+        for host, port in route.hosts:
+            if not request_policy.inspects(Target(host, port, normalize_host(host)[1])):
+                raise ConfigError(f"--credential-route {route.name}: {host}:{port} is under --no-inspect, but a host "
+                                  "bound to a credential must be inspected (the gate replaces the client's "
+                                  "credentials there); drop one of the two")
+    return routes
+
+
+def route_patterns(routes: tuple[RouteSpec, ...]) -> tuple[HostPattern, ...]:
+    """The allowlist entries of the routes' hosts: a bound host is reachable (and only inspected)."""
+    return tuple(parse_pattern(str(Target(host, port, normalize_host(host)[1])))
+                 for route in routes for host, port in route.hosts)
+
+
+def read_secrets(token_file: str, routes: tuple[RouteSpec, ...]) -> tuple[Credential, tuple[CredentialRoute, ...]]:
+    """The Anthropic token from ``--token-file`` and, for routes, their values: standard input holds the
+    token's line, then one line per route in the order of ``--credential-route``."""
+    if not routes:
+        return read_token_file(token_file), ()
+    if token_file != "-":
+        raise ConfigError("--credential-route needs --token-file -: the routes' values follow the token on "
+                          "standard input, one line each")
+    lines = sys.stdin.read().splitlines()
+    if len(lines) != 1 + len(routes):
+        raise ConfigError(f"standard input holds {len(lines)} lines; expected the token and then one value per "
+                          f"--credential-route ({1 + len(routes)} lines)")
+    credential = Credential.parse(lines[0], "the token on standard input")
+    try:
+        values = [check_secret(line, f"the value of credential route {route.name} on standard input")
+                  for route, line in zip(routes, lines[1:], strict=True)]
+    except InvalidRoute as exc:
+        raise ConfigError(str(exc)) from None
+    return credential, tuple(CredentialRoute(route, value) for route, value in zip(routes, values, strict=True))

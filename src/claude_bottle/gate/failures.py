@@ -7,7 +7,10 @@ filter that judges a request raises ``Refused``. ``answer`` is the one place tha
 audit outcome and what the client receives:
 
 - ``Refused``: a decision (deny) with its own status, 403 for a rule; answered, the connection kept unless
-  the refusal says to close it.
+  the refusal says to close it. Every refusal says the same thing on both listeners: its reason in
+  ``X-Deny-Reason`` (and, on the proxy listener, as the status phrase, which is what a client sees of a
+  refused CONNECT), and a short body (``explanation``) that says a policy refused it, not the network, and
+  what the user can do. A reason names the destination and the rule, never a secret.
 - ``ClientSide``: 400/413/431/505 for a broken request, 408 for a client that stopped sending, nothing for
   a client that went away; the connection closes.
 - ``UpstreamSide``: 502 for a broken, refused or unreadable upstream, 504 for one that stopped answering;
@@ -44,15 +47,33 @@ class Refused(Failure):
     """A policy refused the request. ``close``: the rest of the request is not read, the connection ends.
     ``rule``: the configured rule that refused it, for the audit (None: no rule, the policy itself)."""
 
-    def __init__(self, status: int, reason: str, close: bool = False, rule: str | None = None) -> None:
+    def __init__(self, status: int, reason: str, close: bool = False, rule: str | None = None,
+                 hint: str = "") -> None:
         super().__init__(status, reason)
         self.close = close
         self.rule = rule
+        self.hint = hint
 
     @classmethod
     def by(cls, decision: Decision) -> Refused:
         """The refusal a policy's ``decision`` says, naming its rule if one decided."""
-        return cls(decision.status, decision.reason, rule=decision.rule or None)
+        return cls(decision.status, decision.reason, rule=decision.rule or None, hint=decision.hint)
+
+
+POLICY_FILE = "/etc/claude-bottle/policy.toml"  # in a bottle: the policy in effect, read-only
+
+
+def explanation(refusal: Refused) -> str:
+    """What a client is told of a refusal, for an agent to read and stop: the policy refused it, not the
+    network; retrying or another route will not help; what the user can do. A request that broke HTTP gets
+    its reason only."""
+    if refusal.status not in (403, 405):
+        return refusal.reason
+    remedy = (f"To allow it, the user can {refusal.hint}." if refusal.hint
+              else "Only the user can change this policy, on the host.")
+    return (f"Blocked by the user's claude-bottle policy, not by the network: {refusal.reason}. {remedy} "
+            "Retrying or another route will not get through: ask the user. "
+            f"In a bottle, the policy in effect is in {POLICY_FILE}.")
 
 
 class ClientSide(Failure):
@@ -136,10 +157,11 @@ async def answer(conn: HttpConnection, record: AuditRecord, failure: Failure, id
         record.fail(failure.reason, failure.status)
     with contextlib.suppress(*_CONNECTION_ERRORS, h11.LocalProtocolError):
         if isinstance(failure, Refused) and not failure.close and conn.h11.our_state is h11.SEND_RESPONSE:
-            await conn.refuse(failure.status, failure.reason, idle_timeout)
+            await conn.refuse(failure.status, failure.reason, idle_timeout, explanation(failure))
             return True
         if failure.status:
-            await conn.fail(failure.status, failure.reason)
+            await conn.fail(failure.status, failure.reason,
+                            explanation(failure) if isinstance(failure, Refused) else failure.reason)
         else:
             conn.abort()
     return False

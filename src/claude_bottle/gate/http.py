@@ -54,6 +54,9 @@ def framing_problem(head: bytes) -> str | None:
     return None
 
 
+MAX_PHRASE = 200  # a refusal's reason as the status phrase, cut to this many characters
+
+
 def _header_text(text: str) -> str:
     """``text`` as a header value: printable ASCII only."""
     return "".join(c if " " <= c <= "~" else "?" for c in text).strip()
@@ -217,28 +220,35 @@ class HttpConnection:
             if not self.writer.is_closing():
                 self.writer.write(data)
 
-    async def send_simple(self, status: int, reason: str, headers: Headers | None = None) -> None:
-        """A complete small response, e.g. a refusal: ``reason`` as a line of text, or as an Anthropic API
-        error body when ``json_errors`` is set. ``reason`` also goes in X-Deny-Reason."""
+    async def send_simple(self, status: int, reason: str, headers: Headers | None = None,
+                          message: str | None = None) -> None:
+        """A complete small response, e.g. a refusal: ``message`` (default: ``reason``) as a line of text, or
+        as an Anthropic API error body when ``json_errors`` is set. ``reason`` also goes in X-Deny-Reason and,
+        unless ``json_errors``, is the status phrase (what a client shows of a refused CONNECT)."""
+        message = reason if message is None else message
+        phrase = _header_text(reason)[:MAX_PHRASE]
         if self.json_errors:
             kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-            body = json.dumps({"type": "error", "error": {"type": kind, "message": reason}}).encode()
+            body = json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
             content_type = b"application/json"
+            phrase = ""
         else:
-            body, content_type = (reason + "\n").encode(), b"text/plain; charset=utf-8"
+            body, content_type = (message + "\n").encode(), b"text/plain; charset=utf-8"
         head = [
             (b"content-type", content_type),
             (b"content-length", str(len(body)).encode()),
             (b"x-deny-reason", _header_text(reason).encode()),
             *(headers or []),
         ]
-        await self.send(h11.Response(status_code=status, headers=head))
+        await self.send(h11.Response(status_code=status, headers=head, reason=phrase.encode()))
         await self.send(h11.Data(data=body))
         await self.send(h11.EndOfMessage())
 
-    async def refuse(self, status: int, reason: str, timeout: float, max_body: int = 1 << 20) -> None:
-        """Answer a refused request. A small body is read first so the connection stays usable; past
-        ``max_body``, or when the body stops coming for ``timeout``, the connection is closed after the answer."""
+    async def refuse(self, status: int, reason: str, timeout: float, message: str | None = None,
+                     max_body: int = 1 << 20) -> None:
+        """Answer a refused request (``message``: the body's text, default ``reason``). A small body is read
+        first so the connection stays usable; past ``max_body``, or when the body stops coming for ``timeout``,
+        the connection is closed after the answer."""
         if self.h11.their_state is h11.SEND_BODY:
             seen, complete = 0, False
             try:
@@ -251,9 +261,9 @@ class HttpConnection:
             except TimeoutError:
                 pass  # a body that stops coming: answer anyway, and close
             if not complete:
-                await self.send_simple(status, reason, [(b"connection", b"close")])
+                await self.send_simple(status, reason, [(b"connection", b"close")], message)
                 return
-        await self.send_simple(status, reason)
+        await self.send_simple(status, reason, message=message)
 
     async def refuse_unread(self, status: int, reason: str) -> None:
         """Answer without a request to answer (a connection over the limit, a head too slow), then close."""
@@ -267,10 +277,10 @@ class HttpConnection:
             await self.writer.drain()
         await self.close()
 
-    async def fail(self, status: int, reason: str) -> None:
+    async def fail(self, status: int, reason: str, message: str | None = None) -> None:
         """Report a failure: as a response if none has started, else by resetting the connection."""
         if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            await self.send_simple(status, reason, [(b"connection", b"close")])
+            await self.send_simple(status, reason, [(b"connection", b"close")], message)
         else:
             self.abort()
 

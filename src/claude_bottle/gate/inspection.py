@@ -11,6 +11,11 @@ head refuses the request before anything goes upstream; a match in the body afte
 ``Refused`` from the body stream, and the forward path then drops the upstream connection (a reset), so the
 request never completes there. Either way the client gets the 403 (if no response has started, which it
 cannot have while the request is still being sent) and the audit line names the rule, never the value.
+
+A request to a host a credential route binds (gate/routes.py) is read the same way with two more steps:
+every credential the client sent is removed first (so DLP sees no client header and the agent cannot
+authenticate as anyone else there), and the route's own is added last, after DLP. Its response must come
+back unencoded and without any secret the gate injects (``reflection_scans``).
 """
 
 from __future__ import annotations
@@ -20,22 +25,88 @@ from collections.abc import AsyncIterator, Sequence
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.dlp import DlpMatch, DlpPolicy, DlpScanner
-from claude_bottle.gate.failures import Refused
-from claude_bottle.gate.forward import Outbound, RequestFilter
+from claude_bottle.gate.failures import Refused, UpstreamSide
+from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, set_headers
+from claude_bottle.gate.http import header_values
+from claude_bottle.gate.routes import CredentialRoute, route_for
+from claude_bottle.gate.scan import SecretReflected, SecretScanner
 from claude_bottle.policy.hosts import Target
 from claude_bottle.policy.rules import RequestPolicy
 
 # A body read whole is scanned in pieces of this size, as a streamed one is: a rule's regex then runs only
 # over the pieces where one of its anchors occurs, not over the whole body (2x faster on Messages bodies).
 SCAN_PIECE = 64 * 1024
+# Every way a client can present a credential. Names arrive lower-cased from h11, once per occurrence.
+CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie",
+                                       b"private-token", b"x-auth-token"})
 
 
 def inspected(target: Target, ctx: GateContext) -> list[RequestFilter]:
     """The filters of every request the gate reads on the proxy listener (plain HTTP, terminated tunnels)
-    to ``target``, after its own header rewriting: the rules, then DLP over what goes upstream."""
+    to ``target``, after its own header rewriting: the rules, then DLP over what goes upstream; for a host
+    a credential route binds, the client's credentials removed first and the route's added last."""
     config = ctx.config
-    return [request_rules(config.request_policy, target),
-            data_loss(config.dlp, (config.credential.secret.encode(),))]
+    judged = [request_rules(config.request_policy, target), data_loss(config.dlp, config.held_secrets)]
+    route = route_for(config.routes, target)
+    if route is None:
+        return judged
+    return [set_headers(CLIENT_CREDENTIAL_HEADERS | {b"accept-encoding"}, []), *judged, own_credential(route)]
+
+
+def answered(target: Target, ctx: GateContext) -> list[ResponseFilter]:
+    """The filters of the responses from ``target``: for a host a credential route binds, identity encoding
+    only and no secret the gate injects (a server that echoes the request's headers would hand the route's
+    value to the bottle); none elsewhere, where no secret was sent."""
+    if route_for(ctx.config.routes, target) is None:
+        return []
+    return [identity_only, *reflection_scans(ctx.config.injected_secrets)]
+
+
+def own_credential(route: CredentialRoute) -> RequestFilter:
+    """Add the route's credential (after DLP, which must not see it) and ask for identity encoding."""
+    add = set_headers(frozenset(), [route.header(), (b"accept-encoding", b"identity")])
+
+    async def inject(request: Outbound, record: AuditRecord) -> None:
+        await add(request, record)
+        record.allow(f"{record.reason}; credential route {route.spec.name}: the client's credentials replaced "
+                     "by the route's own")
+
+    return inject
+
+
+def identity_only(response: Inbound, record: AuditRecord) -> None:
+    """The gate asked for identity encoding: anything else could hide the credential from the scan."""
+    encodings = {v.strip().lower() for v in header_values(response.headers, b"content-encoding")}
+    if encodings - {b"identity", b""}:
+        raise UpstreamSide(502, "upstream sent an encoded body although the gate asked for identity")
+
+
+def reflection_scans(secrets: Sequence[str]) -> list[ResponseFilter]:
+    """One reflection scan per secret the gate injects."""
+    return [reflection_scan(secret.encode()) for secret in secrets]
+
+
+def reflection_scan(secret: bytes) -> ResponseFilter:
+    """Never deliver the credential back: not in a header, not in the body, not even a prefix of it."""
+    refused = "upstream response carried a credential the gate injects; not delivered"
+
+    def scan(response: Inbound, record: AuditRecord) -> None:
+        if any(secret in value for _, value in response.headers):
+            raise UpstreamSide(502, refused)
+        response.body = _unreflected(response.body, SecretScanner(secret), refused)
+
+    return scan
+
+
+async def _unreflected(body: AsyncIterator[bytes], scanner: SecretScanner, refused: str) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in body:
+            if safe := scanner.feed(chunk):
+                yield safe
+    except SecretReflected:
+        raise UpstreamSide(502, refused) from None
+    if tail := scanner.finish():
+        yield tail
 
 
 def request_rules(policy: RequestPolicy, target: Target) -> RequestFilter:

@@ -2,7 +2,8 @@
 
 CONNECT tunnels and absolute-form plain-HTTP requests, each decided twice: the name against the allowlist,
 then every resolved address against the address guard. The gate dials exactly an address it vetted. No
-credential is ever added to this traffic.
+credential is added to this traffic, except a credential route's on the terminated requests to its bound
+hosts (gate/inspection.py); those hosts are reached over terminated TLS only.
 
 A tunnel is decided a third time on its first flight: after the 200, nothing goes upstream until the
 client's first bytes are a TLS ClientHello naming the CONNECT host (unless raw TCP is allowed there), so an
@@ -21,11 +22,13 @@ from urllib.parse import urlsplit
 import h11
 
 from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.ca import HostNotPermitted
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import forward, outbound, set_headers
 from claude_bottle.gate.http import READ_SIZE, HttpConnection, ProtocolError, header_values
-from claude_bottle.gate.inspection import inspected
+from claude_bottle.gate.inspection import answered, inspected
+from claude_bottle.gate.routes import route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
@@ -108,14 +111,14 @@ async def vetted_addresses(target: Target, record: AuditRecord, ctx: GateContext
         with upstream_side():
             async with asyncio.timeout(ctx.config.limits.connect_timeout):
                 candidates = await ctx.resolver.resolve(target.host, target.port)
-    allowed: list[tuple[IPAddress, str]] = []
-    refusals: list[tuple[IPAddress, str]] = []
+    allowed: list[tuple[IPAddress, Decision]] = []
+    refusals: list[tuple[IPAddress, Decision]] = []
     for address in candidates:
         decision = ctx.egress.decide_address(address, target.port)
-        (allowed if decision.allow else refusals).append((address, decision.reason))
+        (allowed if decision.allow else refusals).append((address, decision))
     if not allowed:
-        raise Refused(403, refusals[0][1])
-    record.allow(f"{record.reason}; {allowed[0][1]}")
+        raise Refused.by(refusals[0][1])
+    record.allow(f"{record.reason}; {allowed[0][1].reason}")
     return [address for address, _ in allowed]
 
 
@@ -135,8 +138,13 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
 
     decision = ctx.egress.decide_tunnel(target) if method == "CONNECT" else ctx.egress.decide_target(target)
     if not decision.allow:
-        raise Refused(decision.status, decision.reason)
+        raise Refused.by(decision)
     record.allow(decision.reason)
+    record.would_deny = decision.learned
+    route = route_for(ctx.config.routes, target)
+    if route is not None and method != "CONNECT":
+        raise Refused(403, f"{target} is bound to credential route {route.spec.name}, which is reached over TLS "
+                           "only (https://), never plain HTTP")
     if ctx.active_tunnels >= limits.max_tunnels:
         raise Refused(503, f"too many concurrent tunnels (limit {limits.max_tunnels})")
 
@@ -144,7 +152,7 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
     try:
         addresses = await vetted_addresses(target, record, ctx)
         if method == "CONNECT":
-            client_tls = terminating(target, ctx)
+            client_tls = terminating(target, ctx, record)
             with upstream_side():
                 if client_tls is None:
                     upstream = await dial(addresses, target.port, limits.connect_timeout)
@@ -163,7 +171,7 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
                                *inspected(target, ctx)]
             await forward(conn, outbound(conn, request, path.encode(), limits.idle_timeout),
                           lambda: dialled(addresses, target, limits.connect_timeout), record,
-                          limits.idle_timeout, request_filters)
+                          limits.idle_timeout, request_filters, answered(target, ctx))
     finally:
         ctx.active_tunnels -= 1
 
@@ -182,14 +190,28 @@ async def dialled(addresses: list[IPAddress], target: Target, timeout: float) ->
             origin.abort()  # a request cut short (refused mid-body): reset, so it never completes upstream
 
 
-def terminating(target: Target, ctx: GateContext) -> ssl.SSLContext | None:
+def terminating(target: Target, ctx: GateContext, record: AuditRecord) -> ssl.SSLContext | None:
     """The client-side TLS context when the gate terminates the tunnel to ``target``, else None (opaque):
-    without a CA, where raw TCP is allowed (the bytes need not be TLS), or where its ``[[egress]]`` entry says
-    ``inspect = false``."""
+    without a CA, where raw TCP is allowed (the bytes need not be TLS), where its ``[[egress]]`` entry says
+    ``inspect = false``, or for a host outside the CA's names (one the user allowed while the gate runs: the
+    CA's names are fixed at start; the tunnel keeps the TLS name check). A host a credential route binds is
+    never tunnelled opaquely: ``Refused`` instead."""
+    route = route_for(ctx.config.routes, target)
+
+    def opaque(why: str) -> None:
+        if route is not None:
+            raise Refused(403, f"{target} is bound to credential route {route.spec.name} and this gate would not "
+                               f"read its requests ({why}); it is never reached unseen")
+
     if ctx.ca is None or ctx.egress.raw_allowed(target) or not ctx.config.request_policy.inspects(target):
+        opaque("no CA, raw TCP or inspect = false")
         return None
     try:
         return ctx.ca.context_for(target.host)
+    except HostNotPermitted:
+        opaque("outside the names of the gate's CA")
+        record.reason += "; not inspected: outside the names of the gate's CA, fixed at its start"
+        return None
     except ValueError as exc:
         raise Refused(403, f"cannot inspect {target}: {exc}") from None
 

@@ -24,6 +24,7 @@ from typing import Self
 import h11
 
 from claude_bottle.errors import ConfigError, GateError
+from claude_bottle.gate import control
 from claude_bottle.gate.api import api_exchange
 from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
@@ -74,7 +75,7 @@ class Gate:
             audit=self.audit,
             resolver=self.resolver,
             egress=EgressPolicy(self.config.allowlist, self.config.guard, frozenset({self.config.upstream.host}),
-                                raw_tcp=self.config.allow_tcp),
+                                raw_tcp=self.config.allow_tcp, learn=self.config.learn),
             api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
                                   limits.connect_timeout),
             upstream_tls=self.config.ssl_context(),
@@ -90,8 +91,30 @@ class Gate:
         except OSError as exc:
             await self.stop(0)
             raise GateError(f"cannot listen on {endpoint}: {exc.strerror or exc}") from None
-        self.api_address, self.proxy_address = (Endpoint(*s.sockets[0].getsockname()[:2]) for s in self._servers)
+        self.api_address, self.proxy_address = (Endpoint(*s.sockets[0].getsockname()[:2]) for s in self._servers[:2])
         await self._refresh_protected()
+        if self.config.control_socket is not None:
+            try:
+                self._servers.append(await control.serve(self.config.control_socket, self.control))
+            except OSError as exc:
+                await self.stop(0)
+                raise GateError(f"cannot listen on the control socket {self.config.control_socket}: "
+                                f"{exc.strerror or exc}") from None
+
+    def control(self, op: str, entry: str) -> dict[str, object]:
+        """A request on the control channel (gate/control.py): the egress policy changes for every request
+        decided from now on; the change is audited."""
+        assert self._ctx is not None
+        policy, message = control.apply(self._ctx.egress, op, entry)
+        if op != "show":
+            self._ctx.egress = policy
+            record = AuditRecord("control", "host", op.upper(), entry.strip())
+            if op == "allow":
+                record.allow(f"the user {message} while the gate runs")
+            else:
+                record.deny(f"the user {message} while the gate runs", 0)
+            self.audit.write(record)
+        return {"message": message, "policy": control.policy_view(policy, self.config.request_policy)}
 
     async def stop(self, drain_seconds: float) -> None:
         """Stop accepting; close idle connections now; let busy ones finish up to the deadline."""
@@ -167,8 +190,8 @@ class Gate:
 
 def run_ca(config: GateConfig) -> RunCA:
     """This gate's CA (``claude_bottle.gate.ca``): limited to the names of ``--allow`` (tunnels that may carry
-    any TCP are never terminated), never the upstream's."""
-    return RunCA.generate(config.allowlist.patterns, (config.upstream.host,))
+    any TCP are never terminated), or in learn mode to every name; never the upstream's."""
+    return RunCA.generate(config.allowlist.patterns, (config.upstream.host,), every_name=config.learn)
 
 
 def write_ca_certificate(ca: RunCA, path: Path) -> None:

@@ -32,7 +32,7 @@ from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import forward, outbound, set_headers
 from claude_bottle.gate.http import HttpConnection, header_values
-from claude_bottle.gate.inspection import inspected
+from claude_bottle.gate.inspection import answered, inspected
 from claude_bottle.gate.serve import Exchange, serve_requests
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
 from claude_bottle.gate.upstream import STREAM_LIMIT, dial
@@ -125,7 +125,7 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
         writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         tls_conn = HttpConnection(reader, writer, max_header_bytes=limits.max_header_bytes)
         tls_conn.peer = conn.peer
-        exchange = _exchange(target, origin)
+        exchange = _exchange(target, origin, record.would_deny)
         try:
             await serve_requests(tls_conn, "proxy", exchange, ctx)
         finally:
@@ -133,10 +133,13 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
             if tls_conn.h11.our_state is h11.SEND_BODY:
                 tls_conn.abort()
             else:
-                with contextlib.suppress(TimeoutError):
+                # Abort only a close that did not finish: a closed transport has let its TLS protocol go, and
+                # aborting it then raises in the gate image's Python (3.11.2).
+                try:
                     async with asyncio.timeout(CLOSE_TIMEOUT):
                         await tls_conn.close()
-                transport.abort()
+                except TimeoutError:
+                    transport.abort()
 
     # The requests' own timeouts (head, idle body or response) end a quiet session first; the relay's
     # timer is only the backstop, so it must not fire while a request is merely waiting on one side.
@@ -166,8 +169,9 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
         inner.close()
 
 
-def _exchange(target: Target, origin: KeptOrigin) -> Exchange:
-    """The exchange for each request inside the tunnel: the Host check, then the forward path."""
+def _exchange(target: Target, origin: KeptOrigin, learned: bool = False) -> Exchange:
+    """The exchange for each request inside the tunnel: the Host check, then the forward path. ``learned``:
+    the tunnel passed by learn mode only, and so does each request in it (audited as would_deny)."""
 
     async def exchange(conn: HttpConnection, request: h11.Request, record: AuditRecord, ctx: GateContext) -> None:
         idle = ctx.config.limits.idle_timeout
@@ -176,10 +180,11 @@ def _exchange(target: Target, origin: KeptOrigin) -> Exchange:
         problem = host_problem(request, target)
         if problem is not None:
             raise Refused(421, problem)
-        record.allow(f"inspected request in a tunnel to {target}")
+        record.allow(f"inspected request in a tunnel to {target}{' (learn mode: would deny)' if learned else ''}")
+        record.would_deny = learned
         await forward(conn, outbound(conn, request, request.target, idle), origin.use, record, idle,
                       [set_headers(frozenset({b"host"}), [(b"host", authority(target, 443).encode())]),
-                       *inspected(target, ctx)])
+                       *inspected(target, ctx)], answered(target, ctx))
 
     return exchange
 

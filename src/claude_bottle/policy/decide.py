@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from claude_bottle.policy.addresses import AddressGuard, IPAddress
-from claude_bottle.policy.hosts import Allowlist, InvalidHost, Target, normalize_host
+from claude_bottle.policy.hosts import DEFAULT_PORTS, Allowlist, InvalidHost, Target, normalize_host
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,8 @@ class Decision:
     reason: str
     status: int = 403  # the HTTP status of a refusal
     rule: str = ""  # the configured rule that decided, for the audit's ``rule`` field; "" when none did
+    learned: bool = False  # allowed only because the gate runs in learn mode: a strict gate would refuse it
+    hint: str = ""  # on refusal: what the user can do to allow it ("run ... on the host"); "" when nothing simple
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,10 @@ class EgressPolicy:
     ``protected_endpoints`` are (address, port) pairs with the same status: the upstream's addresses, and the
     gate's own listeners. ``raw_tcp`` lists the targets a tunnel may carry any bytes to (``--allow-tcp``);
     they are reachable as if allowlisted. Every other tunnel must open with a TLS ClientHello naming its host.
+
+    ``denied`` lists what the host refused while the gate runs (``claude-bottle deny``): refused before the
+    allowlist is asked. ``learn``: a target in neither list is let through as a learned decision (recorded
+    as "would deny"), never a protected host, and its addresses still face the address guard.
     """
 
     allowlist: Allowlist
@@ -34,18 +40,27 @@ class EgressPolicy:
     protected_hosts: frozenset[str] = frozenset()
     protected_endpoints: frozenset[tuple[IPAddress, int]] = frozenset()
     raw_tcp: Allowlist = Allowlist()
+    denied: Allowlist = Allowlist()
+    learn: bool = False
 
     def decide_target(self, target: Target) -> Decision:
         if target.host in self.protected_hosts:
             return Decision(False, f"{target.host} is served by the gate's credential route; "
                                    "use ANTHROPIC_BASE_URL, not the proxy")
+        denied = self.denied.match(target)
+        if denied is not None:
+            return Decision(False, f"{target} matches {denied}, denied by the user while the bottle runs",
+                            hint=f"run `claude-bottle allow {denied}` on the host")
         pattern = self.allowlist.match(target)
         if pattern is not None:
             return Decision(True, f"{target} matches allow pattern {pattern}")
         raw = self.raw_tcp.match(target)
         if raw is not None:
             return Decision(True, f"{target} matches allow-tcp pattern {raw}")
-        return Decision(False, f"{target} is not in the allowlist")
+        if self.learn:
+            return Decision(True, f"learn mode: {target} is not in the allowlist (would deny)", learned=True)
+        return Decision(False, f"{target} is not in the allowlist",
+                        hint=f"run `claude-bottle allow {allow_entry(target)}` on the host")
 
     def decide_tunnel(self, target: Target) -> Decision:
         """A CONNECT: the target as above; port 80 only where raw TCP is allowed (plain HTTP has its own way
@@ -64,7 +79,13 @@ class EgressPolicy:
         if (address, port) in self.protected_endpoints:
             return Decision(False, f"{address}:{port} is the gate itself or its credential upstream")
         allowed, reason = self.guard.check(address)
-        return Decision(allowed, reason)
+        return Decision(allowed, reason, hint="" if allowed else "list its network in allow_private in the agent file")
+
+
+def allow_entry(target: Target) -> str:
+    """The allowlist entry that allows exactly ``target``: its host, with the port unless a default one."""
+    host = f"[{target.host}]" if target.ip is not None and target.ip.version == 6 else target.host
+    return host if target.port in DEFAULT_PORTS else f"{host}:{target.port}"
 
 
 def decide_server_name(target: Target, server_name: str | None) -> Decision:

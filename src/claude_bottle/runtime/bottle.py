@@ -31,9 +31,14 @@ from docker.types import LogConfig, Mount
 from claude_bottle import records
 from claude_bottle.credentials import Credential, CredentialKind
 from claude_bottle.errors import BottleError, ConfigError, DockerError, GateError
+from claude_bottle.gate import control
 from claude_bottle.gate.ca import announced_ca
 from claude_bottle.gate.dlp import DlpPolicy
+from claude_bottle.gate.routes import CredentialRoute, RouteSpec
 from claude_bottle.paths import state_dir, workspace_key
+from claude_bottle.policy.addresses import AddressGuard
+from claude_bottle.policy.decide import EgressPolicy
+from claude_bottle.policy.hosts import Allowlist, InvalidHost
 from claude_bottle.policy.rules import RequestPolicy
 from claude_bottle.workspace import GIT, PROTECTED, lstat_inside
 
@@ -43,6 +48,10 @@ AGENT_LABEL = "claude-bottle.agent"
 WORKSPACE_LABEL = "claude-bottle.workspace"
 API_PORT = 8080
 PROXY_PORT = 3128
+CONTROL_SOCKET = "/tmp/claude-bottle-control.sock"  # in the gate's own tmpfs: see gate/control.py
+GATE_PYTHON = "/opt/gate/bin/python"
+POLICY_DIR = "/etc/claude-bottle"  # in the bottle, read-only: the policy in effect (gate/failures.py POLICY_FILE)
+POLICY_FILE = "policy.toml"
 GATE_READY_SECONDS = 30
 GATE_STOP_SECONDS = 3
 HOME = "/home/agent"
@@ -97,12 +106,20 @@ class RunSpec:
     env: dict[str, str] = field(default_factory=dict)
     resources: Resources = Resources()
     upstream_networks: tuple[str, ...] = ()  # Docker networks the gate joins to reach an upstream there
+    # CA certificates (PEM files on the host) the gate trusts toward upstreams besides its image's store: the
+    # CAs of stand-ins on those networks (verify's, the tests'), without an image of their own. Mounted
+    # read-only into the gate, named by --extra-ca.
+    upstream_ca_files: tuple[Path, ...] = ()
     mounts: tuple[tuple[Path, str, bool], ...] = ()  # (host path, container path, read-only)
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # Claude Code's mcpServers entries
     protected: tuple[str, ...] = PROTECTED  # workspace paths mounted read-only where they exist (and nested .git)
     server_tools: tuple[str, ...] = ()  # server-tool families the API route lets through (--allow-server-tool)
     request_policy: RequestPolicy = RequestPolicy()  # [[egress]] (--egress-rule, --no-inspect)
     dlp: DlpPolicy = DlpPolicy()  # [dlp] (--dlp-rule, --dlp-off)
+    learn: bool = False  # learn mode (--learn): what the allowlist does not name passes, audited as would_deny
+    routes: tuple[CredentialRoute, ...] = ()  # [credentials.NAME] with their values: the gate gets them on stdin
+    route_env: dict[str, str] = field(default_factory=dict)  # bottle variables holding a route's sentinel
+    git_routes: tuple[RouteSpec, ...] = ()  # routes the bottle's git credential helper answers for
 
 
 def seeded_claude_json(kind: CredentialKind, placeholder: str, mcp_servers: dict[str, Any]) -> bytes:
@@ -138,9 +155,89 @@ def gate_command(spec: RunSpec) -> list[str]:
     tcp_args = [arg for pattern in spec.allow_tcp for arg in ("--allow-tcp", pattern)]
     private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
     tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
+    ca_args = [arg for path in upstream_ca_mounts(spec).values() for arg in ("--extra-ca", path["bind"])]
+    route_args = [arg for route in spec.routes for arg in ("--credential-route", route.spec.flag())]
     return ["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}", "--upstream", spec.upstream,
-            "--token-file", "-", "--audit-log", "-", *allow_args, *tcp_args, *private_args, *tool_args,
-            *spec.request_policy.args(), *spec.dlp.args()]
+            "--token-file", "-", "--audit-log", "-", "--control-socket", CONTROL_SOCKET,
+            *(["--learn"] if spec.learn else []), *allow_args, *tcp_args, *private_args, *tool_args,
+            *ca_args, *spec.request_policy.args(), *spec.dlp.args(), *route_args]
+
+
+def upstream_ca_mounts(spec: RunSpec) -> dict[str, dict[str, str]]:
+    """``spec.upstream_ca_files`` as read-only mounts into the gate."""
+    return {str(path): {"bind": f"/opt/gate/upstream-ca/{i}.pem", "mode": "ro"}
+            for i, path in enumerate(spec.upstream_ca_files)}
+
+
+def policy_dir(run_id: str) -> Path:
+    """The host folder mounted read-only at ``POLICY_DIR`` in a run's bottle: the policy in effect."""
+    return records.run_dir(run_id) / "policy"
+
+
+def write_policy(run_id: str, view: dict[str, Any]) -> None:
+    """Write (replace whole) the bottle's policy file from the gate's ``policy_view``: readable by the
+    bottle's user, whoever that is; written on the host only."""
+    folder = policy_dir(run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o755)
+    partial = folder / f".{POLICY_FILE}.{os.getpid()}"
+    partial.write_text(control.policy_toml(view))
+    partial.chmod(0o644)
+    os.replace(partial, folder / POLICY_FILE)
+
+
+def spec_policy(spec: RunSpec) -> dict[str, Any]:
+    """The policy a run's gate starts with, as ``control.policy_view`` shows it."""
+    try:
+        policy = EgressPolicy(Allowlist.parse(spec.allow), AddressGuard(), raw_tcp=Allowlist.parse(spec.allow_tcp),
+                              learn=spec.learn)
+    except InvalidHost as exc:
+        raise ConfigError(f"allow: {exc}") from None
+    return control.policy_view(policy, spec.request_policy)
+
+
+def control_gate(gate: Container, op: str, entry: str = "") -> dict[str, Any]:
+    """Change (or with ``show`` read) a running gate's egress policy through its control socket, reached
+    by running ``claude_bottle.gate.control`` inside the gate container; then the bottle's policy file is
+    rewritten. The reply; a ConfigError naming what the gate refused."""
+    try:
+        _, output = gate.exec_run([GATE_PYTHON, "-m", "claude_bottle.gate.control", CONTROL_SOCKET, op, entry],
+                                     stdout=True, stderr=True)
+    except docker.errors.APIError as exc:
+        raise DockerError(f"cannot reach the gate {gate.name}: {exc.explanation or exc}") from None
+    text = output.decode("utf-8", "replace").strip()
+    try:
+        reply = json.loads(text.splitlines()[-1])
+    except (ValueError, IndexError):
+        raise GateError(f"the gate {gate.name} gave no answer on its control channel ({text[:200] or 'nothing'}); "
+                        "a bottle started by an older claude-bottle has none: restart it") from None
+    if not reply.get("ok"):
+        raise ConfigError(f"{op} {entry}: {reply.get('error', 'refused by the gate')}")
+    if op != "show":
+        write_policy(gate.labels.get(RUN_LABEL, ""), reply["policy"])
+    return dict(reply)
+
+
+def gate_input(spec: RunSpec) -> bytes:
+    """What the gate reads on its stdin: the token, then each route's value, one line each in the order of
+    ``--credential-route`` (``gate_command``)."""
+    return "".join(f"{value}\n" for value in (spec.credential.secret, *(r.secret for r in spec.routes))).encode()
+
+
+# The bottle's /etc/gitconfig (root-owned, 0644): for each host of a route with git, a credential helper that
+# answers the route's sentinel, so git in the bottle authenticates (the gate replaces it with the real value).
+GIT_CONFIG = "/etc/gitconfig"
+
+
+def git_credentials(routes: Iterable[RouteSpec]) -> bytes:
+    lines = []
+    for route in routes:
+        username = route.username or "git"
+        for host, port in route.hosts:
+            url = f"https://{host}" if port == 443 else f"https://{host}:{port}"
+            answer = f"echo username={username} && echo password={route.sentinel}"
+            lines += [f'[credential "{url}"]', "\thelper =", f'\thelper = "!f() {{ test $1 = get && {answer}; }}; f"']
+    return ("\n".join(lines) + "\n").encode() if lines else b""
 
 
 def bottle_user(uid: int, gid: int, workspace: Path) -> str:
@@ -317,7 +414,7 @@ class Run:
                     name=f"claude-bottle-{self.id}-gate", labels=self.labels, stdin_open=True,
                     network=self.egress.name, read_only=True, tmpfs={"/tmp": "size=16m"},
                     cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=256, mem_limit="256m",
-                    log_config=LOG_CONFIG,
+                    log_config=LOG_CONFIG, volumes=upstream_ca_mounts(spec),
                 )
             self.internal.connect(self.gate, aliases=["gate"])
             for name in spec.upstream_networks:
@@ -325,7 +422,7 @@ class Run:
             socket_ = self.gate.attach_socket(params={"stdin": 1, "stream": 1})
             self.gate.start()
             raw = getattr(socket_, "_sock", socket_)  # the SDK wraps the socket; half-close needs the real one
-            raw.sendall(spec.credential.secret.encode() + b"\n")
+            raw.sendall(gate_input(spec))
             with contextlib.suppress(OSError):
                 raw.shutdown(socket.SHUT_WR)
             raw.close()
@@ -363,6 +460,7 @@ class Run:
             **spec.env,
             **CLAUDE_ENV,
             **CA_ENV,
+            **spec.route_env,
             "ANTHROPIC_BASE_URL": api,
             credential_variable: spec.credential.placeholder(),
             "HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy, "http_proxy": proxy,
@@ -378,6 +476,7 @@ class Run:
         spec = self.spec
         assert self.internal is not None
         resources = spec.resources
+        write_policy(self.id, spec_policy(spec))
         try:
             state = self.client.volumes.create(state_volume(spec.agent, spec.workspace), labels={
                 LABEL: "1", AGENT_LABEL: spec.agent, WORKSPACE_LABEL: str(spec.workspace)})
@@ -393,6 +492,7 @@ class Run:
                     volumes={
                         str(spec.workspace): {"bind": "/workspace", "mode": "rw"},
                         **claude_state_mounts(state.name),
+                        str(policy_dir(self.id)): {"bind": POLICY_DIR, "mode": "ro"},
                         **{str(source): {"bind": target, "mode": "ro" if read_only else "rw"}
                            for source, target, read_only in spec.mounts},
                     },
@@ -406,6 +506,11 @@ class Run:
         bundle = image_bundle(self.bottle)  # read while the gate boots: only the write waits for its CA
         self.wait_for_gate()
         trust_in_bottle(self.bottle, self.gate_ca, bundle)
+        if config := git_credentials(spec.git_routes):
+            try:
+                self.bottle.put_archive("/etc", _tar({GIT_CONFIG.rsplit("/", 1)[1]: config}, 0, 0, 0o644))
+            except docker.errors.APIError as exc:
+                raise DockerError(f"cannot write the bottle's {GIT_CONFIG}: {exc.explanation or exc}") from None
         return self.bottle
 
     def remove(self) -> None:

@@ -11,6 +11,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -124,8 +125,12 @@ def build(client: docker.DockerClient, spec: ImageSpec, progress: Progress) -> s
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         tail: list[str] = []
+        build_id = secrets.token_hex(8)
+        buildargs = dict(spec.buildargs)
+        if STAGE_ARG in spec.files["Dockerfile"]:
+            buildargs["BUILD_ID"] = build_id
         try:
-            for chunk in client.api.build(path=context, tag=spec.tag, buildargs=spec.buildargs, rm=True,
+            for chunk in client.api.build(path=context, tag=spec.tag, buildargs=buildargs, rm=True,
                                           forcerm=True, decode=True, pull=False):
                 if "error" in chunk:
                     raise DockerError(f"building the {spec.name} image failed: {chunk['error'].strip()}\n"
@@ -136,9 +141,18 @@ def build(client: docker.DockerClient, spec: ImageSpec, progress: Progress) -> s
                         progress(f"  {line}")
         except docker.errors.APIError as exc:
             raise DockerError(f"building the {spec.name} image failed: {exc.explanation or exc}") from None
-    with contextlib.suppress(docker.errors.APIError):  # the throwaway stage the classic builder keeps
-        client.images.prune(filters={"dangling": True, "label": "claude-bottle.stage=builder"})
+    remove_build_stage(client, build_id)
     return spec.tag
+
+
+# A Dockerfile with a throwaway stage declares this and labels the stage with it (bottle.Dockerfile).
+STAGE_ARG = b"ARG BUILD_ID"
+
+
+def remove_build_stage(client: docker.DockerClient, build_id: str) -> None:
+    """Remove the throwaway stage the classic builder kept for build ``build_id``, and only that build's."""
+    with contextlib.suppress(docker.errors.APIError):
+        client.images.prune(filters={"dangling": True, "label": f"claude-bottle.stage={build_id}"})
 
 
 def ensure_base_image(client: docker.DockerClient, progress: Progress) -> None:

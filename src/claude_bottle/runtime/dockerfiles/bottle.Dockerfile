@@ -2,8 +2,6 @@
 # a native binary, taken from its npm package in a throwaway stage.
 ARG BASE=debian:bookworm-slim
 FROM ${BASE} AS claude-code
-# The classic builder keeps this stage as a dangling image; the label lets the build remove just it.
-LABEL claude-bottle.stage=builder
 COPY ca/ /usr/local/share/ca-certificates/claude-bottle/
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates nodejs npm \
@@ -13,6 +11,10 @@ RUN NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt npm install -g --pref
       "@anthropic-ai/claude-code@${CLAUDE_CODE_VERSION}" \
  && cp "$(find /opt/npm -type f -name claude -path '*/claude-code-linux-*' ! -path '*-musl/*')" /claude \
  && /claude --version
+# The classic builder keeps this stage as an untagged image. Labelled last with this build's own id, so the
+# build removes its stage and no other: a concurrent build may be copying from a stage of the same layers.
+ARG BUILD_ID
+LABEL claude-bottle.stage=${BUILD_ID}
 
 FROM ${BASE}
 # Like Debian's slim images: no docs, man pages or translations from the packages installed below.

@@ -1,0 +1,60 @@
+"""`verify` on an agent with a credential route: the route's value is searched for wherever the credential is,
+and its sentinel is sent out through the API route; both must be blocked, and both are reported as leaks
+when the bottle is given the value or the gate is not told of the route."""
+
+from __future__ import annotations
+
+import docker
+import pytest
+
+from claude_bottle.config import AgentConfig, CredentialConfig
+from claude_bottle.gate.routes import Scheme
+from claude_bottle.probe import Outcome
+from claude_bottle.runtime import bottle as bottle_module
+from claude_bottle.runtime.bottle import Run, RunSpec
+from claude_bottle.verify import SENTINELS, attack, verification
+from tests.bottle.conftest import leftovers
+
+pytestmark = pytest.mark.docker
+ROUTE = CredentialConfig("tracker", (("api.tracker.example", 443),), Scheme.BEARER, bottle_env=("TRACKER_TOKEN",),
+                         origin="test")
+VALUE_CHECKS = {"environment variables", "every readable /proc/*/environ and cmdline",
+                "docker inspect of the bottle and the gate (from the host)"}
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+def leaked(outcomes: list[Outcome]) -> set[str]:
+    return {o.attack for o in outcomes if not o.blocked}
+
+
+def test_a_credential_route_passes_verify(client: docker.DockerClient, built_images: tuple[str, str]) -> None:
+    with verification(AgentConfig(name="routed", credentials=(ROUTE,)), quiet) as target:
+        outcomes = attack(target)
+    assert leaked(outcomes) == set()
+    assert {o.attack for o in outcomes if o.group == SENTINELS} == {
+        "route tracker's sentinel in a Messages body", "route tracker's sentinel in a request header"}
+    assert leftovers(client, "routed") == []
+
+
+def test_a_route_value_in_the_bottle_or_a_gate_without_the_route_fails_verify(
+        client: docker.DockerClient, built_images: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    environment = Run.bottle_environment
+
+    def handing_over_the_value(self: Run) -> dict[str, str]:
+        return {**environment(self), "LEAKED": self.spec.routes[0].secret}
+
+    def without_routes(spec: RunSpec) -> list[str]:
+        return command(RunSpec(**{**spec.__dict__, "routes": ()}))
+
+    command = bottle_module.gate_command
+    monkeypatch.setattr(Run, "bottle_environment", handing_over_the_value)
+    monkeypatch.setattr(bottle_module, "gate_command", without_routes)
+    monkeypatch.setattr(bottle_module, "gate_input", lambda spec: f"{spec.credential.secret}\n".encode())
+    with verification(AgentConfig(name="leaky-route", credentials=(ROUTE,)), quiet) as target:
+        outcomes = attack(target)
+    sentinel_attacks = {o.attack for o in outcomes if o.group == SENTINELS}
+    assert leaked(outcomes) >= VALUE_CHECKS | sentinel_attacks and len(sentinel_attacks) == 2
+    assert leftovers(client, "leaky-route") == []

@@ -1,0 +1,177 @@
+"""Credential routes on a real gate: on a bound host the client's credentials are replaced by the route's own;
+the sentinel and the value go nowhere else; a response never carries the value back; a bound host is never
+reached unseen."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+import json
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trustme
+
+from claude_bottle.errors import ConfigError
+from claude_bottle.gate import config as gc
+from claude_bottle.gate.resolver import StaticResolver
+from claude_bottle.gate.routes import CredentialRoute, RouteSpec, Scheme, new_sentinel, parse_route_flag
+from claude_bottle.stub import StubUpstream
+from tests.conftest import GateFactory, RunningGate
+from tests.gate.test_inspection import StandInCA, response
+from tests.helpers import connect_via, eventually, messages_request, read_all, read_head
+
+pytestmark = pytest.mark.asyncio
+
+BOUND, OTHER = "git.example.test", "other.example.test"
+SECRET = "ghp_" + "R" * 36  # a GitHub-shaped value, as the github preset holds
+ATTACKER = "attacker-own-token-0123456789abcdef"
+
+
+@dataclass
+class Hosts:
+    stub: StubUpstream
+    ca_file: Path
+
+    def target(self, host: str) -> str:
+        return f"{host}:{self.stub.port}"
+
+
+@pytest.fixture
+async def hosts(tmp_path: Path) -> AsyncIterator[Hosts]:
+    """One HTTPS server answering as both BOUND and OTHER, behind a private CA the gate trusts."""
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(BOUND, OTHER).configure_cert(context)
+    ca_file = tmp_path / "upstream-ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    async with StubUpstream("127.0.0.2", tls=context) as stub:
+        yield Hosts(stub, ca_file)
+
+
+def route_to(hosts: Hosts, scheme: Scheme = Scheme.BASIC) -> CredentialRoute:
+    username = "x-access-token" if scheme is Scheme.BASIC else ""
+    return CredentialRoute(RouteSpec("github", ((BOUND, hosts.stub.port),), scheme, username, new_sentinel("github")),
+                           SECRET)
+
+
+def gate_with(make_gate: GateFactory, hosts: Hosts, route: CredentialRoute, ca: StandInCA | None, **kwargs: object):
+    resolver = StaticResolver({name: [ipaddress.ip_address("127.0.0.2")] for name in (BOUND, OTHER)})
+    return make_gate(allow=(hosts.target(OTHER),), allow_private=("127.0.0.0/8",), resolver=resolver, ca=ca,
+                     extra_ca=(str(hosts.ca_file),), routes=(route,), **kwargs)
+
+
+async def send(gate: RunningGate, ca: StandInCA, target: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    status, _, reader, writer = await connect_via(gate.proxy, target)
+    assert status == 200
+    await writer.start_tls(ca.client_context(), server_hostname=target.split(":")[0])
+    writer.write(request)
+    try:
+        return await response(reader)
+    finally:
+        writer.close()
+
+
+def post(host: str, extra: str = "", path: str = "/v1/messages", payload: dict[str, object] | None = None) -> bytes:
+    return messages_request(payload or {"model": "m"}, extra_headers=extra, host=host).replace(
+        b"POST /v1/messages ", f"POST {path} ".encode(), 1)
+
+
+async def test_the_route_replaces_every_credential_the_client_sends_on_a_bound_host(
+        make_gate: GateFactory, hosts: Hosts) -> None:
+    ca, route = StandInCA(), route_to(hosts)
+    async with gate_with(make_gate, hosts, route, ca) as gate:
+        attacker = base64.b64encode(f"me:{ATTACKER}".encode()).decode()
+        status, _, _ = await send(gate, ca, hosts.target(BOUND), post(
+            hosts.target(BOUND), f"Authorization: Basic {attacker}\r\nAuthorization: Bearer {ATTACKER}\r\n"
+                                 f"Cookie: session={ATTACKER}\r\nPrivate-Token: {ATTACKER}\r\n"))
+        plain, _, _ = await send(gate, ca, hosts.target(BOUND), post(hosts.target(BOUND)))
+        await eventually(lambda: len(hosts.stub.requests) == 2, what="both requests upstream")
+    assert status == 200 and plain == 200
+    for request in hosts.stub.requests:
+        seen = [(n.decode().lower(), v.decode()) for n, v in request.headers]
+        assert ATTACKER not in json.dumps(seen), "a credential of the client's own reached the bound host"
+        assert [v for n, v in seen if n == "authorization"] == [
+            "Basic " + base64.b64encode(f"x-access-token:{SECRET}".encode()).decode()]
+    assert any("credential route github" in r["reason"] for r in gate.records() if r["method"] == "POST")
+
+
+@pytest.mark.parametrize("scheme, header", [(Scheme.BEARER, f"Bearer {SECRET}"), (Scheme.TOKEN, f"token {SECRET}")])
+async def test_each_scheme_sends_its_header(make_gate: GateFactory, hosts: Hosts, scheme: Scheme, header: str) -> None:
+    ca = StandInCA()
+    async with gate_with(make_gate, hosts, route_to(hosts, scheme), ca) as gate:
+        status, _, _ = await send(gate, ca, hosts.target(BOUND), post(hosts.target(BOUND)))
+    assert status == 200 and hosts.stub.requests[-1].header("authorization") == [header]
+
+
+async def test_the_sentinel_and_the_value_go_nowhere_else(make_gate: GateFactory, hosts: Hosts) -> None:
+    ca, route = StandInCA(), route_to(hosts)
+    sentinel = route.spec.sentinel
+    async with gate_with(make_gate, hosts, route, ca) as gate:
+        attempts = {
+            "sentinel as the other host's credential": post(hosts.target(OTHER), f"Authorization: Bearer {sentinel}\r\n"),
+            "sentinel in the other host's body": post(hosts.target(OTHER), payload={"model": sentinel}),
+            "value in the other host's URL": post(hosts.target(OTHER), path=f"/v1/messages?t={SECRET}"),
+            "sentinel in the bound host's body": post(hosts.target(BOUND), payload={"x": sentinel}),
+            "value base64 in the bound host's body": post(
+                hosts.target(BOUND), payload={"x": base64.b64encode(SECRET.encode()).decode()}),
+        }
+        results = {what: await send(gate, ca, hosts.target(OTHER if "other" in what else BOUND), request)
+                   for what, request in attempts.items()}
+    assert {what: status for what, (status, _, _) in results.items()} == dict.fromkeys(attempts, 403)
+    assert hosts.stub.requests == [], "nothing of a refused request reached an upstream"
+    refusals = [r for r in gate.records() if r["method"] == "POST"]
+    assert len(refusals) == len(attempts) and all(r["rule"] == "[dlp] held-secret" for r in refusals), refusals
+
+
+async def test_a_response_never_carries_the_value_back(make_gate: GateFactory, hosts: Hosts) -> None:
+    """The stub echoes the request's headers, in its body or in response headers: the route's Authorization
+    (its Basic pair) and the secret must never reach the client, in any byte it receives."""
+    ca, route = StandInCA(), route_to(hosts)
+    pair = base64.b64encode(f"x-access-token:{SECRET}".encode())
+    async with gate_with(make_gate, hosts, route, ca) as gate:
+        for mode in ("echo", "echo-header"):
+            status, _, reader, writer = await connect_via(gate.proxy, hosts.target(BOUND))
+            assert status == 200
+            await writer.start_tls(ca.client_context(), server_hostname=BOUND)
+            writer.write(post(hosts.target(BOUND), payload={"model": "m", "stub": {"mode": mode}}))
+            received = await read_all(reader)
+            writer.close()
+            assert received.startswith(b"HTTP/1.1 "), received
+            assert SECRET.encode() not in received and pair not in received, mode
+            assert b"HTTP/1.1 502" in received or b'"headers"' not in received, "cut off before the echo"
+        await eventually(lambda: len(hosts.stub.requests) == 2, what="both requests upstream")
+    assert all(r.header("authorization") == ["Basic " + pair.decode()] for r in hosts.stub.requests)
+
+
+async def test_a_bound_host_is_never_reached_unseen(make_gate: GateFactory, hosts: Hosts) -> None:
+    route = route_to(hosts)
+    async with gate_with(make_gate, hosts, route, None) as gate:  # no CA: no tunnel is terminated
+        status, headers, _, writer = await connect_via(gate.proxy, hosts.target(BOUND))
+        writer.close()
+        other, _, _, writer = await connect_via(gate.proxy, hosts.target(OTHER))
+        writer.close()
+    assert status == 403 and "credential route github" in headers["x-deny-reason"]
+    assert other == 200, "an unbound host is still tunnelled opaquely by a gate without a CA"
+
+
+async def test_plain_http_to_a_bound_host_is_refused(make_gate: GateFactory, hosts: Hosts) -> None:
+    async with gate_with(make_gate, hosts, route_to(hosts), StandInCA()) as gate:
+        reader, writer = await asyncio.open_connection(gate.proxy.host, gate.proxy.port)
+        target = hosts.target(BOUND)
+        writer.write(f"GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        status, headers = await read_head(reader)
+        writer.close()
+    assert status == 403 and "TLS only" in headers["x-deny-reason"]
+    assert hosts.stub.requests == []
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_bound_host_cannot_be_opted_out_of_inspection() -> None:
+    spec = parse_route_flag(f"github basic x-access-token {new_sentinel('github')} github.com")
+    with pytest.raises(ConfigError, match=r"github\.com:443 is under --no-inspect"):
+        gc.parse_routes([spec.flag()], gc.parse_egress_rules((), ("github.com",)))
