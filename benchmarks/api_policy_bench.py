@@ -11,7 +11,7 @@
    streamed, as before the policy), in interleaved blocks. Added cost = judged p50 - unjudged p50.
 
 The stub, the gate and the gate without the policy each run as their own subprocess; the clients, the
-subprocess handling and the machine block are gate_bench.py's. Writes benchmarks/results/api-policy.json and
+subprocess handling and the machine block are benchkit's. Writes benchmarks/results/api-policy.json and
 api-policy.md. Exit status: 0 when it ran, 1 when it could not, 130 on Ctrl-C.
 """
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gate_bench import (
+from benchkit import (
     LOOPBACK,
     RESULTS,
     ROOT,
@@ -42,6 +42,7 @@ from gate_bench import (
     machine_info,
     make_token,
     percentile,
+    post,
     rounded,
 )
 
@@ -89,11 +90,6 @@ def decide_costs(samples: dict[str, bytes], quick: bool) -> list[dict[str, Any]]
     return rows
 
 
-def request(authority: str, body: bytes) -> bytes:
-    return (f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n"
-            f"anthropic-version: 2023-06-01\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
-
-
 def end_to_end(paths: dict[str, tuple[str, int]], samples: dict[str, bytes], n: int) -> list[dict[str, Any]]:
     rows = []
     for label, body in samples.items():
@@ -101,10 +97,10 @@ def end_to_end(paths: dict[str, tuple[str, int]], samples: dict[str, bytes], n: 
         conns = {k: SyncHttp(*a) for k, a in paths.items()}
         lat: dict[str, list[float]] = {k: [] for k in paths}
         try:
-            reqs = {k: request(c.authority, body) for k, c in conns.items()}
+            request = post("/v1/messages?beta=true", body)
             for k, c in conns.items():  # warm-up, and every path must answer 200
                 for _ in range(min(10, count)):
-                    if c.exchange(reqs[k])[0] != 200:
+                    if c.exchange(request)[0] != 200:
                         raise BenchError(f"{k}: {label} not answered 200")
             done, block = 0, 25
             while done < count:  # interleaved blocks, so drift affects every path alike
@@ -112,7 +108,7 @@ def end_to_end(paths: dict[str, tuple[str, int]], samples: dict[str, bytes], n: 
                 for k, c in conns.items():
                     for _ in range(m):
                         t0 = time.perf_counter_ns()
-                        c.exchange(reqs[k])
+                        c.exchange(request)
                         lat[k].append((time.perf_counter_ns() - t0) / 1e6)
                 done += m
         finally:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from gate_bench import RESULTS, ROOT, command_line, machine_info, rounded
+from benchkit import RESULTS, ROOT, command_line, machine_info, rounded
 
 from claude_bottle.gate.dlp import BUILTIN_NAMES, DlpMatch, DlpPolicy
 

@@ -7,8 +7,9 @@
    node and git (tests/testdata/first-flight), in this process, whole and split into 1-byte TLS records.
 2. Setup latency: TCP connect, CONNECT, a full TLS handshake with a local TLS server (a trustme CA), close;
    sequential, three paths interleaved in blocks: direct to the server, through a gate that checks the first
-   flight (``--allow``), and through a gate that does not (``--allow-tcp``: raw TCP, the same gate code with
-   the check skipped). Added cost of the check = checked - unchecked.
+   flight (``--no-inspect``: an opaque tunnel under the TLS name check; an ``--allow`` target would be
+   terminated by the gate's CA instead), and through a gate that does not (``--allow-tcp``: raw TCP, the
+   same gate code with the check skipped). Added cost of the check = checked - unchecked.
 
 The TLS server and both gates are subprocesses (the gates started as ``claude-bottle gate``); this process is
 the client. Writes benchmarks/results/first-flight.json and .md. Exit status as for gate_bench.py.
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import trustme
-from gate_bench import (
+from benchkit import (
     LOOPBACK,
     RESULTS,
     ROOT,
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise BenchError(f"the TLS server did not start: {children.items[0].tail()}")
         server_port = int(port_file.read_text())
-        checked = start_gate(children, "gate-checked", token, "--allow", server_port)
+        checked = start_gate(children, "gate-checked", token, "--no-inspect", server_port)
         unchecked = start_gate(children, "gate-unchecked", token, "--allow-tcp", server_port)
         target = f"{SERVER_NAME}:{server_port}"
         print(f"1. parse cost ({args.parse_iterations} rounds per hello)", flush=True)

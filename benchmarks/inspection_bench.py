@@ -43,8 +43,7 @@ from typing import Any
 
 import h11
 import trustme
-from cryptography import x509
-from gate_bench import (
+from benchkit import (
     LOOPBACK,
     MB,
     RESULTS,
@@ -64,7 +63,9 @@ from gate_bench import (
     proc_status_kb,
     ratio,
     rounded,
+    srt,
 )
+from cryptography import x509
 
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.policy.hosts import Allowlist
@@ -75,7 +76,6 @@ CHUNK = 256 * 1024
 BLOCK = 50
 CONCURRENT = 256
 GLOBAL_DEADLINE_S = 20 * 60
-DEFAULT_SRT = Path("/tmp/srt-install/node_modules/@anthropic-ai/sandbox-runtime")
 
 
 # ------------------------------------------------------------------------------------------------ origin
@@ -471,20 +471,15 @@ def start_routes(args: argparse.Namespace, children: Children, tmp: Path, origin
         wait_for_port(child, port, 60)
         routes.append(Route("mitmproxy", (LOOPBACK, port), target,
                             trusting((confdir / "mitmproxy-ca-cert.pem").read_bytes()), target, child))
-    srt = Path(args.srt)
-    node = shutil.which("node")
-    if not (srt / "dist" / "sandbox" / "http-proxy.js").is_file() or node is None:
-        reason = (f"sandbox-runtime not installed in {srt} (npm install --prefix DIR @anthropic-ai/sandbox-runtime; "
-                  "--srt DIR/node_modules/@anthropic-ai/sandbox-runtime)" if node else "node not found")
+    package = Path(args.srt)
+    if reason := srt.missing(package):
         unavailable["srt_terminated"] = unavailable["srt_opaque"] = reason
         return routes
-    for name, mode in (("srt_terminated", "terminate"), ("srt_opaque", "opaque")):
-        child = children.start(name, [node, str(Path(__file__).with_name("srt_proxy.mjs")), str(srt), SERVER_NAME,
-                                      str(origin_port), str(tmp / "origin-ca.pem"), mode], stdin_pipe=True)
-        m = child.wait_for_line(re.compile(r'^\{"port":(\d+),"caCertPath":(null|"[^"]*")\}', re.MULTILINE), 30)
-        ca_path = json.loads(m[2])
-        pem = Path(ca_path).read_bytes() if ca_path else origin_pem
-        routes.append(Route(name, (LOOPBACK, int(m[1])), target, trusting(pem), target, child))
+    for name, terminate in (("srt_terminated", True), ("srt_opaque", False)):
+        child, addr, ca_path = srt.start_proxy(children, name, package, SERVER_NAME, origin_port,
+                                               tmp / "origin-ca.pem", terminate)
+        pem = ca_path.read_bytes() if ca_path else origin_pem
+        routes.append(Route(name, addr, target, trusting(pem), target, child))
     return routes
 
 
@@ -499,7 +494,7 @@ def versions(args: argparse.Namespace) -> dict[str, str]:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
             found[name] = out.splitlines()[0].split()[-1] if out else "?"
     with contextlib.suppress(OSError, ValueError):
-        found["sandbox-runtime"] = json.loads((Path(args.srt) / "package.json").read_text())["version"]
+        found["sandbox-runtime"] = srt.version(Path(args.srt))
     with contextlib.suppress(Exception):
         import cryptography
 
@@ -639,7 +634,7 @@ def main() -> int:
     parser.add_argument("--download-reps", type=int, help="downloads per route (default 3, quick 1)")
     parser.add_argument("--mints", type=int, default=500, help="leaves minted in the minting phase")
     parser.add_argument("--mitmdump", help="the mitmdump program (default: from PATH)")
-    parser.add_argument("--srt", default=str(DEFAULT_SRT),
+    parser.add_argument("--srt", default=srt.default_package(),
                         help="the installed @anthropic-ai/sandbox-runtime package directory")
     parser.add_argument("--terminate-flag", nargs="*", default=[], metavar="FLAG",
                         help="extra gate flags that turn termination on for --allow targets, if the gate needs any")

@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
 """The whole benchmark in one run: the gate against a direct connection and against Debian's nginx (API
-route) and squid (egress proxy), on loopback with the stub Messages API; then real bottles on the Docker
-engine (`claude-bottle run -p` against plain `docker run`, teardown, image sizes, gate idle RSS).
+route), squid and sandbox-runtime's proxy (egress), on loopback with the stub Messages API; then real
+bottles on the Docker engine (`claude-bottle run -p` against plain `docker run`, teardown, image sizes,
+gate idle RSS).
 
     .venv/bin/python benchmarks/run.py [--quick] [--only api egress bottle]
 
 Writes benchmarks/results/latest.json and benchmarks/results/latest.md and prints one PASS/MISS line per
 target. Exit status: 0 when the benchmark ran (targets met or not), 1 when it could not run, 130 on Ctrl-C.
-Needs nginx and squid (`apt-get install nginx-light squid`) and, for the bottle part, a Docker engine and
+Needs nginx and squid (`apt-get install nginx-light squid`), for the egress part sandbox-runtime (`npm install
+--prefix /opt/srt @anthropic-ai/sandbox-runtime`, node >= 20.11) and, for the bottle part, a Docker engine and
 the images (`claude-bottle build`). See benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -22,8 +23,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,92 +32,40 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import gate_bench as gb  # noqa: E402  (shared stub/gate/sink handling, clients, machine block)
-from gate_bench import (  # noqa: E402
+from benchkit import (
+    HERE,
     LOOPBACK,
     MB,
+    RESULTS,
     SINK_HOST,
+    SMALL_PAYLOAD,
     BenchError,
     Child,
     Children,
     Deadline,
     Entry,
-    SseScanner,
     SyncHttp,
+    command_line,
+    fmt,
+    free_port,
     kb_to_mb,
+    log,
+    machine_info,
     messages_request,
     open_tunnel,
     percentile,
-    proc_cpu_s,
-    proc_status_kb,
-    push_bytes,
+    phases,
+    print_verdicts,
     ratio,
+    rounded,
+    srt,
+    tool_version,
+    tree_kb,
+    wait_port,
 )
 
-ROOT = HERE.parent
-RESULTS = HERE / "results"
 VENV_BIN = Path(sys.executable).parent
 DENIED_TARGET = "127.0.0.3:443"  # allowed by neither the gate nor squid
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(child: Child, host: str, port: int, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        child.ensure_alive()
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
-            return
-        time.sleep(0.05)
-    raise BenchError(f"{child.name} did not listen on {host}:{port} within {timeout:g}s: {child.tail()}")
-
-
-def tree_pids(pid: int) -> list[int]:
-    """pid and all its descendants (nginx master + workers, squid + helpers)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(x) for x in f.read().split()]
-    return out
-
-
-def tree_kb(pid: int, field_name: str) -> int:
-    total = 0
-    for p in tree_pids(pid):
-        with contextlib.suppress(OSError, BenchError):
-            total += proc_status_kb(p, field_name)
-    return total
-
-
-def tree_cpu(pid: int) -> float:
-    total = 0.0
-    for p in tree_pids(pid):
-        with contextlib.suppress(OSError):
-            total += proc_cpu_s(p)
-    return total
-
-
-def tool_version(argv: list[str]) -> str | None:
-    with contextlib.suppress(Exception):
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        text = (r.stdout + r.stderr).strip().splitlines()
-        return text[0] if text else None
-    return None
 
 
 # ----------------------------------------------------------------------------------- baseline configs
@@ -196,7 +143,8 @@ max_filedescriptors 8192
 
 
 class Loopback:
-    """Stub, sink, gate, nginx and squid as subprocesses; this process is the client."""
+    """Stub, sink and gate (benchkit.phases), nginx, squid and sandbox-runtime's proxy as subprocesses;
+    this process is the client."""
 
     def __init__(self, args: argparse.Namespace, deadline: Deadline, children: Children, tmp: Path,
                  entries: list[Entry], details: dict[str, Any]) -> None:
@@ -204,80 +152,65 @@ class Loopback:
         self.entries, self.details = entries, details
 
     def setup(self, need_egress: bool) -> None:
-        cb = gb.claude_bottle_argv()
-        token_value = gb.make_token()
-        token = self.tmp / "token"
-        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token_value + "\n")
         ch = self.children
-        self.stub = ch.start("stub", [*cb, "stub-upstream", "--listen", f"{LOOPBACK}:0"])
-        self.stub_port = int(self.stub.wait_for_line(re.compile(r"stub upstream on http://[\d.]+:(\d+)"), 20)[1])
-        self.sink_child = ch.start("sink", [sys.executable, str(HERE / "gate_bench.py"), "--_sink",
-                                            f"{SINK_HOST}:0"], stdin_pipe=True)
-        sink_port = int(self.sink_child.wait_for_line(re.compile(r"sink on [\d.]+:(\d+)"), 20)[1])
-        self.sink = (SINK_HOST, sink_port)
-        self.gate = ch.start("gate", [*cb, "gate", "--api-listen", f"{LOOPBACK}:0", "--proxy-listen",
-                                      f"{LOOPBACK}:0", "--upstream", f"http://{LOOPBACK}:{self.stub_port}",
-                                      "--token-file", str(token), "--allow-tcp", f"{SINK_HOST}:{sink_port}",
-                                      "--allow-private", "127.0.0.0/8", "--max-tunnels", "256",
-                                      "--drain-seconds", "1"])
-        m = self.gate.wait_for_line(re.compile(r"API on ([\d.]+):(\d+), proxy on ([\d.]+):(\d+)"), 30)
-        self.api, self.proxy = (m[1], int(m[2])), (m[3], int(m[4]))
+        self.lb = lb = phases.start_loopback(ch, self.tmp)
+        self.gate = lb.gate
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         if not Path(nginx).exists():
             raise BenchError("nginx is not installed: apt-get install nginx-light")
         nport = free_port()
-        conf = nginx_conf(self.tmp, nport, self.stub_port, token_value)
+        conf = nginx_conf(self.tmp, nport, lb.stub_port, lb.token)
         self.nginx = ch.start("nginx", [nginx, "-c", str(conf), "-p", str(conf.parent), "-e", "stderr"])
         wait_port(self.nginx, LOOPBACK, nport, 20)
         self.nginx_addr = (LOOPBACK, nport)
-        self.squid: Child | None = None
+        self.egress: dict[str, tuple[Child, tuple[str, int]]] = {}
         if need_egress:
             squid = shutil.which("squid") or "/usr/sbin/squid"
             if not Path(squid).exists():
                 raise BenchError("squid is not installed: apt-get install squid")
             sport = free_port()
-            sconf = squid_conf(self.tmp, sport, sink_port)
-            self.squid = ch.start("squid", [squid, "-N", "-f", str(sconf)])
-            wait_port(self.squid, LOOPBACK, sport, 60)
-            self.squid_addr = (LOOPBACK, sport)
-        log(f"stub :{self.stub_port} gate API :{self.api[1]} proxy :{self.proxy[1]} nginx :{nport} sink "
-            f"{SINK_HOST}:{sink_port}" + (f" squid :{self.squid_addr[1]}" if self.squid else ""))
+            sconf = squid_conf(self.tmp, sport, lb.sink[1])
+            squid_child = ch.start("squid", [squid, "-N", "-f", str(sconf)])
+            wait_port(squid_child, LOOPBACK, sport, 60)
+            self.egress["squid"] = (squid_child, (LOOPBACK, sport))
+            srt_child, srt_addr, _ = srt.start_proxy(ch, "srt", Path(self.args.srt), lb.sink[0], lb.sink[1], None,
+                                                     terminate=False)
+            self.egress["srt"] = (srt_child, srt_addr)
+        log(f"stub :{lb.stub_port} gate API :{lb.api[1]} proxy :{lb.proxy[1]} nginx :{nport} sink "
+            f"{lb.sink_target}" + "".join(f" {k} :{a[1]}" for k, (_, a) in self.egress.items()))
 
     def api_paths(self) -> dict[str, tuple[str, int]]:
-        return {"direct": (LOOPBACK, self.stub_port), "gate": self.api, "nginx": self.nginx_addr}
+        return {"direct": (LOOPBACK, self.lb.stub_port), "gate": self.lb.api, "nginx": self.nginx_addr}
+
+    def egress_paths(self, target: str) -> dict[str, tuple[tuple[str, int], str | None]]:
+        """direct (to the sink itself; omitted when ``target`` is not the sink), gate, squid, srt."""
+        paths: dict[str, tuple[tuple[str, int], str | None]] = {}
+        if target == self.lb.sink_target:
+            paths["direct"] = (self.lb.sink, None)
+        paths["gate"] = (self.lb.proxy, target)
+        paths.update({k: (addr, target) for k, (_, addr) in self.egress.items()})
+        return paths
+
+    def egress_pids(self) -> dict[str, int]:
+        return {"gate": self.gate.pid, **{k: c.pid for k, (c, _) in self.egress.items()}}
+
+    def peer_rows(self, name: str, unit: str, values: dict[str, float], note: str = "",
+                  target: str | None = None, passed: bool | None = None) -> None:
+        """One row per egress peer: ``name`` against squid (with the target, if any), ``name_vs_srt``
+        against sandbox-runtime's proxy."""
+        g = values["gate"]
+        self.entries.append(Entry(name, unit, g, "squid", values["squid"], ratio(g, values["squid"]), target,
+                                  passed, note))
+        self.entries.append(Entry(f"{name}_vs_srt", unit, g, "sandbox-runtime", values["srt"],
+                                  ratio(g, values["srt"])))
 
     # -- API latency -------------------------------------------------------------------------------
 
     def api_latency(self) -> None:
-        n, block = self.args.requests, 50
+        n = self.args.requests
         log(f"API latency: {n} sequential small POST /v1/messages per path (direct, gate, nginx), keep-alive")
-        conns = {k: SyncHttp(*a) for k, a in self.api_paths().items()}
-        lat: dict[str, list[float]] = {k: [] for k in conns}
-        try:
-            reqs = {k: messages_request(c.authority, gb.SMALL_PAYLOAD) for k, c in conns.items()}
-            for k, c in conns.items():
-                for _ in range(min(100, n)):
-                    if c.exchange(reqs[k])[0] != 200:
-                        raise BenchError(f"{k}: warm-up request failed")
-            done = 0
-            while done < n:
-                self.deadline.check()
-                m = min(block, n - done)
-                for k, c in conns.items():
-                    for _ in range(m):
-                        t0 = time.perf_counter_ns()
-                        status, _ = c.exchange(reqs[k])
-                        t1 = time.perf_counter_ns()
-                        if status != 200:
-                            raise BenchError(f"{k}: request answered {status}")
-                        lat[k].append((t1 - t0) / 1e6)
-                done += m
-        finally:
-            for c in conns.values():
-                c.close()
-        st = {k: {"p50": percentile(v, 50), "p99": percentile(v, 99), "n": len(v)} for k, v in lat.items()}
+        st = phases.api_latency(self.api_paths(), n, self.deadline,
+                                {"gate": self.gate.pid, "nginx": self.nginx.pid})
         self.details["api_latency_ms"] = st
         for q in ("p50", "p99"):
             g_add = st["gate"][q] - st["direct"][q]
@@ -288,31 +221,18 @@ class Loopback:
             self.entries.append(Entry(f"api_added_latency_{q}", "ms", g_add, "nginx", n_add, ratio(g_add, n_add),
                                       tgt, (g_add <= 1.5 * n_add) if tgt else None,
                                       f"{q} over the direct {q}; {n} sequential small non-streaming requests"))
-        log("   " + " | ".join(f"{k} p50 {v['p50']:.3f} p99 {v['p99']:.3f} ms" for k, v in st.items()))
+        g_cpu, n_cpu = st["gate"]["cpu_ms_per_request"], st["nginx"]["cpu_ms_per_request"]
+        self.entries.append(Entry("api_cpu_per_request", "ms", g_cpu, "nginx", n_cpu, ratio(g_cpu, n_cpu),
+                                  note="CPU the proxy spent per request (/proc, all its processes)"))
+        log("   " + " | ".join(f"{k} p50 {v['p50']:.3f} p99 {v['p99']:.3f} ms" for k, v in st.items())
+            + f" | CPU/request gate {g_cpu:.3f} nginx {n_cpu:.3f} ms")
 
     # -- SSE per-event delay -----------------------------------------------------------------------
 
     def sse_delay(self) -> None:
         events, interval, streams = 200, 0.005, self.args.sse_streams
         log(f"SSE per-event delay: {streams} streams x {events} events, {interval * 1000:g} ms apart, per path")
-        conns = {k: SyncHttp(*a) for k, a in self.api_paths().items()}
-        delays: dict[str, list[float]] = {k: [] for k in conns}
-        try:
-            reqs = {k: messages_request(c.authority, gb.stream_payload(events, interval)) for k, c in conns.items()}
-            for c in conns.values():
-                c.exchange(messages_request(c.authority, gb.stream_payload(20, 0.001)), SseScanner())
-            for _ in range(streams):
-                for k, c in conns.items():
-                    self.deadline.check()
-                    sse = SseScanner()
-                    status, _ = c.exchange(reqs[k], sse)
-                    if status != 200 or sse.deltas != events or not sse.stopped or len(sse.delays_ns) != events:
-                        raise BenchError(f"{k}: incomplete stream (status {status}, {sse.deltas} deltas)")
-                    delays[k] += [x / 1e6 for x in sse.delays_ns]
-        finally:
-            for c in conns.values():
-                c.close()
-        st = {k: {"median": percentile(v, 50), "p99": percentile(v, 99), "n": len(v)} for k, v in delays.items()}
+        st = phases.sse_delay(self.api_paths(), streams, self.deadline, events, interval)
         self.details["sse_event_delay_ms"] = st
         g_add = st["gate"]["median"] - st["direct"]["median"]
         n_add = st["nginx"]["median"] - st["direct"]["median"]
@@ -329,27 +249,11 @@ class Loopback:
     def streams(self) -> None:
         n, events, interval = self.args.streams, 50, 0.010
         log(f"{n} concurrent SSE streams ({events} events, {interval * 1000:g} ms apart): direct, gate, nginx")
-        bench = gb.Bench(self.args, self.deadline, self.stub_port, self.stub, self.gate, self.api, self.proxy,
-                         self.sink)
-        out: dict[str, Any] = {}
-        for k, (host, port) in self.api_paths().items():
-            self.deadline.check()
-            proc = {"gate": self.gate, "nginx": self.nginx}.get(k)
-            pid = proc.pid if proc else None
-            cpu0 = tree_cpu(pid) if pid else 0.0
-            rss0 = tree_kb(pid, "VmRSS") if pid else 0
-            t0 = time.monotonic()
-            errors, delays, sampled = asyncio.run(bench._streams(host, port, n, events, interval, pid))
-            wall = time.monotonic() - t0
-            rec: dict[str, Any] = {"errors": errors, "error_count": sum(errors.values()), "wall_s": wall,
-                                   "event_delay_median_ms": percentile([d / 1e6 for d in delays], 50),
-                                   "event_delay_p99_ms": percentile([d / 1e6 for d in delays], 99)}
-            if pid:
-                rec.update(cpu_s=tree_cpu(pid) - cpu0, rss_before_mb=kb_to_mb(rss0),
-                           rss_sampled_peak_mb=kb_to_mb(sampled), vmhwm_mb=kb_to_mb(tree_kb(pid, "VmHWM")))
-            out[k] = rec
-            log(f"   {k}: errors {rec['error_count']} {errors or ''}"
-                + (f", VmHWM {rec['vmhwm_mb']:.1f} MB, CPU {rec['cpu_s']:.2f} s" if pid else ""))
+        out = phases.concurrent_streams(self.api_paths(), {"gate": self.gate.pid, "nginx": self.nginx.pid}, n,
+                                        self.deadline, events, interval)
+        for k, rec in out.items():
+            log(f"   {k}: errors {rec['error_count']} {rec['errors'] or ''}"
+                + (f", VmHWM {rec['vmhwm_mb']:.1f} MB, CPU {rec['cpu_s']:.2f} s" if "cpu_s" in rec else ""))
         self.gate.ensure_alive()
         self.details[f"streams{n}"] = out
         g, ng = out["gate"], out["nginx"]
@@ -372,17 +276,16 @@ class Loopback:
         conns = {k: SyncHttp(*a) for k, a in self.api_paths().items()}
         rates: dict[str, list[float]] = {k: [] for k in conns}
         try:
-            reqs = {k: messages_request(c.authority, {**gb.SMALL_PAYLOAD, "messages": [
-                {"role": "user", "content": filler}]}) for k, c in conns.items()}
-            body_len = len(reqs["direct"]) - reqs["direct"].index(b"\r\n\r\n") - 4
+            request = messages_request({**SMALL_PAYLOAD, "messages": [{"role": "user", "content": filler}]})
+            body_len = len(request[2])
             for k, c in conns.items():  # warm-up
-                if c.exchange(reqs[k])[0] != 200:
+                if c.exchange(request)[0] != 200:
                     raise BenchError(f"{k}: 10 MB request refused")
             for _ in range(reps):
                 for k, c in conns.items():
                     self.deadline.check()
                     t0 = time.perf_counter()
-                    status, _ = c.exchange(reqs[k])
+                    status, _ = c.exchange(request)
                     secs = time.perf_counter() - t0
                     if status != 200:
                         raise BenchError(f"{k}: 10 MB request answered {status}")
@@ -390,7 +293,7 @@ class Loopback:
         finally:
             for c in conns.values():
                 c.close()
-        med = {k: statistics.median(v) for k, v in rates.items()}
+        med = {k: percentile(v, 50) for k, v in rates.items()}
         self.details["body10mb_mb_s"] = {**rates, "body_bytes": body_len}
         self.entries.append(Entry("body10mb_throughput", "MB/s", med["gate"], "nginx", med["nginx"],
                                   ratio(med["gate"], med["nginx"]),
@@ -419,89 +322,76 @@ class Loopback:
         finally:
             sock.close()
 
-    def connect_rate(self) -> None:
-        n = self.args.connects
-        target = f"{self.sink[0]}:{self.sink[1]}"
-        assert self.squid is not None
-        paths = {"direct": (self.sink, None), "gate": (self.proxy, target), "squid": (self.squid_addr, target)}
-        log(f"CONNECT setups: {n} sequential per path (connect, CONNECT, 8-byte exchange with the sink, close)")
+    def _sequential(self, paths: dict[str, tuple[tuple[str, int], str | None]], n: int, expect: int,
+                    warm: int) -> dict[str, list[float]]:
+        """``n`` setups per path after ``warm`` unrecorded ones, paths interleaved in blocks; ms each."""
         times: dict[str, list[float]] = {k: [] for k in paths}
-        for k, (hop, tgt) in paths.items():
-            for _ in range(min(50, n)):
-                if self._connect_once(hop, tgt)[0] != 200:
-                    raise BenchError(f"{k}: CONNECT to the sink refused")
-        block = 50
-        done = 0
+        done = -warm
         while done < n:
             self.deadline.check()
-            m = min(block, n - done)
-            for k, (hop, tgt) in paths.items():
+            m = min(phases.BLOCK, n - done) if done >= 0 else -done
+            for k, (hop, target) in paths.items():
                 for _ in range(m):
-                    status, secs = self._connect_once(hop, tgt)
-                    if status != 200:
-                        raise BenchError(f"{k}: CONNECT answered {status}")
-                    times[k].append(secs)
+                    status, secs = self._connect_once(hop, target)
+                    if status != expect:
+                        raise BenchError(f"{k}: CONNECT {target} answered {status}, expected {expect}")
+                    if done >= 0:
+                        times[k].append(secs * 1000)
             done += m
-        rate = {k: len(v) / sum(v) for k, v in times.items()}
-        self.details["connect_setup_ms"] = {k: {"p50": percentile(v, 50) * 1000, "p99": percentile(v, 99) * 1000,
+        return times
+
+    def connect_rate(self) -> None:
+        n = self.args.connects
+        paths = self.egress_paths(self.lb.sink_target)
+        log(f"CONNECT setups: {n} sequential per path ({', '.join(paths)}): connect, CONNECT, 8-byte exchange "
+            "with the sink, close")
+        times = self._sequential(paths, n, 200, min(50, n))
+        rate = {k: len(v) * 1000 / sum(v) for k, v in times.items()}
+        self.details["connect_setup_ms"] = {k: {"p50": percentile(v, 50), "p99": percentile(v, 99),
                                                 "per_s": rate[k]} for k, v in times.items()}
-        self.entries.append(Entry("egress_connect_setups_per_s", "1/s", rate["gate"], "squid", rate["squid"],
-                                  ratio(rate["gate"], rate["squid"]),
-                                  note=f"sequential, one client; direct {rate['direct']:.0f}/s"))
+        self.peer_rows("egress_connect_setups_per_s", "1/s", rate,
+                       f"sequential, one client; direct {rate['direct']:.0f}/s")
         log("   " + " | ".join(f"{k} {v:.0f}/s" for k, v in rate.items()))
 
     def denied_latency(self) -> None:
         n = self.args.denied
-        assert self.squid is not None
-        paths = {"gate": self.proxy, "squid": self.squid_addr}
-        log(f"Denied CONNECT {DENIED_TARGET}: {n} per path, fresh connection each, time to the refusal")
-        times: dict[str, list[float]] = {k: [] for k in paths}
-        for i in range(n + 10):
-            self.deadline.check()
-            for k, hop in paths.items():
-                status, secs = self._connect_once(hop, DENIED_TARGET)
-                if status != 403:
-                    raise BenchError(f"{k}: denied CONNECT answered {status}, expected 403")
-                if i >= 10:
-                    times[k].append(secs * 1000)
+        paths = self.egress_paths(DENIED_TARGET)
+        log(f"Denied CONNECT {DENIED_TARGET}: {n} per path ({', '.join(paths)}), fresh connection each, time to "
+            "the refusal")
+        times = self._sequential(paths, n, 403, 10)
         st = {k: {"p50": percentile(v, 50), "p99": percentile(v, 99)} for k, v in times.items()}
         self.details["denied_decision_ms"] = st
-        self.entries.append(Entry("egress_denied_decision_p50", "ms", st["gate"]["p50"], "squid", st["squid"]["p50"],
-                                  ratio(st["gate"]["p50"], st["squid"]["p50"]),
-                                  note="TCP connect + CONNECT to a 403 answer (IP literal, no DNS)"))
-        self.entries.append(Entry("egress_denied_decision_p99", "ms", st["gate"]["p99"], "squid", st["squid"]["p99"],
-                                  ratio(st["gate"]["p99"], st["squid"]["p99"])))
+        self.peer_rows("egress_denied_decision_p50", "ms", {k: v["p50"] for k, v in st.items()},
+                       "TCP connect + CONNECT to a 403 answer (IP literal, no DNS)")
+        self.peer_rows("egress_denied_decision_p99", "ms", {k: v["p99"] for k, v in st.items()})
         log("   " + " | ".join(f"{k} p50 {v['p50']:.3f} p99 {v['p99']:.3f} ms" for k, v in st.items()))
 
     def tunnel(self) -> None:
-        total, chunk, reps = self.args.tunnel_bytes, 256 * 1024, self.args.tunnel_reps
-        assert self.squid is not None
-        target = f"{self.sink[0]}:{self.sink[1]}"
-        paths = {"direct": (self.sink, None), "gate": (self.proxy, target), "squid": (self.squid_addr, target)}
-        log(f"Tunnel throughput: {total / 2**20:.0f} MiB, {reps} run(s) per path, alternating")
-        payload = memoryview(os.urandom(chunk))
-        for hop, tgt in paths.values():
-            push_bytes(hop, tgt, 32 * 2**20, chunk, payload, self.deadline)
-        rates: dict[str, list[float]] = {k: [] for k in paths}
-        cpu: dict[str, list[float]] = {"gate": [], "squid": []}
-        for _ in range(reps):
-            for k, (hop, tgt) in paths.items():
-                pid = {"gate": self.gate.pid, "squid": self.squid.pid}.get(k)
-                c0 = tree_cpu(pid) if pid else 0
-                secs = push_bytes(hop, tgt, total, chunk, payload, self.deadline)
-                rates[k].append(total / MB / secs)
-                if pid:
-                    cpu[k].append((tree_cpu(pid) - c0) / secs)
-        med = {k: statistics.median(v) for k, v in rates.items()}
-        self.details["tunnel_mb_s"] = {**rates, "bytes": total, "cpu_utilisation": cpu}
-        self.entries.append(Entry("tunnel_throughput", "MB/s", med["gate"], "squid", med["squid"],
-                                  ratio(med["gate"], med["squid"]), ">= squid", med["gate"] >= med["squid"],
-                                  f"median of {reps} x {total / 2**20:.0f} MiB, sink-confirmed; direct "
-                                  f"{med['direct']:.0f} MB/s"))
+        total, reps = self.args.tunnel_bytes, self.args.tunnel_reps
+        paths = self.egress_paths(self.lb.sink_target)
+        log(f"Tunnel throughput: {total / 2**20:.0f} MiB, {reps} run(s) per path ({', '.join(paths)}), alternating")
+        out = phases.tunnel_throughput(paths, self.egress_pids(), total, reps, self.deadline)
+        self.details["tunnel_mb_s"] = out
+        med = out["median_mb_s"]
+        self.peer_rows("tunnel_throughput", "MB/s", med, f"median of {reps} x {total / 2**20:.0f} MiB, "
+                       f"sink-confirmed; direct {med['direct']:.0f} MB/s", ">= squid", med["gate"] >= med["squid"])
         log("   " + " | ".join(f"{k} {v:.0f} MB/s" for k, v in med.items()))
 
 
 # --------------------------------------------------------------------------------------- bottle part
+
+STEP_NOTES = {
+    "until_gate_started": "config, image check, both networks, the gate created, connected and started",
+    "create_bottle": "the state volume, the bottle created, ~/.claude.json and the image's trust store read",
+    "wait_gate_ready": "what is left of the gate's boot once the bottle is created (its CA announced)",
+    "trust_ca": "the gate's CA appended to the bottle's trust store (one write)",
+    "start_bottle": "the bottle container started",
+    "claude_runs": "Claude Code in the bottle, from its start to its exit",
+    "teardown_gate_stop": "the gate stopped (SIGTERM, its network endpoints released) for its audit",
+    "teardown": "everything removed: bottle, gate (stop above included), both networks",
+    "total": "in-process run -p: no CLI start-up",
+}
+
 
 
 class Bottle:
@@ -669,7 +559,7 @@ class Bottle:
                 f"docker run {plain[-1]['exit']:.2f} s")
 
         def med(xs: list[float]) -> float:
-            return statistics.median(xs)
+            return percentile(xs, 50)
 
         r_wall, p_wall = med([r["exit"] for r in runs]), med([p["exit"] for p in plain])
         teardown = med([r["exit"] - r["last_out"] for r in runs])
@@ -696,11 +586,72 @@ class Bottle:
         log(f"   run -p {r_wall:.2f} s, docker run {p_wall:.2f} s, overhead {r_wall - p_wall:.2f} s, "
             f"teardown {teardown:.2f} s")
 
-    def idle_and_sizes(self) -> None:
-        # A kept-alive bottle (sleep) through the product's own API, as the tests do: the gate idles.
+    def start_breakdown(self) -> None:
+        """Where `run -p`'s seconds go: the same steps as `run_headless`, in this process, each timed. The
+        engine calls are the product's own (launch.started, Run); only the clock is added around them."""
+        self._use_bench_environment()
+        from claude_bottle import tokens
+        from claude_bottle.config import load_agent
+        from claude_bottle.launch import Launch, claude_command, started
+        from claude_bottle.runtime import bottle as bottle_module
+
+        credential, _ = tokens.find()
+        agent = load_agent(self.agent, self.workspace)
+        reps = self.args.bottle_reps
+        log(f"start breakdown: {reps} x run -p in process, each step timed")
+        steps: list[dict[str, float]] = []
+        trust_in_bottle = bottle_module.trust_in_bottle
+        keep_audit = bottle_module.keep_audit
+
+        def timed(t: dict[str, float], name: str, call: Any) -> Any:
+            def run_timed(*a: Any, **k: Any) -> Any:
+                t0 = time.monotonic()
+                try:
+                    return call(*a, **k)
+                finally:
+                    t[name] = t.get(name, 0.0) + time.monotonic() - t0
+            return run_timed
+
+        try:
+            for _ in range(reps):
+                self.deadline.check()
+                t: dict[str, float] = {}
+                bottle_module.trust_in_bottle = timed(t, "trust_ca", trust_in_bottle)
+                bottle_module.keep_audit = timed(t, "teardown_gate_stop", keep_audit)
+                launch = Launch(agent, self.workspace, credential, "http://stub:8000", (self.net,))
+                t0 = time.monotonic()
+                with started(launch, lambda line: None) as run:
+                    t["until_gate_started"] = time.monotonic() - t0
+                    run.wait_for_gate = timed(t, "wait_gate_ready", run.wait_for_gate)  # type: ignore[method-assign]
+                    t1 = time.monotonic()
+                    bottle = run.create_bottle(claude_command(agent, "-p", "say hi"), tty=False)
+                    t["create_bottle"] = time.monotonic() - t1 - t["wait_gate_ready"] - t["trust_ca"]
+                    t2 = time.monotonic()
+                    bottle.start()
+                    t["start_bottle"] = time.monotonic() - t2
+                    t3 = time.monotonic()
+                    bottle.wait()
+                    t["claude_runs"] = time.monotonic() - t3
+                    t4 = time.monotonic()
+                t["teardown"] = time.monotonic() - t4
+                t["total"] = time.monotonic() - t0
+                steps.append(t)
+        finally:
+            bottle_module.trust_in_bottle, bottle_module.keep_audit = trust_in_bottle, keep_audit
+        median = {k: percentile([s[k] for s in steps], 50) for k in steps[0]}
+        self.details["start_breakdown_s"] = {"median": median, "runs": steps}
+        for k, v in median.items():
+            self.entries.append(Entry(f"run_p_step_{k}", "s", v, note=STEP_NOTES.get(k, "")))
+        log("   " + ", ".join(f"{k} {v:.3f}" for k, v in median.items()))
+
+    def _use_bench_environment(self) -> None:
         os.environ.update({k: self.env[k] for k in ("CLAUDE_BOTTLE_OAUTH_TOKEN", "XDG_CONFIG_HOME")})
         if "CLAUDE_BOTTLE_EXTRA_CA_CERTS" in self.env:
             os.environ["CLAUDE_BOTTLE_EXTRA_CA_CERTS"] = self.env["CLAUDE_BOTTLE_EXTRA_CA_CERTS"]
+
+    def idle_and_sizes(self) -> None:
+        # A kept-alive bottle (sleep) through the product's own API, as the tests do: the gate idles.
+        self._use_bench_environment()
         from claude_bottle import tokens
         from claude_bottle.config import load_agent
         from claude_bottle.launch import Launch, started
@@ -768,16 +719,18 @@ def write_results(doc: dict[str, Any]) -> None:
         f"duration {doc['duration_s']:.0f} s", "",
         "Gate = `claude-bottle gate`; direct = straight to the stub (or sink); nginx = Debian's nginx as a "
         "reverse proxy (proxy_buffering off, keep-alive upstream, Authorization injected); squid = Debian's "
-        "squid allowing CONNECT to the sink only. Added = path - direct. MB = 10^6 bytes.", "",
+        "squid allowing CONNECT to the sink only; sandbox-runtime = the HTTP proxy of Anthropic's "
+        "`@anthropic-ai/sandbox-runtime` (`srt`) allowing the sink only, opaque tunnels. Added = path - direct. "
+        "MB = 10^6 bytes.", "",
         "| metric | unit | value | baseline | baseline value | ratio | target | result | note |",
         "| --- | --- | ---: | --- | ---: | ---: | --- | --- | --- |",
     ]
     for e in doc["results"]:
-        lines.append(f"| {e['name']} | {e['unit']} | {gb.fmt(e['value'])} | {e['baseline'] or ''} | "
-                     f"{gb.fmt(e['baseline_value'])} | {gb.fmt(e['ratio'])} | {e['target'] or ''} | "
-                     f"{gb.fmt(e['pass']) if e['target'] else ''} | {e['note'].replace('|', '/')} |")
+        lines.append(f"| {e['name']} | {e['unit']} | {fmt(e['value'])} | {e['baseline'] or ''} | "
+                     f"{fmt(e['baseline_value'])} | {fmt(e['ratio'])} | {e['target'] or ''} | "
+                     f"{fmt(e['pass']) if e['target'] else ''} | {e['note'].replace('|', '/')} |")
     lines += ["", "Targets:", ""]
-    lines += [f"- {'PASS' if e['pass'] else 'MISS'}: {e['name']} = {gb.fmt(e['value'])} {e['unit']} "
+    lines += [f"- {'PASS' if e['pass'] else 'MISS'}: {e['name']} = {fmt(e['value'])} {e['unit']} "
               f"(target {e['target']})" for e in doc["results"] if e["target"]]
     if doc.get("analysis"):
         lines += ["", "Analysis of the misses:", ""] + [f"- {a}" for a in doc["analysis"]]
@@ -788,7 +741,7 @@ def write_results(doc: dict[str, Any]) -> None:
 ANALYSIS_FILE = HERE / "analysis.json"  # hand-written notes on misses, copied into the report if present
 
 
-def versions() -> dict[str, str | None]:
+def versions(args: argparse.Namespace) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     with contextlib.suppress(Exception):
         from importlib.metadata import version
@@ -796,6 +749,8 @@ def versions() -> dict[str, str | None]:
         out["h11"] = version("h11")
     out["nginx"] = (tool_version(["nginx", "-v"]) or "").replace("nginx version: ", "") or None
     out["squid"] = tool_version(["squid", "-v"])
+    out["sandbox-runtime"] = srt.version(Path(args.srt))
+    out["node"] = tool_version(["node", "--version"])
     out["docker"] = tool_version(["docker", "version", "-f", "{{.Server.Version}}"])
     with contextlib.suppress(Exception):
         from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION
@@ -811,8 +766,8 @@ def run(args: argparse.Namespace) -> int:
     children = Children(tmp)
     entries: list[Entry] = []
     details: dict[str, Any] = {}
-    doc: dict[str, Any] = {"benchmark": "claude-bottle", "quick": args.quick, "command": gb.command_line(),
-                           "machine": gb.machine_info(), "versions": versions(), "parameters": {
+    doc: dict[str, Any] = {"benchmark": "claude-bottle", "quick": args.quick, "command": command_line(),
+                           "machine": machine_info(), "versions": versions(args), "parameters": {
                                k: v for k, v in vars(args).items() if k not in ("write",)},
                            "results": [], "details": {}, "complete": False}
     status = 1
@@ -845,6 +800,7 @@ def run(args: argparse.Namespace) -> int:
             with deadline.for_phase("bottle", 600):
                 bottle.setup()
                 bottle.measure()
+                bottle.start_breakdown()
                 bottle.idle_and_sizes()
         doc["complete"] = True
         status = 0
@@ -871,14 +827,14 @@ def run(args: argparse.Namespace) -> int:
     if status == 130:
         return status
     doc["results"] = [e.as_json() for e in entries]
-    doc["details"] = gb.rounded(details)
+    doc["details"] = rounded(details)
     doc["duration_s"] = round(time.monotonic() - started_at, 1)
     with contextlib.suppress(OSError, ValueError):
         doc["analysis"] = json.loads(ANALYSIS_FILE.read_text())
     if args.write and doc["results"]:
         write_results(doc)
         print(f"wrote {RESULTS / 'latest.json'} and {RESULTS / 'latest.md'}")
-    gb.print_verdicts(doc["results"])
+    print_verdicts(doc["results"])
     return status
 
 
@@ -888,6 +844,8 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", choices=["api", "egress", "bottle"], help="run these parts only")
     parser.add_argument("--no-write", dest="write", action="store_false", help="do not write results files")
     parser.add_argument("--deadline", type=float, default=20 * 60, help="global deadline, seconds")
+    parser.add_argument("--srt", default=srt.default_package(),
+                        help="node_modules/@anthropic-ai/sandbox-runtime of an npm install (the egress peer)")
     parser.add_argument("--render", action="store_true",
                         help="only rewrite results/latest.md from results/latest.json and analysis.json")
     args = parser.parse_args()

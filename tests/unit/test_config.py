@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+import ssl
 from pathlib import Path
 
 import pytest
 
+from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.config import (
     Endpoint,
+    GateConfig,
     Upstream,
     parse_allowlist,
     parse_api_paths,
@@ -304,3 +307,22 @@ def test_the_gate_command_parses_its_rule_flags(monkeypatch: pytest.MonkeyPatch,
         "gate", "--api-listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0", "--token-file", str(token),
         "--egress-rule", "api.github.com allow get /"])
     assert isinstance(bad.exception, ConfigError) and "--egress-rule 'api.github.com allow get /'" in str(bad.exception)
+
+
+def test_one_upstream_tls_context_per_gate(tmp_path: Path) -> None:
+    """Loading the system trust store takes tens of milliseconds of the gate's start: it is done once."""
+    config = GateConfig(Endpoint("127.0.0.1", 0), Endpoint("127.0.0.1", 0),
+                        Credential.parse("sk-ant-oat01-" + "A" * 60, "test"), Upstream("https", "api.example", 443, ""))
+    context = config.ssl_context()
+    assert config.ssl_context() is context
+    assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
+
+
+def test_an_extra_ca_that_cannot_be_loaded_is_a_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "ca.pem"
+    bad.write_text("not a certificate\n")
+    config = GateConfig(Endpoint("127.0.0.1", 0), Endpoint("127.0.0.1", 0),
+                        Credential.parse("sk-ant-oat01-" + "A" * 60, "test"), Upstream("https", "api.example", 443, ""),
+                        extra_ca_files=(bad,))
+    with pytest.raises(ConfigError, match="--extra-ca"):
+        config.ssl_context()

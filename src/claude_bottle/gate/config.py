@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import ssl
 import sys
@@ -119,12 +120,16 @@ class GateConfig:
     def guard(self) -> AddressGuard:
         return AddressGuard(self.allow_private)
 
-    def ssl_context(self, alpn: tuple[str, ...] = ()) -> ssl.SSLContext:
-        """Toward upstreams: system trust plus the extra CA files (corporate TLS inspection); ``alpn``, the
-        protocols to offer (none: no ALPN)."""
+    def ssl_context(self) -> ssl.SSLContext:
+        """Toward upstreams: system trust plus the extra CA files (corporate TLS inspection), offering HTTP/1.1
+        by ALPN, the one protocol the gate speaks. Made once and shared by every upstream connection: loading
+        the system trust store takes tens of milliseconds, and the gate's start waits for it."""
+        return self._ssl_context
+
+    @functools.cached_property
+    def _ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context()
-        if alpn:
-            context.set_alpn_protocols(list(alpn))
+        context.set_alpn_protocols(["http/1.1"])
         for path in self.extra_ca_files:
             try:
                 context.load_verify_locations(cafile=str(path))

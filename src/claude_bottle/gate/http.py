@@ -99,7 +99,11 @@ def header_values(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> list[b
 
 
 class HttpConnection:
-    """One server-side HTTP/1.1 connection: read requests and body chunks, send responses."""
+    """One server-side HTTP/1.1 connection: read requests and body chunks, send responses.
+
+    Writes are coalesced: the head and body pieces of a message still being sent wait in ``_pending`` and go
+    out in one write when the message ends, or at the latest when the event loop next waits (a callback
+    scheduled with the first piece), so a streamed body is never held back. Anything else goes at once."""
 
     def __init__(
         self,
@@ -115,6 +119,7 @@ class HttpConnection:
         self._max_header_bytes = max_header_bytes
         self._head = b""  # raw bytes of a request head still being received, for framing_problem()
         self.json_errors = False  # refusals as Anthropic API error bodies (the API listener) instead of text
+        self._pending: list[bytes] = []  # bytes of the message being sent, not yet written
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unknown"
 
@@ -193,12 +198,27 @@ class HttpConnection:
                 event = type(event)(status_code=event.status_code, headers=event.headers,
                                     reason=HTTPStatus(event.status_code).phrase.encode())
         data = self.h11.send(event)
-        if data:
-            self.writer.write(data)
-            try:
-                await self.writer.drain()
-            except (ConnectionError, OSError) as exc:
-                raise PeerGone(str(exc)) from None
+        if not data:
+            if self.h11.our_state is not h11.SEND_BODY:
+                self.write_pending()
+            return
+        self._pending.append(data)
+        if self.h11.our_state is not h11.SEND_BODY:
+            self.write_pending()  # the message is complete, or what follows is not HTTP (CONNECT's 200)
+        elif len(self._pending) == 1:
+            asyncio.get_running_loop().call_soon(self.write_pending)
+        try:
+            await self.writer.drain()
+        except (ConnectionError, OSError) as exc:
+            raise PeerGone(str(exc)) from None
+
+    def write_pending(self) -> None:
+        """Hand what ``send`` has kept back to the transport, in one write."""
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self.writer.is_closing():
+                self.writer.write(data)
 
     async def send_simple(self, status: int, reason: str, headers: Headers | None = None,
                           message: str | None = None) -> None:
@@ -251,6 +271,7 @@ class HttpConnection:
         head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
                 f"content-length: {len(body)}\r\nx-deny-reason: {_header_text(reason)}\r\n"
                 "connection: close\r\n\r\n").encode()
+        self.write_pending()
         self.writer.write(head + body)
         with contextlib.suppress(ConnectionError, OSError):
             await self.writer.drain()
@@ -271,6 +292,7 @@ class HttpConnection:
         return False
 
     async def close(self) -> None:
+        self.write_pending()
         self.writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self.writer.wait_closed()
@@ -278,6 +300,7 @@ class HttpConnection:
     def abort(self) -> None:
         """Reset the connection (RST, what was not sent yet discarded): a client sees a broken response, never
         a truncated one that looks whole; an upstream sees a request that never completes."""
+        self.write_pending()  # what was sent before the reset, as if written at once
         sock = self.writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):

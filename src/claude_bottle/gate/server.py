@@ -78,7 +78,7 @@ class Gate:
                                 raw_tcp=self.config.allow_tcp, learn=self.config.learn),
             api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
                                   limits.connect_timeout),
-            upstream_tls=self.config.ssl_context(alpn=("http/1.1",)),
+            upstream_tls=self.config.ssl_context(),
             ca=self.ca,
         )
         try:

@@ -350,20 +350,29 @@ def _tar(files: dict[str, bytes], uid: int, gid: int, mode: int = 0o600) -> byte
     return buffer.getvalue()
 
 
-def trust_in_bottle(container: Container, certificate_pem: bytes) -> None:
-    """Add a CA certificate to a created (not yet started) bottle's system bundle (``SYSTEM_BUNDLE``): the
-    image's bundle, then the certificate, written back root-owned and 0644."""
+def image_bundle(container: Container) -> bytes:
+    """The system bundle (``SYSTEM_BUNDLE``) of a created bottle, as its image has it."""
     try:
         chunks, _ = container.get_archive(SYSTEM_BUNDLE)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
-            member = tar.next()
-            extracted = tar.extractfile(member) if member is not None and member.isfile() else None
-            if extracted is None:
-                raise DockerError(f"{SYSTEM_BUNDLE} in the bottle image is not a file: rebuild it with "
-                                  "`claude-bottle build`")
-            bundle = extracted.read()
-        bundle = bundle if bundle.endswith(b"\n") or not bundle else bundle + b"\n"
-        directory, name = SYSTEM_BUNDLE.rsplit("/", 1)
+    except docker.errors.APIError as exc:
+        raise DockerError(f"cannot read the bottle's trust store: {exc.explanation or exc}") from None
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+        member = tar.next()
+        extracted = tar.extractfile(member) if member is not None and member.isfile() else None
+        if extracted is None:
+            raise DockerError(f"{SYSTEM_BUNDLE} in the bottle image is not a file: rebuild it with "
+                              "`claude-bottle build`")
+        return extracted.read()
+
+
+def trust_in_bottle(container: Container, certificate_pem: bytes, bundle: bytes | None = None) -> None:
+    """Add a CA certificate to a created (not yet started) bottle's system bundle (``SYSTEM_BUNDLE``): the
+    image's bundle (``bundle``, read by ``image_bundle`` when not given), then the certificate, written back
+    root-owned and 0644."""
+    bundle = image_bundle(container) if bundle is None else bundle
+    bundle = bundle if bundle.endswith(b"\n") or not bundle else bundle + b"\n"
+    directory, name = SYSTEM_BUNDLE.rsplit("/", 1)
+    try:
         container.put_archive(directory, _tar({name: bundle + certificate_pem}, 0, 0, 0o644))
     except docker.errors.APIError as exc:
         raise DockerError(f"cannot add the gate's CA to the bottle's trust store: {exc.explanation or exc}") from None
@@ -538,8 +547,9 @@ class Run:
             self.bottle.put_archive(HOME, _tar({".claude.json": seed}, uid, gid))
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot create the bottle: {exc.explanation or exc}") from None
+        bundle = image_bundle(self.bottle)  # read while the gate boots: only the write waits for its CA
         self.wait_for_gate()
-        trust_in_bottle(self.bottle, self.gate_ca)
+        trust_in_bottle(self.bottle, self.gate_ca, bundle)
         if config := git_credentials(spec.git_routes):
             try:
                 self.bottle.put_archive("/etc", _tar({GIT_CONFIG.rsplit("/", 1)[1]: config}, 0, 0, 0o644))
