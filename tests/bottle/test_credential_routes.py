@@ -51,7 +51,7 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
         ca_file = tmp_path / "git-ca.pem"
         server.ca.cert_pem.write_to_path(str(ca_file))
         write_agent("gitroute", f'allow = ["{OTHER}:8443"]\nallow_private = ["{upstream.subnet}"]\n'
-                                f'extra_ca_certificates = ["{ca_file}"]\nextra_packages = ["python3-pip", "gh"]\n'
+                                f'extra_packages = ["python3-pip", "gh"]\n'
                                 f'[credentials.git]\nhosts = ["{BOUND}:8443"]\nscheme = "basic"\n'
                                 'username = "x-access-token"\nenv = "TEST_GIT_TOKEN"\ngit = true\n'
                                 'bottle_env = ["GIT_TOKEN", "GH_ENTERPRISE_TOKEN"]\n'
@@ -59,7 +59,7 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
                                 '"POST /team/app.git/git-receive-pack"]\n')
         agent = load_agent("gitroute", workspace)
         launch = Launch(agent, workspace, Credential.parse(token, "test"), upstream.url, (upstream.network,),
-                        tokens.routes_for(agent.credentials))
+                        upstream_ca_files=(ca_file,), routes=tokens.routes_for(agent.credentials))
         sentinel = launch.routes[0].spec.sentinel
         with started(launch, lambda line: None) as run:
             run.create_bottle(["sleep", "600"], tty=False).start()
