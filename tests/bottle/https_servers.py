@@ -99,6 +99,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not complete:
             self.close_connection = True
             return
+        if self.server.name in REQUIRED and self.headers.get("Authorization") != REQUIRED[self.server.name]:
+            self.answer(401, b'{"error": "authentication required"}\n', "application/json")
+            return
         if self.server.name == "collect" or self.command in WRITES:
             self.answer(201 if self.command in WRITES and self.server.name != "collect" else 200,
                         b'{"ok": true}\n', "application/json")
@@ -133,6 +136,7 @@ def serve(name, port):
     server.serve_forever()
 
 ports = json.loads(sys.argv[1])
+REQUIRED = json.loads(sys.argv[2])  # server name -> the Authorization header it accepts, else 401
 for name, port in list(ports.items())[1:]:
     threading.Thread(target=serve, args=(name, port), daemon=True).start()
 print("https servers serving", flush=True)
@@ -238,15 +242,16 @@ class Servers:
 
 @contextmanager
 def https_servers(client: docker.DockerClient, gate_image: str, network: str, ca_dir: Path,
-                  files: dict[str, bytes] | None = None) -> Iterator[Servers]:
+                  files: dict[str, bytes] | None = None, required: dict[str, str] | None = None) -> Iterator[Servers]:
     """The three servers in one container known on ``network`` by their names, serving ``files``
-    (paths under ``srv/<server>/``; a directory's document is its ``index``)."""
+    (paths under ``srv/<server>/``; a directory's document is its ``index``). A server named in ``required``
+    answers 401 to every request without exactly that Authorization header."""
     ca = RunCA.generate(Allowlist.parse(list(PORTS)).patterns)
     ca_file = ca_dir / "https-servers-ca.pem"
     ca_file.write_bytes(ca.certificate_pem)
     ca_file.chmod(0o644)  # read by the gate's user
     container = client.containers.create(
-        gate_image, entrypoint=["/opt/gate/bin/python", "/opt/srv.py", json.dumps(PORTS)],
+        gate_image, entrypoint=["/opt/gate/bin/python", "/opt/srv.py", json.dumps(PORTS), json.dumps(required or {})],
         name=f"claude-bottle-test-{secrets.token_hex(3)}-https", labels={TEST_LABEL: "1"}, network=network,
         networking_config={network: client.api.create_endpoint_config(aliases=list(PORTS))},
         cap_drop=["ALL"], security_opt=["no-new-privileges"])
