@@ -27,9 +27,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 TIMEOUT = 3.0
-# The gate resolves a CONNECT's host before it answers, and a slow resolver (Podman's per-network ones) can
-# take seconds: a tunnel attack must not be judged on a CONNECT answer that had no time to come.
-CONNECT_ANSWER_TIMEOUT = 15.0
+# The gate resolves a CONNECT's host before it answers and dials it after the first flight; a slow resolver
+# or first connection (Podman's networks) can take seconds. A tunnel attack must not be judged on an answer
+# that had no time to come: the first bytes get this long, the rest TIMEOUT. A refusal closes at once.
+SLOW_ANSWER_TIMEOUT = 15.0
 REFUSED_STATUSES = {400, 403, 405, 407, 413, 414, 431, 501, 505}  # a refusal; 502/504 mean the gate dialled
 
 
@@ -204,7 +205,7 @@ def through_tunnel(targets: dict[str, Any], authority: str, first_flight: bytes)
     received, status = b"", None
     try:
         with socket.create_connection((targets["gate"], targets["proxy_port"]), TIMEOUT) as sock:
-            sock.settimeout(CONNECT_ANSWER_TIMEOUT)
+            sock.settimeout(SLOW_ANSWER_TIMEOUT)
             sock.sendall(connect(authority))
             while b"\r\n\r\n" not in received and len(received) < 65536:
                 chunk = sock.recv(4096)
@@ -214,11 +215,11 @@ def through_tunnel(targets: dict[str, Any], authority: str, first_flight: bytes)
             head, _, received = received.partition(b"\r\n\r\n")
             if head.startswith(b"HTTP/1."):
                 status = int(head.split(b" ", 2)[1])
-            sock.settimeout(TIMEOUT)
             if status == 200:
                 sock.sendall(first_flight)
                 while len(received) < 65536 and (chunk := sock.recv(4096)):
                     received += chunk
+                    sock.settimeout(TIMEOUT)
     except OSError:
         pass
     return status, received
