@@ -8,6 +8,7 @@ import json
 import os
 import re
 import secrets
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,15 @@ import docker
 import docker.errors
 import pytest
 
-from claude_bottle.config import AgentConfig
+from claude_bottle import tokens
+from claude_bottle.config import AgentConfig, parse_agent
+from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
-from claude_bottle.launch import build_images
+from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.runtime import engine
-from claude_bottle.runtime.bottle import WORKSPACE_LABEL
+from claude_bottle.runtime.bottle import WORKSPACE_LABEL, Run
 from claude_bottle.verify import stub_container
+from tests.helpers import make_token
 
 TEST_LABEL = "claude-bottle.test"
 
@@ -141,3 +145,32 @@ def leftovers(client: docker.DockerClient, agent: str) -> list[str]:
     flt = {"label": f"claude-bottle.agent={agent}"}
     return [c.name for c in client.containers.list(all=True, filters=flt)] + \
         [n.name for n in client.networks.list(filters=flt)]
+
+
+@contextlib.contextmanager
+def bottle_against(client: docker.DockerClient, upstream: Upstream, name: str, agent_toml: str, home: Path,
+                   upstream_ca_files: tuple[Path, ...], env: dict[str, str] | None = None) -> Iterator[Run]:
+    """A sleeping bottle of agent ``name`` (``agent_toml``) on a workspace of its own under ``home``, its gate
+    trusting ``upstream_ca_files`` toward the tests' servers on ``upstream``'s network; its credential routes
+    read with ``env`` set. Removed on the way out, leaving nothing."""
+    workspace = home / "project"
+    (workspace / ".git").mkdir(parents=True)
+    workspace.chmod(0o777)
+    with pytest.MonkeyPatch.context() as patch:
+        for variable, value in {"XDG_CONFIG_HOME": str(home / "config"), "XDG_STATE_HOME": str(home / "state"),
+                                **(env or {})}.items():
+            patch.setenv(variable, value)
+        agent = parse_agent(name, tomllib.loads(agent_toml), "test")
+        launch = Launch(agent, workspace, Credential.parse(make_token(), "test"), upstream.url, (upstream.network,),
+                        upstream_ca_files=upstream_ca_files, routes=tokens.routes_for(agent.credentials))
+        with started(launch, lambda line: None) as run:
+            run.create_bottle(["sleep", "900"], tty=False).start()
+            yield run
+    assert leftovers(client, name) == []
+
+
+def gate_audit(run: Run) -> list[dict[str, Any]]:
+    """The audit lines the run's gate has written so far."""
+    assert run.gate is not None
+    lines = run.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace").splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]

@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import secrets
-import tarfile
 import time
 import zipfile
 from collections.abc import Iterator
@@ -26,6 +25,8 @@ from typing import Any
 import docker
 import trustme
 from docker.models.containers import Container
+
+from claude_bottle.runtime.bottle import tar_archive
 
 SERVER = r'''
 import base64, http.server, json, os, ssl, subprocess, sys
@@ -147,16 +148,6 @@ def index_files() -> dict[str, bytes]:
     return {f"git-server/index/simple/{PACKAGE}/index.html": page.encode(), f"git-server/index/packages/{WHEEL}": data}
 
 
-def _archive(entries: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in entries.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 @contextmanager
 def git_server(client: docker.DockerClient, image: str, network: str, names: tuple[str, ...], auth: str,
                repos: tuple[str, ...], labels: dict[str, str]) -> Iterator[GitServer]:
@@ -171,8 +162,8 @@ def git_server(client: docker.DockerClient, image: str, network: str, names: tup
         networking_config={network: client.api.create_endpoint_config(aliases=list(names))},
         cap_drop=["ALL"], security_opt=["no-new-privileges"], working_dir="/tmp", entrypoint=[])
     try:
-        container.put_archive("/opt", _archive({"git-server/server.py": SERVER.encode(), "git-server/leaf.pem": pem,
-                                                **index_files()}))
+        container.put_archive("/opt", tar_archive({"git-server/server.py": SERVER.encode(), "git-server/leaf.pem": pem,
+                                                **index_files()}, mode=0o644))
         container.start()
         deadline = time.monotonic() + 30
         while b"git server serving" not in container.logs():

@@ -36,6 +36,7 @@ from docker.models.containers import Container
 from claude_bottle.gate import ca as ca_module
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.policy.hosts import Allowlist
+from claude_bottle.runtime.bottle import tar_archive
 from tests.bottle.conftest import TEST_LABEL
 
 NPM, PYPI, COLLECT = "npm-registry", "pypi-registry", "collect"
@@ -152,16 +153,6 @@ def leaf_pem(ca: RunCA, host: str) -> bytes:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
-def tar(entries: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for name, data in entries.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 # ---- what the registries serve, built here --------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -256,8 +247,8 @@ def https_servers(client: docker.DockerClient, gate_image: str, network: str, ca
         networking_config={network: client.api.create_endpoint_config(aliases=list(PORTS))},
         cap_drop=["ALL"], security_opt=["no-new-privileges"])
     try:
-        container.put_archive("/opt", tar({"srv.py": SERVER.encode(), **(files or {}),
-                                           **{f"tls/{name}.pem": leaf_pem(ca, name) for name in PORTS}}))
+        container.put_archive("/opt", tar_archive({"srv.py": SERVER.encode(), **(files or {}),
+                                           **{f"tls/{name}.pem": leaf_pem(ca, name) for name in PORTS}}, mode=0o644))
         container.start()
         deadline = time.monotonic() + 30
         while b"https servers serving" not in container.logs():

@@ -11,23 +11,19 @@ from __future__ import annotations
 
 import json
 import secrets
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import docker
 import pytest
 
-from claude_bottle import tokens
-from claude_bottle.config import AgentConfig, parse_agent
-from claude_bottle.credentials import Credential
-from claude_bottle.launch import Launch, build_images, started
+from claude_bottle.config import AgentConfig
+from claude_bottle.launch import build_images
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle
-from tests.bottle.conftest import Upstream, leftovers
+from tests.bottle.conftest import Upstream, bottle_against
 from tests.bottle.https_servers import NPM, PORTS, Package, Servers, https_servers, npm_files
 from tests.bottle.test_inspection_registries import PACKAGES
-from tests.helpers import make_token
 
 pytestmark = pytest.mark.docker
 PRIVATE = Package("private-bottle", "1.0.0", "a private package " + secrets.token_hex(4))
@@ -58,24 +54,12 @@ class Bottle:
 @pytest.fixture(scope="module")
 def bottle(client: docker.DockerClient, upstream: Upstream, images: tuple[str, str], servers: Servers,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bottle]:
-    home = tmp_path_factory.mktemp("npm-route")
-    workspace = home / "project"
-    (workspace / ".git").mkdir(parents=True)
-    workspace.chmod(0o777)
-    agent = parse_agent("npmroute", tomllib.loads(
-        f'version = 1\nallow_private = ["{upstream.subnet}"]\nextra_packages = {json.dumps(PACKAGES)}\n'
-        f'[credentials.registry]\nhosts = ["{NPM}:{PORTS[NPM]}"]\nscheme = "bearer"\nenv = "TEST_NPM_TOKEN"\n'
-        f'bottle_env = ["{TOKEN_VARIABLE}"]\n'), "test")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CONFIG_HOME", str(home / "config"))
-        patch.setenv("XDG_STATE_HOME", str(home / "state"))
-        patch.setenv("TEST_NPM_TOKEN", REAL)
-        launch = Launch(agent, workspace, Credential.parse(make_token(), "test"), upstream.url, (upstream.network,),
-                        upstream_ca_files=(servers.ca_file,), routes=tokens.routes_for(agent.credentials))
-        with started(launch, lambda line: None) as run:
-            run.create_bottle(["sleep", "900"], tty=False).start()
-            yield Bottle(run, launch.routes[0].spec.sentinel)
-    assert leftovers(client, "npmroute") == []
+    agent = (f'version = 1\nallow_private = ["{upstream.subnet}"]\nextra_packages = {json.dumps(PACKAGES)}\n'
+             f'[credentials.registry]\nhosts = ["{NPM}:{PORTS[NPM]}"]\nscheme = "bearer"\nenv = "TEST_NPM_TOKEN"\n'
+             f'bottle_env = ["{TOKEN_VARIABLE}"]\n')
+    with bottle_against(client, upstream, "npmroute", agent, tmp_path_factory.mktemp("npm-route"),
+                        (servers.ca_file,), {"TEST_NPM_TOKEN": REAL}) as run:
+        yield Bottle(run, run.spec.routes[0].spec.sentinel)
 
 
 def install(bottle: Bottle, folder: str, npm: str = "npm") -> tuple[int, str]:

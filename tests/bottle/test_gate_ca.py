@@ -18,10 +18,8 @@ images of their own); curl and git in the bottle must trust that leaf, issued by
 
 from __future__ import annotations
 
-import io
 import json
 import secrets
-import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +28,6 @@ from pathlib import Path
 import docker
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 from docker.models.containers import Container
 
@@ -41,9 +38,10 @@ from claude_bottle.gate.ca import RunCA
 from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime import bottle as bottle_module
-from claude_bottle.runtime.bottle import CONTROL_SOCKET, SYSTEM_BUNDLE, Run
+from claude_bottle.runtime.bottle import CONTROL_SOCKET, SYSTEM_BUNDLE, Run, tar_archive
 from claude_bottle.verify import in_bottle as inside
 from tests.bottle.conftest import TEST_LABEL, Upstream, leftovers, write_agent
+from tests.bottle.https_servers import leaf_pem
 
 pytestmark = pytest.mark.docker
 TARGET = "tls-target"
@@ -104,24 +102,6 @@ req.end();
 '''
 
 
-def leaf_file(ca: RunCA) -> bytes:
-    """A leaf for TARGET from ``ca``, with its key, as one PEM file for the server."""
-    name, ip = ca_module.normalize_host(TARGET)
-    leaf, key = ca._mint(name, ip, time.time())
-    return leaf.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-
-
-def files(entries: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in entries.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 @pytest.fixture(scope="module")
 def images(client: docker.DockerClient) -> tuple[str, str]:
     """The bottle image with python3 and node, which it lacks by default."""
@@ -143,8 +123,9 @@ def tls_target(client: docker.DockerClient, upstream: Upstream, images: tuple[st
         networking_config={upstream.network: client.api.create_endpoint_config(aliases=[TARGET])},
         cap_drop=["ALL"], security_opt=["no-new-privileges"])
     try:
-        container.put_archive("/opt", files({"tls/server.py": SERVER.encode(), "tls/trusted.pem": leaf_file(test_ca),
-                                             "tls/untrusted.pem": leaf_file(stranger)}))
+        container.put_archive("/opt", tar_archive({"tls/server.py": SERVER.encode(),
+                                                   "tls/trusted.pem": leaf_pem(test_ca, TARGET),
+                                                   "tls/untrusted.pem": leaf_pem(stranger, TARGET)}, mode=0o644))
         container.start()
         deadline = time.monotonic() + 30
         while b"tls target serving" not in container.logs():

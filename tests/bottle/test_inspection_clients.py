@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import secrets
 import time
-import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,17 +31,15 @@ import docker
 import pytest
 from docker.models.containers import Container
 
-from claude_bottle.config import READ_PRESETS, AgentConfig, parse_agent
-from claude_bottle.credentials import Credential
+from claude_bottle.config import READ_PRESETS, AgentConfig
 from claude_bottle.gate.ca import RunCA
-from claude_bottle.launch import Launch, build_images, started
+from claude_bottle.launch import build_images
 from claude_bottle.policy.hosts import Allowlist
-from claude_bottle.runtime.bottle import Run
+from claude_bottle.runtime.bottle import Run, tar_archive
 from claude_bottle.verify import in_bottle
-from tests.bottle.conftest import TEST_LABEL, Upstream, leftovers
-from tests.bottle.https_servers import leaf_pem, tar
+from tests.bottle.conftest import TEST_LABEL, Upstream, bottle_against, gate_audit
+from tests.bottle.https_servers import leaf_pem
 from tests.bottle.test_gate_ca import PACKAGES as PYTHON_PACKAGES  # its bottle image has python3: built once
-from tests.helpers import make_token
 
 pytestmark = pytest.mark.docker
 OPEN, READ, PINNED = "git-open", "git-read", "pinned"
@@ -188,8 +185,9 @@ def git_server(client: docker.DockerClient, upstream: Upstream,
         networking_config={upstream.network: client.api.create_endpoint_config(aliases=list(names))},
         cap_drop=["ALL"], security_opt=["no-new-privileges"])
     try:
-        container.put_archive("/opt", tar({"git-server.py": SERVER.encode(),
-                                           **{f"tls/{name}.pem": leaf_pem(ca, name) for name in names}}))
+        container.put_archive("/opt", tar_archive({"git-server.py": SERVER.encode(),
+                                                   **{f"tls/{name}.pem": leaf_pem(ca, name) for name in names}},
+                                                  mode=0o644))
         container.start()
         deadline = time.monotonic() + 30
         while b"git server serving" not in container.logs():
@@ -214,35 +212,14 @@ def agent_toml(subnet: str) -> str:
             f'[[egress]]\nhost = "{PINNED}:{PORT}"\ninspect = false\n')
 
 
-@dataclass
-class Bottle:
-    run: Run
-
-    def audit(self) -> list[dict[str, Any]]:
-        assert self.run.gate is not None
-        lines = self.run.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace").splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
-
-
 @pytest.fixture(scope="module")
 def bottle(client: docker.DockerClient, upstream: Upstream, built_images: tuple[str, str], git_server: GitServer,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bottle]:
-    home = tmp_path_factory.mktemp("clients")
-    workspace = home / "project"
-    (workspace / ".git").mkdir(parents=True)
-    workspace.chmod(0o777)
-    agent = parse_agent("clients", tomllib.loads(agent_toml(upstream.subnet)), "test")
-    launch = Launch(agent, workspace, Credential.parse(make_token(), "test"), upstream.url, (upstream.network,),
-                    (git_server.ca_file,))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CONFIG_HOME", str(home / "config"))
-        patch.setenv("XDG_STATE_HOME", str(home / "state"))
-        with started(launch, lambda line: None) as run:
-            run.create_bottle(["sleep", "900"], tty=False).start()
-            code, output = in_bottle(run, f"cat > {CA_IN_BOTTLE}", stdin=git_server.ca_file.read_text())
-            assert code == 0, output
-            yield Bottle(run)
-    assert leftovers(client, "clients") == []
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    with bottle_against(client, upstream, "clients", agent_toml(upstream.subnet), tmp_path_factory.mktemp("clients"),
+                        (git_server.ca_file,)) as run:
+        code, output = in_bottle(run, f"cat > {CA_IN_BOTTLE}", stdin=git_server.ca_file.read_text())
+        assert code == 0, output
+        yield run
 
 
 def eventually(found: Callable[[], list[dict[str, Any]]], seconds: float = 10) -> list[dict[str, Any]]:
@@ -262,9 +239,9 @@ def clone_commit_push(host: str, where: str, size: int) -> str:
             f"{GIT_ENV} GIT_TRACE_CURL=1 GIT_TRACE_CURL_NO_DATA=1 timeout 60 git push origin main 2>&1")
 
 
-def test_git_clones_and_pushes_through_the_terminating_gate(bottle: Bottle, git_server: GitServer) -> None:
+def test_git_clones_and_pushes_through_the_terminating_gate(bottle: Run, git_server: GitServer) -> None:
     before = git_server.ref()
-    code, output = in_bottle(bottle.run, clone_commit_push(OPEN, "open", BIG_PUSH))
+    code, output = in_bottle(bottle, clone_commit_push(OPEN, "open", BIG_PUSH))
     assert code == 0, output
     commit = next(line for line in output.splitlines() if len(line) == 40 and line.isalnum())
     assert commit != before and git_server.ref() == commit, output  # the push reached the server
@@ -275,29 +252,29 @@ def test_git_clones_and_pushes_through_the_terminating_gate(bottle: Bottle, git_
             ("POST", f"{REPO}/git-receive-pack", "")} <= seen, seen
     (pack,) = [r for r in got if r["path"] == f"{REPO}/git-receive-pack" and r["length"] > BIG_PUSH]
     assert pack["chunked"], pack  # streamed through the gate as git sent it
-    audited = [r for r in bottle.audit() if r["target"] == f"{OPEN}:{PORT}" and r["method"] != "CONNECT"]
+    audited = [r for r in gate_audit(bottle) if r["target"] == f"{OPEN}:{PORT}" and r["method"] != "CONNECT"]
     assert {(r["method"], r["path"], r["decision"], r["status"]) for r in audited} >= {
         ("GET", f"{REPO}/info/refs", "allow", 200), ("POST", f"{REPO}/git-upload-pack", "allow", 200),
         ("POST", f"{REPO}/git-receive-pack", "allow", 200)}, audited
     assert all("inspected request in a tunnel" in r["reason"] for r in audited), audited
-    tunnels = eventually(lambda: [r for r in bottle.audit() if r["method"] == "CONNECT"
+    tunnels = eventually(lambda: [r for r in gate_audit(bottle) if r["method"] == "CONNECT"
                                   and r["target"] == f"{OPEN}:{PORT}"])
     assert len(tunnels) >= 2, tunnels  # git's clone and push each end their tunnel
     assert all((r["decision"], r["status"]) == ("allow", 200) and r["reason"].endswith("each request audited")
                for r in tunnels), [r["reason"] for r in tunnels]
 
 
-def test_read_only_rules_let_a_clone_through_and_refuse_the_push(bottle: Bottle, git_server: GitServer) -> None:
+def test_read_only_rules_let_a_clone_through_and_refuse_the_push(bottle: Run, git_server: GitServer) -> None:
     before = git_server.ref()
     start = len(git_server.requests())
-    code, output = in_bottle(bottle.run, clone_commit_push(READ, "read", 1000))
+    code, output = in_bottle(bottle, clone_commit_push(READ, "read", 1000))
     assert code != 0 and "The requested URL returned error: 403" in output, output
     assert f"x-deny-reason: POST matches no allow rule of [[egress]] {READ}:{PORT}" in output, output
     assert git_server.ref() == before, "the push moved the server's ref"
     seen = [(r["method"], r["path"]) for r in git_server.requests()[start:]]
     assert ("POST", f"{REPO}/git-upload-pack") in seen, seen  # the clone went through
     assert ("POST", f"{REPO}/git-receive-pack") not in seen, seen  # the push never arrived
-    audited = [r for r in bottle.audit() if r["target"] == f"{READ}:{PORT}" and r["method"] != "CONNECT"]
+    audited = [r for r in gate_audit(bottle) if r["target"] == f"{READ}:{PORT}" and r["method"] != "CONNECT"]
     (clone,) = {r["rule"] for r in audited if r["method"] == "POST" and r["path"] == f"{REPO}/git-upload-pack"}
     assert clone == f"[[egress]] {READ}:{PORT} allow POST /*/*/git-upload-pack"
     (push,) = [r for r in audited if r["path"] == f"{REPO}/git-receive-pack"]
@@ -306,51 +283,51 @@ def test_read_only_rules_let_a_clone_through_and_refuse_the_push(bottle: Bottle,
     assert push["reason"].startswith(f"POST matches no allow rule of [[egress]] {READ}:{PORT}"), push
 
 
-def test_curl_get_and_post_through_the_terminating_gate(bottle: Bottle, git_server: GitServer) -> None:
+def test_curl_get_and_post_through_the_terminating_gate(bottle: Run, git_server: GitServer) -> None:
     note = "note-" + secrets.token_hex(8)
-    code, output = in_bottle(bottle.run, f"curl -sS --max-time 20 https://{OPEN}:{PORT}/hello && "
+    code, output = in_bottle(bottle, f"curl -sS --max-time 20 https://{OPEN}:{PORT}/hello && "
                                          f"curl -sS --max-time 20 -d {note} https://{OPEN}:{PORT}/notes")
     assert code == 0 and output.count("hello from the git server") == 2, output
     got = [r for r in git_server.requests() if r["path"] == "/notes"]
     assert got and got[-1]["method"] == "POST" and got[-1]["body"] == note, got
-    audited = {(r["method"], r.get("path"), r["decision"], r["status"]) for r in bottle.audit()
+    audited = {(r["method"], r.get("path"), r["decision"], r["status"]) for r in gate_audit(bottle)
                if r["target"] == f"{OPEN}:{PORT}"}
     assert {("GET", "/hello", "allow", 200), ("POST", "/notes", "allow", 201)} <= audited, audited
 
 
-def test_a_pinning_client_works_only_where_the_host_is_not_inspected(bottle: Bottle, git_server: GitServer) -> None:
+def test_a_pinning_client_works_only_where_the_host_is_not_inspected(bottle: Run, git_server: GitServer) -> None:
     """curl trusting only the server's own CA: the gate's leaf fails it on an inspected host; an opaque
     tunnel (inspect = false) carries its TLS to the server itself."""
     pinned = f"curl -sS --max-time 20 --cacert {CA_IN_BOTTLE} --capath /nonexistent"
-    code, output = in_bottle(bottle.run, f"{pinned} https://{OPEN}:{PORT}/pinned-inspected 2>&1")
+    code, output = in_bottle(bottle, f"{pinned} https://{OPEN}:{PORT}/pinned-inspected 2>&1")
     assert code != 0 and "hello" not in output, output
-    failed = eventually(lambda: [r for r in bottle.audit() if r["method"] == "CONNECT"
+    failed = eventually(lambda: [r for r in gate_audit(bottle) if r["method"] == "CONNECT"
                                  and r["target"] == f"{OPEN}:{PORT}" and "TLS handshake with the client failed"
                                  in r["reason"]])
-    assert failed and failed[-1]["decision"] == "error", bottle.audit()[-3:]
+    assert failed and failed[-1]["decision"] == "error", gate_audit(bottle)[-3:]
     assert "/pinned-inspected" not in [r["path"] for r in git_server.requests()]
 
-    code, output = in_bottle(bottle.run, f"{pinned} https://{PINNED}:{PORT}/pinned-opaque 2>&1")
+    code, output = in_bottle(bottle, f"{pinned} https://{PINNED}:{PORT}/pinned-opaque 2>&1")
     assert code == 0 and "hello from the git server" in output, output
     (seen,) = [r for r in git_server.requests() if r["path"] == "/pinned-opaque"]
     assert seen["host"] == f"{PINNED}:{PORT}"
-    opened = eventually(lambda: [r for r in bottle.audit() if r["method"] == "CONNECT"
+    opened = eventually(lambda: [r for r in gate_audit(bottle) if r["method"] == "CONNECT"
                                  and r["target"] == f"{PINNED}:{PORT}" and r["decision"] == "allow"])
     assert opened and f"TLS server name {PINNED} matches the CONNECT host" in opened[-1]["reason"], opened
     assert "TLS terminated" not in opened[-1]["reason"], opened
-    requests = [r for r in bottle.audit() if r["target"] == f"{PINNED}:{PORT}" and r["method"] != "CONNECT"]
+    requests = [r for r in gate_audit(bottle) if r["target"] == f"{PINNED}:{PORT}" and r["method"] != "CONNECT"]
     assert requests == [], requests  # opaque: the gate saw no request
 
 
-def test_an_opaque_tunnel_still_carries_only_its_own_host(bottle: Bottle, git_server: GitServer) -> None:
+def test_an_opaque_tunnel_still_carries_only_its_own_host(bottle: Run, git_server: GitServer) -> None:
     """The attack: a tunnel to the host not inspected, whose ClientHello names a host under rules, to reach
     that host unseen (the server answers both names at one address)."""
-    code, output = in_bottle(bottle.run, f"curl -sS --max-time 20 --cacert {CA_IN_BOTTLE} --capath /nonexistent "
+    code, output = in_bottle(bottle, f"curl -sS --max-time 20 --cacert {CA_IN_BOTTLE} --capath /nonexistent "
                                          f"--connect-to {READ}:{PORT}:{PINNED}:{PORT} "
                                          f"https://{READ}:{PORT}/fronted 2>&1")
     assert code != 0 and "hello" not in output, output
     assert "/fronted" not in [r["path"] for r in git_server.requests()]
-    refused = eventually(lambda: [r for r in bottle.audit() if r["method"] == "CONNECT"
+    refused = eventually(lambda: [r for r in gate_audit(bottle) if r["method"] == "CONNECT"
                                   and r["target"] == f"{PINNED}:{PORT}" and r["decision"] == "deny"])
-    assert refused, bottle.audit()[-3:]
+    assert refused, gate_audit(bottle)[-3:]
     assert f"TLS server name {READ} does not match the CONNECT host {PINNED}" in refused[-1]["reason"], refused

@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import json
 import secrets
-import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import docker
 import pytest
 
-from claude_bottle.config import READ_PRESETS, AgentConfig, parse_agent
-from claude_bottle.credentials import Credential
-from claude_bottle.launch import Launch, build_images, started
+from claude_bottle.config import READ_PRESETS, AgentConfig
+from claude_bottle.launch import build_images
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle
-from tests.bottle.conftest import Upstream, leftovers
+from tests.bottle.conftest import Upstream, bottle_against, gate_audit
 from tests.bottle.https_servers import NPM, PORTS, PYPI, Package, Servers, https_servers, npm_files, pypi_files
-from tests.helpers import make_token
 
 pytestmark = pytest.mark.docker
 PACKAGES = ("python3-pip", "nodejs", "npm")  # not in the bottle image by default
@@ -60,49 +55,28 @@ def servers(client: docker.DockerClient, upstream: Upstream, images: tuple[str, 
         yield found
 
 
-@dataclass
-class Bottle:
-    run: Run
-
-    def audit(self) -> list[dict[str, Any]]:
-        assert self.run.gate is not None
-        lines = self.run.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace").splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
-
-
 @pytest.fixture(scope="module")
 def bottle(client: docker.DockerClient, upstream: Upstream, images: tuple[str, str], servers: Servers,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bottle]:
-    home = tmp_path_factory.mktemp("registries")
-    workspace = home / "project"
-    (workspace / ".git").mkdir(parents=True)
-    workspace.chmod(0o777)
-    agent = parse_agent("registries", tomllib.loads(agent_toml(upstream.subnet)), "test")
-    launch = Launch(agent, workspace, Credential.parse(make_token(), "test"), upstream.url, (upstream.network,),
-                    (servers.ca_file,))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CONFIG_HOME", str(home / "config"))
-        patch.setenv("XDG_STATE_HOME", str(home / "state"))
-        with started(launch, lambda line: None) as run:
-            run.create_bottle(["sleep", "900"], tty=False).start()
-            yield Bottle(run)
-    assert leftovers(client, "registries") == []
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    with bottle_against(client, upstream, "registries", agent_toml(upstream.subnet),
+                        tmp_path_factory.mktemp("registries"), (servers.ca_file,)) as run:
+        yield run
 
 
-def test_npm_installs_from_a_registry_through_the_terminating_gate(bottle: Bottle, servers: Servers) -> None:
-    code, output = in_bottle(bottle.run, f"mkdir -p /tmp/app && cd /tmp/app && timeout 120 npm install "
+def test_npm_installs_from_a_registry_through_the_terminating_gate(bottle: Run, servers: Servers) -> None:
+    code, output = in_bottle(bottle, f"mkdir -p /tmp/app && cd /tmp/app && timeout 120 npm install "
                                          f"--registry {NPM_URL} --no-audit --no-fund {PACKAGE.name} 2>&1 && "
                                          f"node -e 'console.log(require(\"{PACKAGE.name}\").greeting)'")
     assert code == 0 and PACKAGE.greeting in output, output
     seen = {(r["method"], r["target"]) for r in servers.requests(NPM)}
     assert ("GET", f"/{PACKAGE.name}") in seen  # the package document, then the tarball it names
     assert ("GET", f"/{PACKAGE.name}/-/{PACKAGE.name}-{PACKAGE.version}.tgz") in seen
-    allowed = [r for r in bottle.audit() if r.get("target") == f"{NPM}:{PORTS[NPM]}" and r["method"] == "GET"]
+    allowed = [r for r in gate_audit(bottle) if r.get("target") == f"{NPM}:{PORTS[NPM]}" and r["method"] == "GET"]
     assert allowed and all(r["rule"] == f"[[egress]] {NPM}:{PORTS[NPM]} allow GET /**" for r in allowed), allowed
 
 
-def test_pip_installs_from_an_index_through_the_terminating_gate(bottle: Bottle, servers: Servers) -> None:
-    code, output = in_bottle(bottle.run, f"timeout 120 pip install --no-cache-dir --disable-pip-version-check "
+def test_pip_installs_from_an_index_through_the_terminating_gate(bottle: Run, servers: Servers) -> None:
+    code, output = in_bottle(bottle, f"timeout 120 pip install --no-cache-dir --disable-pip-version-check "
                                          f"--target /tmp/site --index-url {PYPI_URL}simple/ {PACKAGE.name} 2>&1 && "
                                          "PYTHONPATH=/tmp/site python3 -c 'import hello_bottle; "
                                          "print(hello_bottle.GREETING)'")
@@ -112,31 +86,31 @@ def test_pip_installs_from_an_index_through_the_terminating_gate(bottle: Bottle,
     assert ("GET", f"/packages/hello_bottle-{PACKAGE.version}-py3-none-any.whl") in seen
 
 
-def test_npm_publish_is_refused_by_the_read_only_rule(bottle: Bottle, servers: Servers) -> None:
+def test_npm_publish_is_refused_by_the_read_only_rule(bottle: Run, servers: Servers) -> None:
     """npm publish sends the package to the registry with PUT; the read-only rules allow no PUT."""
     script = ("mkdir -p /tmp/pub && cd /tmp/pub && "
               "printf '%s' '{\"name\": \"bottle-published\", \"version\": \"1.0.0\"}' > package.json && "
               f"printf '//{NPM}:{PORTS[NPM]}/:_authToken=not-a-credential\\n' > .npmrc && "
               f"timeout 120 npm publish --userconfig /tmp/pub/.npmrc --registry {NPM_URL} 2>&1")
-    code, output = in_bottle(bottle.run, script)
+    code, output = in_bottle(bottle, script)
     assert code != 0 and "403" in output, output
     assert [r for r in servers.requests(NPM) if r["method"] != "GET"] == []
-    (refused,) = [r for r in bottle.audit() if r["method"] == "PUT"]
+    (refused,) = [r for r in gate_audit(bottle) if r["method"] == "PUT"]
     assert (refused["decision"], refused["status"], refused["path"]) == ("deny", 403, "/bottle-published")
     assert refused["rule"] == f"[[egress]] {NPM}:{PORTS[NPM]} allow list", refused
     assert refused["reason"].startswith(f"PUT matches no allow rule of [[egress]] {NPM}:{PORTS[NPM]}"), refused
 
 
-def test_an_upload_to_the_index_is_refused_by_the_read_only_rule(bottle: Bottle, servers: Servers) -> None:
+def test_an_upload_to_the_index_is_refused_by_the_read_only_rule(bottle: Run, servers: Servers) -> None:
     """An upload as twine sends it (a form POST to the legacy upload API), with the wheel just installed."""
     wheel = f"/tmp/hello_bottle-{PACKAGE.version}-py3-none-any.whl"
     script = (f"curl -sS -o {wheel} {PYPI_URL}packages/{wheel.rsplit('/', 1)[1]} && "
               f"curl -sS --suppress-connect-headers -D - -o /dev/null --max-time 30 -F ':action=file_upload' -F name={PACKAGE.name} "
               f"-F version=2.0.0 -F content=@{wheel} {PYPI_URL}legacy/ 2>&1")
-    code, output = in_bottle(bottle.run, script)
+    code, output = in_bottle(bottle, script)
     assert code == 0 and output.startswith("HTTP/1.1 403"), output
     assert f"x-deny-reason: POST matches no allow rule of [[egress]] {PYPI}:{PORTS[PYPI]}" in output, output
     assert [r for r in servers.requests(PYPI) if r["method"] == "POST"] == []
-    (refused,) = [r for r in bottle.audit() if r["method"] == "POST" and r.get("target") == f"{PYPI}:{PORTS[PYPI]}"]
+    (refused,) = [r for r in gate_audit(bottle) if r["method"] == "POST" and r.get("target") == f"{PYPI}:{PORTS[PYPI]}"]
     assert (refused["decision"], refused["status"], refused["path"]) == ("deny", 403, "/legacy/")
     assert refused["rule"] == f"[[egress]] {PYPI}:{PORTS[PYPI]} allow list", refused

@@ -340,7 +340,8 @@ def protective_mounts(workspace: Path, paths: Iterable[str] = PROTECTED) -> list
     return protections
 
 
-def _tar(files: dict[str, bytes], uid: int, gid: int, mode: int = 0o600) -> bytes:
+def tar_archive(files: dict[str, bytes], uid: int = 0, gid: int = 0, mode: int = 0o600) -> bytes:
+    """``files`` (path -> content) as a tar archive for ``put_archive``, owned by ``uid``:``gid``."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, data in files.items():
@@ -373,7 +374,7 @@ def trust_in_bottle(container: Container, certificate_pem: bytes, bundle: bytes 
     bundle = bundle if bundle.endswith(b"\n") or not bundle else bundle + b"\n"
     directory, name = SYSTEM_BUNDLE.rsplit("/", 1)
     try:
-        container.put_archive(directory, _tar({name: bundle + certificate_pem}, 0, 0, 0o644))
+        container.put_archive(directory, tar_archive({name: bundle + certificate_pem}, 0, 0, 0o644))
     except docker.errors.APIError as exc:
         raise DockerError(f"cannot add the gate's CA to the bottle's trust store: {exc.explanation or exc}") from None
 
@@ -544,7 +545,7 @@ class Run:
                 )
             seed = seeded_claude_json(spec.credential.kind, spec.credential.placeholder(), spec.mcp_servers)
             uid, gid = (int(n) for n in spec.user.split(":"))
-            self.bottle.put_archive(HOME, _tar({".claude.json": seed}, uid, gid))
+            self.bottle.put_archive(HOME, tar_archive({".claude.json": seed}, uid, gid))
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot create the bottle: {exc.explanation or exc}") from None
         bundle = image_bundle(self.bottle)  # read while the gate boots: only the write waits for its CA
@@ -552,7 +553,7 @@ class Run:
         trust_in_bottle(self.bottle, self.gate_ca, bundle)
         if config := git_credentials(spec.git_routes):
             try:
-                self.bottle.put_archive("/etc", _tar({GIT_CONFIG.rsplit("/", 1)[1]: config}, 0, 0, 0o644))
+                self.bottle.put_archive("/etc", tar_archive({GIT_CONFIG.rsplit("/", 1)[1]: config}, 0, 0, 0o644))
             except docker.errors.APIError as exc:
                 raise DockerError(f"cannot write the bottle's {GIT_CONFIG}: {exc.explanation or exc}") from None
         return self.bottle
