@@ -382,11 +382,11 @@ class Loopback:
 
 STEP_NOTES = {
     "until_gate_started": "config, image check, both networks, the gate created, connected and started",
-    "create_bottle": "the state volume, the bottle created, ~/.claude.json and the image's trust store read",
-    "wait_gate_ready": "what is left of the gate's boot once the bottle is created (its CA announced)",
-    "trust_ca": "the gate's CA appended to the bottle's trust store (one write)",
-    "start_bottle": "the bottle container started",
-    "claude_runs": "Claude Code in the bottle, from its start to its exit",
+    "create_bottle": "the bottle created with its state volume, its trust store and git configuration written",
+    "start_bottle": "the bottle container started (its entrypoint then holds Claude Code until the release)",
+    "wait_gate_ready": "what is left of the gate's boot once the bottle has started (its CA announced)",
+    "release": "the gate's CA appended to the bottle's trust store and the bottle let go",
+    "claude_runs": "Claude Code in the bottle, from its release to its exit",
     "teardown_gate_stop": "the gate stopped (SIGTERM, its network endpoints released) for its audit",
     "teardown": "everything removed: bottle, gate (stop above included), both networks",
     "total": "in-process run -p: no CLI start-up",
@@ -590,18 +590,21 @@ class Bottle:
         """Where `run -p`'s seconds go: the same steps as `run_headless`, in this process, each timed. The
         engine calls are the product's own (launch.started, Run); only the clock is added around them."""
         self._use_bench_environment()
+        from docker.models.containers import Container
+
         from claude_bottle import tokens
         from claude_bottle.config import load_agent
         from claude_bottle.launch import Launch, claude_command, started
         from claude_bottle.runtime import bottle as bottle_module
+        from claude_bottle.runtime.bottle import Run
 
         credential, _ = tokens.find()
         agent = load_agent(self.agent, self.workspace)
         reps = self.args.bottle_reps
         log(f"start breakdown: {reps} x run -p in process, each step timed")
         steps: list[dict[str, float]] = []
-        trust_in_bottle = bottle_module.trust_in_bottle
-        keep_audit = bottle_module.keep_audit
+        keep_audit, wait_for_gate, release = bottle_module.keep_audit, Run.wait_for_gate, Run.release
+        start = Container.start
 
         def timed(t: dict[str, float], name: str, call: Any) -> Any:
             def run_timed(*a: Any, **k: Any) -> Any:
@@ -616,19 +619,19 @@ class Bottle:
             for _ in range(reps):
                 self.deadline.check()
                 t: dict[str, float] = {}
-                bottle_module.trust_in_bottle = timed(t, "trust_ca", trust_in_bottle)
                 bottle_module.keep_audit = timed(t, "teardown_gate_stop", keep_audit)
+                Run.wait_for_gate = timed(t, "wait_gate_ready", wait_for_gate)  # type: ignore[method-assign]
+                Run.release = timed(t, "release", release)  # type: ignore[method-assign]
+                Container.start = timed(t, "start_bottle", start)  # type: ignore[method-assign]
                 launch = Launch(agent, self.workspace, credential, "http://stub:8000", (self.net,))
                 t0 = time.monotonic()
                 with started(launch, lambda line: None) as run:
                     t["until_gate_started"] = time.monotonic() - t0
-                    run.wait_for_gate = timed(t, "wait_gate_ready", run.wait_for_gate)  # type: ignore[method-assign]
+                    t.pop("start_bottle", None)  # the gate's start, counted above
                     t1 = time.monotonic()
-                    bottle = run.create_bottle(claude_command(agent, "-p", "say hi"), tty=False)
-                    t["create_bottle"] = time.monotonic() - t1 - t["wait_gate_ready"] - t["trust_ca"]
-                    t2 = time.monotonic()
-                    bottle.start()
-                    t["start_bottle"] = time.monotonic() - t2
+                    bottle = run.start_bottle(claude_command(agent, "-p", "say hi"))
+                    t["create_bottle"] = time.monotonic() - t1 - t["start_bottle"] - t["release"]
+                    t["release"] -= t["wait_gate_ready"]
                     t3 = time.monotonic()
                     bottle.wait()
                     t["claude_runs"] = time.monotonic() - t3
@@ -637,7 +640,8 @@ class Bottle:
                 t["total"] = time.monotonic() - t0
                 steps.append(t)
         finally:
-            bottle_module.trust_in_bottle, bottle_module.keep_audit = trust_in_bottle, keep_audit
+            bottle_module.keep_audit = keep_audit
+            Run.wait_for_gate, Run.release, Container.start = wait_for_gate, release, start  # type: ignore[method-assign]
         median = {k: percentile([s[k] for s in steps], 50) for k in steps[0]}
         self.details["start_breakdown_s"] = {"median": median, "runs": steps}
         for k, v in median.items():
@@ -662,7 +666,7 @@ class Bottle:
         log("gate idle RSS (a bottle running `sleep`), then the time to remove that run")
         t_exit = None
         with started(launch, lambda line: None) as run:
-            run.create_bottle(["sleep", "600"], tty=False).start()
+            run.start_bottle(["sleep", "600"])
             time.sleep(3)
             assert run.gate is not None
             run.gate.reload()

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import secrets
+import tarfile
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from claude_bottle.gate.config import Endpoint
+
+
+def tar_archive(files: dict[str, bytes], uid: int = 0, gid: int = 0, mode: int = 0o600) -> bytes:
+    """``files`` (path -> content) as a tar archive owned by ``uid``:``gid``, for ``put_archive`` into the
+    servers the tests start in containers."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), mode, uid, gid, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 def make_token(kind: str = "oat") -> str:

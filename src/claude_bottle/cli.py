@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -124,6 +123,7 @@ def gate(
     credentials are stripped and the real one is added toward the upstream. The gate makes a CA of its own
     at start, limited to the allowed hosts; it prints the CA's certificate (and --ca-cert-out writes it).
     """
+    import asyncio
     from pathlib import Path
 
     from claude_bottle.gate import config as gc
@@ -172,6 +172,7 @@ def stub_upstream(listen: str, text: str | None, log: bool, tls_file: str | None
 
     It answers /v1/messages with a fixed text, streaming or not, and spends no tokens.
     """
+    import asyncio
     import ssl
 
     from claude_bottle.gate.config import parse_listen

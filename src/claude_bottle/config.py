@@ -39,7 +39,6 @@ from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, InvalidHost, Target, normalize_host, parse_pattern, parse_port
 from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
 from claude_bottle.policy.rules import HostRules, InvalidRule, RequestPolicy, Verdict, make_host_rules, parse_rule
-from claude_bottle.runtime.bottle import Resources
 from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 
 CONFIG_VERSION = 1
@@ -149,6 +148,15 @@ class McpServer:
     command: tuple[str, ...] = ()
     url: str = ""
     allow_entry: str = ""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """A bottle's limits: memory (Docker's notation, e.g. 4g), CPUs and processes."""
+
+    memory: str = "4g"
+    cpus: float = 2.0
+    pids: int = 1024
 
 
 @dataclass(frozen=True)

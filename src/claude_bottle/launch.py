@@ -192,8 +192,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
 def run_headless(launch: Launch, prompt: str, progress: Progress) -> int:
     """``claude -p`` in a bottle; its output goes to stdout, its exit code is returned."""
     with started(launch, progress) as run:
-        bottle = run.create_bottle(claude_command(launch.agent, "-p", prompt), tty=False)
-        bottle.start()
+        bottle = run.start_bottle(claude_command(launch.agent, "-p", prompt))
         for chunk in bottle.logs(stream=True, follow=True, stdout=True, stderr=False):
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()

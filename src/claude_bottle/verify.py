@@ -256,7 +256,7 @@ def bottle_on(env: StandIns, workspace: Path) -> Iterator[Verification]:
     # The run's review of protected files is verify's own business (the persistence group judges it).
     with started(launch, env.progress, review=lambda report: None) as run:
         assert run.internal is not None and run.egress is not None
-        run.create_bottle(["sleep", "infinity"], tty=False).start()
+        run.start_bottle(["sleep", "infinity"])
         yield Verification(run, env.credential, env.stub, env.canary, env.gate_image, env.host,
                            _gateways(env.client, ["bridge", run.internal.name, run.egress.name, env.outside]),
                            env.https)

@@ -26,7 +26,7 @@ import docker
 import trustme
 from docker.models.containers import Container
 
-from claude_bottle.runtime.bottle import tar_archive
+from tests.helpers import tar_archive
 
 SERVER = r'''
 import base64, http.server, json, os, ssl, subprocess, sys

@@ -36,8 +36,8 @@ from docker.models.containers import Container
 from claude_bottle.gate import ca as ca_module
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.policy.hosts import Allowlist
-from claude_bottle.runtime.bottle import tar_archive
 from tests.bottle.conftest import TEST_LABEL
+from tests.helpers import tar_archive
 
 NPM, PYPI, COLLECT = "npm-registry", "pypi-registry", "collect"
 PORTS = {NPM: 8443, PYPI: 9443, COLLECT: 7443}

@@ -23,8 +23,9 @@ import pytest
 
 from claude_bottle.config import load_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.errors import GateError
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime.bottle import Run, bottle_user, state_volume
+from claude_bottle.runtime.bottle import IMAGE_BUNDLE, READY_FILE, SYSTEM_BUNDLE, Run, bottle_user, state_volume
 from claude_bottle.stub import DEFAULT_TEXT
 from claude_bottle.verify import in_bottle as inside
 from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent
@@ -49,6 +50,51 @@ def test_run_p_answers_through_the_gate_with_the_real_token(
     assert seen, "the stub saw no /v1/messages call"
     assert all(["authorization", f"Bearer {token}"] in [[n.lower(), v] for n, v in r["headers"]] for r in seen)
     assert leftovers(client, "headless") == []
+
+
+def test_the_bottles_command_waits_for_the_gate_and_its_ca(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bottle starts while its gate boots (run -p): its command must not run before the gate listens and
+    the gate's CA is in its trust store, however slow the gate. Here the gate seems 2 s slower."""
+    ready = Run.wait_for_gate
+
+    def slow(run: Run) -> None:
+        time.sleep(2)
+        ready(run)
+
+    monkeypatch.setattr(Run, "wait_for_gate", slow)
+    write_agent("held", "")
+    probe = (f"grep -c 'BEGIN CERTIFICATE' {SYSTEM_BUNDLE}; grep -c 'BEGIN CERTIFICATE' {IMAGE_BUNDLE}; "
+             f"test -e {READY_FILE} && echo ready; gate=${{ANTHROPIC_BASE_URL#http://}}; "
+             "(exec 3<>/dev/tcp/${gate%:*}/${gate#*:}) && echo listening")
+    launch = Launch(load_agent("held", workspace), workspace, Credential.parse(token, "test"), upstream.url,
+                    (upstream.network,))
+    with started(launch, lambda line: None) as run:
+        bottle = run.start_bottle(["bash", "-c", probe])
+        assert bottle.wait(timeout=60)["StatusCode"] == 0
+        system, image, *rest = bottle.logs(stdout=True, stderr=True).decode().split()
+    assert (int(system), rest) == (int(image) + 1, ["ready", "listening"])
+    assert leftovers(client, "held") == []
+
+
+def test_a_bottle_whose_gate_never_comes_runs_nothing(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(run: Run) -> None:
+        raise GateError("the gate stopped at start: (a test's)")
+
+    monkeypatch.setattr(Run, "wait_for_gate", broken)
+    write_agent("orphan", "")
+    launch = Launch(load_agent("orphan", workspace), workspace, Credential.parse(token, "test"), upstream.url,
+                    (upstream.network,))
+    with pytest.raises(GateError), started(launch, lambda line: None) as run:
+        try:
+            run.start_bottle(["sh", "-c", "echo ran > /workspace/ran"])
+        finally:
+            time.sleep(1)  # time enough for the command, were it let go
+    assert not (workspace / "ran").exists()
+    assert leftovers(client, "orphan") == []
 
 
 @pytest.fixture

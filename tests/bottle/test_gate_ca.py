@@ -38,10 +38,11 @@ from claude_bottle.gate.ca import RunCA
 from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime import bottle as bottle_module
-from claude_bottle.runtime.bottle import CONTROL_SOCKET, SYSTEM_BUNDLE, Run, tar_archive
+from claude_bottle.runtime.bottle import CONTROL_SOCKET, SYSTEM_BUNDLE, Run
 from claude_bottle.verify import in_bottle as inside
 from tests.bottle.conftest import TEST_LABEL, Upstream, leftovers, write_agent
 from tests.bottle.https_servers import leaf_pem
+from tests.helpers import tar_archive
 
 pytestmark = pytest.mark.docker
 TARGET = "tls-target"
@@ -147,14 +148,13 @@ def bottle(client: docker.DockerClient, upstream: Upstream, token: str, workspac
            test_ca: RunCA, tls_target: Container, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bottle]:
     announced: list[bytes] = []
 
-    def gate_ca_and_the_tests(output: str) -> bytes | None:
-        certificate = ca_module.announced_ca(output)
-        if certificate is not None:
-            announced.append(certificate)
-            certificate += test_ca.certificate_pem
-        return certificate
+    add_ca = bottle_module.add_ca
 
-    monkeypatch.setattr(bottle_module, "announced_ca", gate_ca_and_the_tests)
+    def gate_ca_and_the_tests(store: Path, certificate_pem: bytes) -> None:
+        announced.append(certificate_pem)
+        add_ca(store, certificate_pem + test_ca.certificate_pem)
+
+    monkeypatch.setattr(bottle_module, "add_ca", gate_ca_and_the_tests)
     write_agent("trusting", f'allow_tcp = ["{TARGET}:{TRUSTED}", "{TARGET}:{UNTRUSTED}"]\n'
                             f'allow_private = ["{upstream.subnet}"]\nextra_packages = {json.dumps(PACKAGES)}\n')
     launch = Launch(load_agent("trusting", workspace), workspace, Credential.parse(token, "test"), upstream.url,
@@ -194,7 +194,11 @@ def test_every_client_trusts_the_run_ca_and_refuses_a_stranger(bottle: Bottle, t
 
 
 def test_the_bottle_cannot_change_what_it_trusts(bottle: Bottle) -> None:
-    assert inside(bottle.run, f"stat -c '%u %g %a' {SYSTEM_BUNDLE}")[1].strip() == "0 0 644"
+    """The bundle is a host file mounted read-only: owned by whoever started the bottle (whose uid the bottle
+    runs as), so the mount, not the owner, is what stops a write."""
+    assert inside(bottle.run, f"stat -c '%a' {SYSTEM_BUNDLE}")[1].strip() == "644"
+    mount = inside(bottle.run, f"grep ' {SYSTEM_BUNDLE} ' /proc/self/mountinfo")[1].split()
+    assert "ro" in mount[5].split(","), mount
     before = inside(bottle.run, f"sha256sum {SYSTEM_BUNDLE}")[1]
     for attack in (f"echo x >> {SYSTEM_BUNDLE}", f"cp /dev/null {SYSTEM_BUNDLE}", f"rm -f {SYSTEM_BUNDLE}",
                    f"mv {SYSTEM_BUNDLE} /tmp/x", "update-ca-certificates", f"chmod 666 {SYSTEM_BUNDLE}"):

@@ -35,11 +35,12 @@ from claude_bottle.config import READ_PRESETS, AgentConfig
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.launch import build_images
 from claude_bottle.policy.hosts import Allowlist
-from claude_bottle.runtime.bottle import Run, tar_archive
+from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle
 from tests.bottle.conftest import TEST_LABEL, Upstream, bottle_against, gate_audit
 from tests.bottle.https_servers import leaf_pem
 from tests.bottle.test_gate_ca import PACKAGES as PYTHON_PACKAGES  # its bottle image has python3: built once
+from tests.helpers import tar_archive
 
 pytestmark = pytest.mark.docker
 OPEN, READ, PINNED = "git-open", "git-read", "pinned"

@@ -1,11 +1,16 @@
-"""The gate's CA on its way into a bottle: the system bundle gains it (root-owned, 0644), and every variable
-tools read for CA certificates names the whole bundle, never the gate's CA alone."""
+"""The gate's CA on its way into a bottle: the host's copy of the image's system bundle gains it in place (the
+file a started bottle has mounted), every variable tools read for CA certificates names the whole bundle, and
+the bottle is let go only once the gate listens and the CA is there."""
 
 from __future__ import annotations
 
 import io
+import os
+import socket
 import tarfile
+import threading
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,10 +20,30 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.launch import Launch, run_spec
-from claude_bottle.runtime.bottle import CA_ENV, SYSTEM_BUNDLE, Run, trust_in_bottle
+from claude_bottle.runtime.bottle import (
+    CA_ENV,
+    IMAGE_BUNDLE,
+    IMAGE_BUNDLES_KEPT,
+    READY_FILE,
+    SYSTEM_BUNDLE,
+    Run,
+    add_ca,
+    bottle_files,
+    image_trust_store,
+    policy_dir,
+    startup_lines,
+    write_for_bottle,
+)
 from tests.helpers import make_token
 
-ROOTS = b"-----BEGIN CERTIFICATE-----\nMIIroot\n-----END CERTIFICATE-----"  # no final newline
+ROOTS = b"-----BEGIN CERTIFICATE-----\nMIIroot\n-----END CERTIFICATE-----\n"
+LISTENING = "claude-bottle gate: API on gate:8080, proxy on gate:3128\n"
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
 
 
 def archive(name: str, data: bytes, symlink: bool = False) -> bytes:
@@ -34,39 +59,53 @@ def archive(name: str, data: bytes, symlink: bool = False) -> bytes:
 
 
 class FakeContainer:
-    """The two engine calls ``trust_in_bottle`` makes, on an in-memory file system."""
+    """A created bottle of image ``image`` whose system bundle is ``bundle``; counts the reads."""
 
-    def __init__(self, bundle: bytes, symlink: bool = False) -> None:
+    def __init__(self, bundle: bytes, image: str = "sha256:" + "ab" * 32, symlink: bool = False) -> None:
         self.bundle, self.symlink = bundle, symlink
-        self.put: list[tuple[str, tarfile.TarInfo, bytes]] = []
+        self.attrs = {"Image": image}
+        self.reads = 0
 
     def get_archive(self, path: str) -> tuple[list[bytes], dict[str, object]]:
-        assert path == SYSTEM_BUNDLE
+        assert path == IMAGE_BUNDLE  # not SYSTEM_BUNDLE: the run's file mount is over that one
+        self.reads += 1
         data = archive("ca-certificates.crt", self.bundle, self.symlink)
         return [data[:100], data[100:]], {}
 
-    def put_archive(self, path: str, data: bytes) -> bool:
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            for member in tar.getmembers():
-                extracted = tar.extractfile(member)
-                assert extracted is not None
-                self.put.append((path, member, extracted.read()))
-        return True
+
+def test_the_images_bundle_is_read_once_per_image() -> None:
+    first, again = FakeContainer(ROOTS), FakeContainer(ROOTS.replace(b"root", b"else"))
+    assert image_trust_store(first) == ROOTS  # type: ignore[arg-type]
+    assert image_trust_store(again) == ROOTS  # type: ignore[arg-type]
+    assert (first.reads, again.reads) == (1, 0)
+    other = FakeContainer(ROOTS.replace(b"root", b"other"), image="sha256:" + "cd" * 32)
+    assert image_trust_store(other) == other.bundle  # type: ignore[arg-type]
 
 
-def test_the_gates_ca_is_appended_to_the_images_bundle_root_owned_and_read_only_to_others() -> None:
+def test_only_the_newest_images_bundles_are_kept(state: Path) -> None:
+    for n in range(IMAGE_BUNDLES_KEPT + 3):
+        image_trust_store(FakeContainer(ROOTS, image=f"sha256:{n:064x}"))  # type: ignore[arg-type]
+    assert len(list((state / "claude-bottle" / "image-trust").glob("*.crt"))) == IMAGE_BUNDLES_KEPT
+
+
+@pytest.mark.parametrize("bundle", [b"", b"not a certificate\n"])
+def test_a_bundle_without_certificates_is_refused_and_not_kept(bundle: bytes, state: Path) -> None:
+    with pytest.raises(DockerError, match="holds no certificate: rebuild it"):
+        image_trust_store(FakeContainer(bundle))  # type: ignore[arg-type]
+    with pytest.raises(DockerError, match="holds no certificate: rebuild it"):
+        image_trust_store(FakeContainer(ROOTS, symlink=True))  # type: ignore[arg-type]
+    assert not list(state.rglob("*.crt"))
+
+
+def test_the_ca_is_added_to_the_very_file_the_bottle_has_mounted(tmp_path: Path) -> None:
+    store = tmp_path / "ca-certificates.crt"
+    write_for_bottle(store, ROOTS)
+    mounted = os.stat(store).st_ino  # a started bottle holds this inode
     pem = RunCA.generate().certificate_pem
-    container = FakeContainer(ROOTS)
-    trust_in_bottle(container, pem)  # type: ignore[arg-type]
-    ((directory, member, content),) = container.put
-    assert f"{directory}/{member.name}" == SYSTEM_BUNDLE
-    assert content == ROOTS + b"\n" + pem
-    assert (member.uid, member.gid, member.mode) == (0, 0, 0o644)
-
-
-def test_a_bundle_that_is_not_a_file_is_refused() -> None:
-    with pytest.raises(DockerError, match="is not a file"):
-        trust_in_bottle(FakeContainer(b"", symlink=True), RunCA.generate().certificate_pem)  # type: ignore[arg-type]
+    add_ca(store, pem)
+    assert os.stat(store).st_ino == mounted
+    assert store.read_bytes() == ROOTS + pem
+    assert store.stat().st_mode & 0o777 == 0o644
 
 
 def test_every_ca_variable_names_the_whole_bundle_whatever_the_agent_sets(tmp_path: Path) -> None:
@@ -79,10 +118,49 @@ def test_every_ca_variable_names_the_whole_bundle_whatever_the_agent_sets(tmp_pa
             "PIP_CERT", "npm_config_cafile"} <= set(CA_ENV)
 
 
+def frame(stream: int, data: bytes) -> bytes:
+    """One frame of the engine's multiplexed attach stream."""
+    return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    ours, gates = socket.socketpair()
+    yield ours, gates
+    ours.close()
+    gates.close()
+
+
+def test_the_start_up_lines_are_read_from_standard_error_as_they_come(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, gates = pair
+    stream = frame(1, b"on stdout: ignored\n") + frame(2, b"starting\n") + frame(2, LISTENING.encode())
+    stream += frame(2, b'{"audit": "after it listens: read only if it came with the line before"}\n')
+
+    def trickle() -> None:  # a byte at a time: frames split anywhere
+        for i in range(len(stream)):
+            gates.send(stream[i : i + 1])
+
+    writer = threading.Thread(target=trickle)
+    writer.start()
+    lines = startup_lines(ours, 5)
+    assert lines is not None and lines.startswith("starting\n" + LISTENING) and "stdout" not in lines
+    writer.join()
+
+
+def test_a_gate_that_stops_or_stays_silent_is_told_apart(pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, gates = pair
+    gates.sendall(frame(2, b"error: --allow: bad pattern\n"))
+    assert startup_lines(ours, 0.2) is None  # nothing more came: not ready in time
+    gates.close()
+    assert startup_lines(ours, 5) == ""  # the stream ended: it stopped
+
+
 class FakeGate:
     """A gate container whose log is ``log``."""
 
     status = "running"
+    name = "claude-bottle-a-1-gate"
 
     def __init__(self, log: str) -> None:
         self.log = log
@@ -90,22 +168,56 @@ class FakeGate:
     def logs(self, stdout: bool, stderr: bool) -> bytes:
         return self.log.encode()
 
-    def reload(self) -> None:
-        pass
+
+def started_run(tmp_path: Path, output: bytes, close: bool = True) -> tuple[Run, socket.socket]:
+    """A run whose gate wrote ``output`` on its attached stream (then ended it, with ``close``)."""
+    run = Run(None, run_spec(Launch(parse_agent("a", {"version": 1}, "a.toml"), tmp_path,  # type: ignore[arg-type]
+                                    Credential.parse(make_token(), "t")), "b", "g", "1000:1000"))
+    ours, gates = socket.socketpair()
+    gates.sendall(output)
+    if close:
+        gates.close()
+    run.gate = FakeGate(output.decode("latin-1"))  # type: ignore[assignment]
+    run._gate_output = ours
+    return run, gates
 
 
 def test_the_host_takes_the_ca_the_gate_announced(tmp_path: Path) -> None:
     ca = RunCA.generate()
-    run = Run(None, run_spec(Launch(parse_agent("a", {"version": 1}, "a.toml"), tmp_path,  # type: ignore[arg-type]
-                                    Credential.parse(make_token(), "t")), "b", "g", "1000:1000"))
-    run.gate = FakeGate(f"{ca.announcement()}\nclaude-bottle gate: API on gate:8080, proxy on gate:3128\n")  # type: ignore[assignment]
+    run, _ = started_run(tmp_path, frame(2, f"{ca.announcement()}\n{LISTENING}".encode()), close=False)
     run.wait_for_gate()
     assert run.gate_ca == ca.certificate_pem
 
 
 def test_a_gate_that_announces_no_ca_is_refused(tmp_path: Path) -> None:
-    run = Run(None, run_spec(Launch(parse_agent("a", {"version": 1}, "a.toml"), tmp_path,  # type: ignore[arg-type]
-                                    Credential.parse(make_token(), "t")), "b", "g", "1000:1000"))
-    run.gate = FakeGate("claude-bottle gate: API on gate:8080, proxy on gate:3128\n")  # type: ignore[assignment]
+    run, _ = started_run(tmp_path, frame(2, LISTENING.encode()))
     with pytest.raises(GateError, match="announced no CA certificate"):
         run.wait_for_gate()
+
+
+def test_a_gate_that_stops_at_start_is_reported_with_its_last_words(tmp_path: Path) -> None:
+    run, _ = started_run(tmp_path, frame(2, b"claude-bottle: --allow 'x y': not a host\n"))
+    with pytest.raises(GateError, match=r"the gate stopped at start:.*not a host"):
+        run.wait_for_gate()
+
+
+def test_the_bottle_is_let_go_only_once_its_trust_store_has_the_gates_ca(tmp_path: Path) -> None:
+    ca = RunCA.generate()
+    run, _ = started_run(tmp_path, frame(2, f"{ca.announcement()}\n{LISTENING}".encode()))
+    files, policy = bottle_files(run.id), policy_dir(run.id)
+    files.mkdir(parents=True)
+    policy.mkdir(parents=True)
+    write_for_bottle(files / "ca-certificates.crt", ROOTS)
+    ready = policy / READY_FILE.rsplit("/", 1)[1]
+    assert not ready.exists()
+    run.release()
+    assert (files / "ca-certificates.crt").read_bytes() == ROOTS + ca.certificate_pem
+    assert ready.is_file() and ready.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_gate_that_fails_leaves_the_bottle_held(tmp_path: Path) -> None:
+    run, _ = started_run(tmp_path, frame(2, b"claude-bottle: cannot listen on gate:8080\n"))
+    policy_dir(run.id).mkdir(parents=True)
+    with pytest.raises(GateError):
+        run.release()
+    assert not (policy_dir(run.id) / READY_FILE.rsplit("/", 1)[1]).exists()

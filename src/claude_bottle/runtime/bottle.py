@@ -11,6 +11,7 @@ import io
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import stat
@@ -29,10 +30,10 @@ from docker.models.networks import Network
 from docker.types import LogConfig, Mount
 
 from claude_bottle import records
+from claude_bottle.config import Resources
 from claude_bottle.credentials import Credential, CredentialKind
 from claude_bottle.errors import BottleError, ConfigError, DockerError, GateError
 from claude_bottle.gate import control
-from claude_bottle.gate.ca import announced_ca
 from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.gate.routes import CredentialRoute, RouteSpec
 from claude_bottle.paths import state_dir, workspace_key
@@ -52,6 +53,9 @@ CONTROL_SOCKET = "/tmp/claude-bottle-control.sock"  # in the gate's own tmpfs: s
 GATE_PYTHON = "/opt/gate/bin/python"
 POLICY_DIR = "/etc/claude-bottle"  # in the bottle, read-only: the policy in effect (gate/failures.py POLICY_FILE)
 POLICY_FILE = "policy.toml"
+# Created by the host once the gate listens and its CA is in the bottle's trust store: the bottle's entrypoint
+# (runtime/dockerfiles/bottle-entry.sh) holds the bottle's command until then.
+READY_FILE = f"{POLICY_DIR}/ready"
 GATE_READY_SECONDS = 30
 GATE_STOP_SECONDS = 3
 # The host-side name of every internal network's bridge: this prefix and the run's hex, 15 characters (the
@@ -78,19 +82,14 @@ CLAUDE_ENV = {
 # (NODE_EXTRA_CA_CERTS adds to their built-in roots), OpenSSL and what uses it, Go and rustls (SSL_CERT_FILE),
 # requests, curl, git, pip and npm (each replaces its own default with the file named).
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+IMAGE_BUNDLE = "/usr/share/claude-bottle/ca-certificates.crt"  # the image's, as built (bottle.Dockerfile)
+IMAGE_BUNDLES_KEPT = 8  # images whose bundle the host keeps
 CA_ENV = {name: SYSTEM_BUNDLE for name in ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE",
                                            "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "npm_config_cafile")}
 
 # ~/.claude/settings.json in every bottle: the bottle is the sandbox the bypass-mode warning asks for. It is
 # the product's file, mounted read-only: hooks or settings a bottle writes there would run in later runs.
 CLAUDE_SETTINGS = {"skipDangerousModePermissionPrompt": True}
-
-
-@dataclass(frozen=True)
-class Resources:
-    memory: str = "4g"
-    cpus: float = 2.0
-    pids: int = 1024
 
 
 @dataclass(frozen=True)
@@ -229,8 +228,8 @@ def gate_input(spec: RunSpec) -> bytes:
     return "".join(f"{value}\n" for value in (spec.credential.secret, *(r.secret for r in spec.routes))).encode()
 
 
-# The bottle's /etc/gitconfig (root-owned, 0644): for each host of a route with git, a credential helper that
-# answers the route's sentinel, so git in the bottle authenticates (the gate replaces it with the real value).
+# The bottle's /etc/gitconfig (a read-only file mount): for each host of a route with git, a credential helper
+# that answers the route's sentinel, so git in the bottle authenticates (the gate replaces it with the value).
 GIT_CONFIG = "/etc/gitconfig"
 
 
@@ -340,47 +339,93 @@ def protective_mounts(workspace: Path, paths: Iterable[str] = PROTECTED) -> list
     return protections
 
 
-def tar_archive(files: dict[str, bytes], uid: int = 0, gid: int = 0, mode: int = 0o600) -> bytes:
-    """``files`` (path -> content) as a tar archive for ``put_archive``, owned by ``uid``:``gid``."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), mode, uid, gid, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+def bottle_files(run_id: str) -> Path:
+    """The host folder of the files a run's bottle gets as read-only file mounts (its trust store and git
+    configuration); removed with the run."""
+    return records.run_dir(run_id) / "bottle"
 
 
-def image_bundle(container: Container) -> bytes:
-    """The system bundle (``SYSTEM_BUNDLE``) of a created bottle, as its image has it."""
+def image_trust_store(container: Container) -> bytes:
+    """The system bundle of a created bottle's image, as built (``IMAGE_BUNDLE``: the bundle's own path has
+    the run's file mount over it). An image's bundle never changes, so it is read from the container once
+    per image and kept on the host (``state_dir()/image-trust``, the newest ``IMAGE_BUNDLES_KEPT``)."""
+    image = str(container.attrs.get("Image", "")).removeprefix("sha256:")
+    kept = state_dir() / "image-trust"
+    cached = kept / f"{image}.crt"
+    if image and cached.is_file():
+        return cached.read_bytes()
     try:
-        chunks, _ = container.get_archive(SYSTEM_BUNDLE)
+        chunks, _ = container.get_archive(IMAGE_BUNDLE)
+    except docker.errors.NotFound:
+        raise DockerError(f"the bottle image has no {IMAGE_BUNDLE}: it is older than this claude-bottle; run "
+                          "`claude-bottle build`") from None
     except docker.errors.APIError as exc:
-        raise DockerError(f"cannot read the bottle's trust store: {exc.explanation or exc}") from None
+        raise DockerError(f"cannot read the bottle image's trust store: {exc.explanation or exc}") from None
     with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
         member = tar.next()
         extracted = tar.extractfile(member) if member is not None and member.isfile() else None
-        if extracted is None:
-            raise DockerError(f"{SYSTEM_BUNDLE} in the bottle image is not a file: rebuild it with "
-                              "`claude-bottle build`")
-        return extracted.read()
+        bundle = extracted.read() if extracted is not None else b""
+    if b"-----BEGIN CERTIFICATE-----" not in bundle:
+        raise DockerError(f"{IMAGE_BUNDLE} in the bottle image holds no certificate: rebuild it with "
+                          "`claude-bottle build`")
+    if image:
+        kept.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = cached.with_name(f".{cached.name}.{os.getpid()}")
+        partial.write_bytes(bundle)
+        os.replace(partial, cached)
+        for old in sorted(kept.glob("*.crt"), key=lambda p: p.stat().st_mtime)[:-IMAGE_BUNDLES_KEPT]:
+            old.unlink(missing_ok=True)
+    return bundle
 
 
-def trust_in_bottle(container: Container, certificate_pem: bytes, bundle: bytes | None = None) -> None:
-    """Add a CA certificate to a created (not yet started) bottle's system bundle (``SYSTEM_BUNDLE``): the
-    image's bundle (``bundle``, read by ``image_bundle`` when not given), then the certificate, written back
-    root-owned and 0644."""
-    bundle = image_bundle(container) if bundle is None else bundle
-    bundle = bundle if bundle.endswith(b"\n") or not bundle else bundle + b"\n"
-    directory, name = SYSTEM_BUNDLE.rsplit("/", 1)
-    try:
-        container.put_archive(directory, tar_archive({name: bundle + certificate_pem}, 0, 0, 0o644))
-    except docker.errors.APIError as exc:
-        raise DockerError(f"cannot add the gate's CA to the bottle's trust store: {exc.explanation or exc}") from None
+def write_for_bottle(path: Path, data: bytes) -> None:
+    """A host file a bottle gets as a read-only mount, replaced whole (before the bottle starts: a started one
+    keeps the file it was given); readable by the bottle's user, whoever that is."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_bytes(data)
+    partial.chmod(0o644)
+    os.replace(partial, path)
+
+
+def add_ca(path: Path, certificate_pem: bytes) -> None:
+    """Append a CA certificate to a bottle's trust store, in place: a started bottle has this very file
+    (inode) mounted, so replacing it would not reach the bottle."""
+    with path.open("ab") as store:
+        store.write(certificate_pem)
+
+
+def startup_lines(stream: socket.socket, seconds: float) -> str | None:
+    """A starting gate's standard error, read from its attached ``stream`` (the engine's multiplexed frames:
+    an 8-byte header, then the payload) until the line saying it listens has come (with whatever came in the
+    same read), or to its end if it stopped first. None when neither came within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    text = b""
+    buffer = b""
+    while b"claude-bottle gate: API on" not in text:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        stream.settimeout(left)
+        try:
+            data = stream.recv(65536)
+        except TimeoutError:
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            break
+        buffer += data
+        while len(buffer) >= 8 and len(buffer) >= 8 + int.from_bytes(buffer[4:8], "big"):
+            size = int.from_bytes(buffer[4:8], "big")
+            if buffer[0] == 2:  # standard error
+                text += buffer[8 : 8 + size]
+            buffer = buffer[8 + size :]
+    return text.decode("utf-8", "replace")
 
 
 class Run:
-    """Create with ``Run.start(client, spec)``; always ``remove()`` (it is idempotent)."""
+    """A run: ``start_gate()``, then the bottle (``start_bottle``, or ``create_bottle`` to start it yourself);
+    always ``remove()`` (it is idempotent)."""
 
     def __init__(self, client: docker.DockerClient, spec: RunSpec) -> None:
         self.client = client
@@ -394,6 +439,7 @@ class Run:
         self.bottle: Container | None = None
         self.gate_ip = ""
         self.gate_ca = b""  # the gate's CA certificate (PEM), as it announced it; set by wait_for_gate
+        self._gate_output: socket.socket | None = None  # the gate's attached stream, until it says it listens
 
     def _network(self, suffix: str, internal: bool) -> Network:
         # An internal bridge still gets the gateway address on the host side, and with it anything the host
@@ -429,13 +475,14 @@ class Run:
             self.internal.connect(self.gate, aliases=["gate"])
             for name in spec.upstream_networks:
                 self.client.networks.get(name).connect(self.gate)
-            socket_ = self.gate.attach_socket(params={"stdin": 1, "stream": 1})
+            # Attached before it starts, so its start-up lines are all read here (wait_for_gate): no polling.
+            socket_ = self.gate.attach_socket(params={"stdin": 1, "stderr": 1, "stream": 1})
             self.gate.start()
             raw = getattr(socket_, "_sock", socket_)  # the SDK wraps the socket; half-close needs the real one
+            self._gate_output = raw
             raw.sendall(gate_input(spec))
             with contextlib.suppress(OSError):
                 raw.shutdown(socket.SHUT_WR)
-            raw.close()
             self.gate.reload()  # its address is assigned by now, while it boots
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot start the gate: {exc.explanation or exc}") from None
@@ -478,23 +525,25 @@ class Run:
 
     def wait_for_gate(self) -> None:
         """Return once the gate listens, with the CA certificate it announced in ``gate_ca``; a gate that exits
-        instead is a GateError with its last words."""
-        assert self.gate is not None
-        deadline = time.monotonic() + GATE_READY_SECONDS
-        while time.monotonic() < deadline:
+        instead is a GateError with its last words. Read from the gate's attached stream as its lines come."""
+        assert self.gate is not None and self._gate_output is not None
+        output, self._gate_output = self._gate_output, None
+        try:
+            lines = startup_lines(output, GATE_READY_SECONDS)
+        finally:
+            output.close()
+        if lines is None:
+            raise GateError(f"the gate did not become ready within {GATE_READY_SECONDS}s")
+        if "claude-bottle gate: API on" not in lines:
             logs = self.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace")
-            if "claude-bottle gate: API on" in logs:
-                certificate = announced_ca(logs)
-                if certificate is None:
-                    raise GateError("the gate announced no CA certificate: its image is older than this "
-                                    "claude-bottle; run `claude-bottle build`")
-                self.gate_ca = certificate
-                return
-            self.gate.reload()
-            if self.gate.status in ("exited", "dead"):
-                raise GateError(f"the gate stopped at start: {logs.strip().splitlines()[-1:] or 'no output'}")
-            time.sleep(0.05)
-        raise GateError(f"the gate did not become ready within {GATE_READY_SECONDS}s")
+            raise GateError(f"the gate stopped at start: {logs.strip().splitlines()[-1:] or 'no output'}")
+        from claude_bottle.gate.ca import announced_ca  # cryptography: a tenth of a second to import
+
+        certificate = announced_ca(lines)
+        if certificate is None:
+            raise GateError("the gate announced no CA certificate: its image is older than this "
+                            "claude-bottle; run `claude-bottle build`")
+        self.gate_ca = certificate
 
     def bottle_environment(self) -> dict[str, str]:
         spec = self.spec
@@ -514,21 +563,50 @@ class Run:
         }
 
     def create_bottle(self, command: list[str], tty: bool) -> Container:
+        """The bottle, created and ready to start: it returns once the gate listens and its CA is in the
+        bottle's trust store (``release``)."""
+        bottle = self._create_bottle(command, tty)
+        self.release()
+        return bottle
+
+    def start_bottle(self, command: list[str]) -> Container:
+        """The bottle, without a terminal, started while the gate boots: its entrypoint holds ``command`` until
+        ``release``, before which this does not return."""
+        bottle = self._create_bottle(command, tty=False)
+        try:
+            bottle.start()
+        except docker.errors.APIError as exc:
+            raise DockerError(f"cannot start the bottle: {exc.explanation or exc}") from None
+        self.release()
+        return bottle
+
+    def _create_bottle(self, command: list[str], tty: bool) -> Container:
         """The bottle: internal network only, user 1000, no capabilities, no new privileges, limits, and a
-        resolver that answers nothing (its only peer is the gate, addressed by IP). Created while the gate
-        boots; returns once the gate is ready and its CA is in the bottle's trust store, so the bottle can be
-        started."""
+        resolver that answers nothing (its only peer is the gate, addressed by IP). Its trust store and git
+        configuration are host files mounted read-only; its ~/.claude.json is written fresh by its entrypoint."""
         spec = self.spec
         assert self.internal is not None
         resources = spec.resources
         write_policy(self.id, spec_policy(spec))
+        files = bottle_files(self.id)
+        files.mkdir(parents=True, exist_ok=True)
+        trust = files / "ca-certificates.crt"
+        write_for_bottle(trust, b"")  # a file mount's source must exist; the image's bundle comes below
+        mounts = [*(protection.mount() for protection in protective_mounts(spec.workspace, spec.protected)),
+                  Mount(SYSTEM_BUNDLE, str(trust), type="bind", read_only=True)]
+        if config := git_credentials(spec.git_routes):
+            write_for_bottle(files / "gitconfig", config)
+            mounts.append(Mount(GIT_CONFIG, str(files / "gitconfig"), type="bind", read_only=True))
+        seed = seeded_claude_json(spec.credential.kind, spec.credential.placeholder(), spec.mcp_servers)
+        environment = {**self.bottle_environment(), "CLAUDE_BOTTLE_CLAUDE_JSON": seed.decode(),
+                       "CLAUDE_BOTTLE_READY_FILE": READY_FILE}
         try:
             state = self.client.volumes.create(state_volume(spec.agent, spec.workspace), labels={
                 LABEL: "1", AGENT_LABEL: spec.agent, WORKSPACE_LABEL: str(spec.workspace)})
             with _uninterrupted():
                 self.bottle = self.client.containers.create(
                     spec.bottle_image, command=command, name=f"claude-bottle-{self.id}-bottle", labels=self.labels,
-                    user=spec.user, environment=self.bottle_environment(), log_config=LOG_CONFIG,
+                    user=spec.user, environment=environment, log_config=LOG_CONFIG,
                     network=self.internal.name,
                     dns=[self.gate_ip], dns_search=["."], dns_opt=["timeout:1", "attempts:1"],
                     working_dir="/workspace", tty=tty, stdin_open=tty, runtime=spec.runtime or None,
@@ -541,22 +619,22 @@ class Run:
                         **{str(source): {"bind": target, "mode": "ro" if read_only else "rw"}
                            for source, target, read_only in spec.mounts},
                     },
-                    mounts=[protection.mount() for protection in protective_mounts(spec.workspace, spec.protected)],
+                    mounts=mounts,
                 )
-            seed = seeded_claude_json(spec.credential.kind, spec.credential.placeholder(), spec.mcp_servers)
-            uid, gid = (int(n) for n in spec.user.split(":"))
-            self.bottle.put_archive(HOME, tar_archive({".claude.json": seed}, uid, gid))
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot create the bottle: {exc.explanation or exc}") from None
-        bundle = image_bundle(self.bottle)  # read while the gate boots: only the write waits for its CA
-        self.wait_for_gate()
-        trust_in_bottle(self.bottle, self.gate_ca, bundle)
-        if config := git_credentials(spec.git_routes):
-            try:
-                self.bottle.put_archive("/etc", tar_archive({GIT_CONFIG.rsplit("/", 1)[1]: config}, 0, 0, 0o644))
-            except docker.errors.APIError as exc:
-                raise DockerError(f"cannot write the bottle's {GIT_CONFIG}: {exc.explanation or exc}") from None
+        bundle = image_trust_store(self.bottle)
+        write_for_bottle(trust, bundle if bundle.endswith(b"\n") or not bundle else bundle + b"\n")
         return self.bottle
+
+    def release(self) -> None:
+        """Wait for the gate to listen, add its CA to the bottle's trust store, and let the bottle's command
+        go on (``READY_FILE``)."""
+        self.wait_for_gate()
+        add_ca(bottle_files(self.id) / "ca-certificates.crt", self.gate_ca)
+        ready = policy_dir(self.id) / READY_FILE.rsplit("/", 1)[1]
+        ready.write_text("the gate listens\n")
+        ready.chmod(0o644)
 
     def remove(self) -> None:
         remove_run(self.client, self.id)
@@ -585,7 +663,9 @@ def keep_audit(gate: Container) -> None:
 
 def remove_run(client: docker.DockerClient, run_id: str) -> None:
     """Remove a run: its bottle (and any other container), then its gate once its audit is kept on the host,
-    then its networks; each kind at once. Safe to call at any point and more than once."""
+    then its networks and the files its bottle was given; each kind at once. A bottle that no longer runs has
+    closed its connections to the gate, so then its removal and the gate's stop go together. Safe to call at
+    any point and more than once."""
     run = {"label": f"{RUN_LABEL}={run_id}"}
 
     def remove(resource: Container | Network) -> None:
@@ -597,11 +677,18 @@ def remove_run(client: docker.DockerClient, run_id: str) -> None:
 
     containers = client.containers.list(all=True, filters=run)
     gates = [c for c in containers if c.name.endswith("-gate")]
+    others = [c for c in containers if c not in gates]
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(remove, [c for c in containers if c not in gates]))
+        if any(c.status in ("running", "paused", "restarting") for c in others):
+            list(pool.map(remove, others))  # its connections stay open until it is gone
+            others = []
+        removed = [pool.submit(remove, c) for c in others]
         list(pool.map(keep_audit, gates))
+        for future in removed:
+            future.result()
         list(pool.map(remove, gates))
         list(pool.map(remove, client.networks.list(filters=run)))
+    shutil.rmtree(bottle_files(run_id), ignore_errors=True)
 
 
 def runs(client: docker.DockerClient) -> list[dict[str, str]]:

@@ -135,8 +135,9 @@ def resolve_claude_version(version: str, ca_files: tuple[Path, ...] = ()) -> str
     return found[0]
 
 
-def _dockerfile(name: str) -> bytes:
-    return resources.files("claude_bottle.runtime").joinpath(f"dockerfiles/{name}.Dockerfile").read_bytes()
+def _context_file(name: str) -> bytes:
+    """A file of the images' build contexts (``runtime/dockerfiles/``)."""
+    return resources.files("claude_bottle.runtime").joinpath(f"dockerfiles/{name}").read_bytes()
 
 
 def bottle_spec(inputs: BuildInputs) -> ImageSpec:
@@ -145,7 +146,8 @@ def bottle_spec(inputs: BuildInputs) -> ImageSpec:
             raise ConfigError(f"extra package {package!r} is not a Debian package name")
     return ImageSpec(
         "bottle",
-        {"Dockerfile": _dockerfile("bottle"), **_ca_files(inputs)},
+        {"Dockerfile": _context_file("bottle.Dockerfile"), "bottle-entry.sh": _context_file("bottle-entry.sh"),
+         **_ca_files(inputs)},
         {"CLAUDE_CODE_VERSION": inputs.claude_code_version, "EXTRA_PACKAGES": " ".join(inputs.extra_packages)},
     )
 
@@ -162,7 +164,7 @@ def gate_spec(inputs: BuildInputs) -> ImageSpec:
     pins = "".join(f"{name}=={importlib.metadata.version(name)}\n" for name in GATE_REQUIREMENTS)
     return ImageSpec(
         "gate",
-        {"Dockerfile": _dockerfile("gate"), "requirements.txt": pins.encode(), **dict(_package_files()),
+        {"Dockerfile": _context_file("gate.Dockerfile"), "requirements.txt": pins.encode(), **dict(_package_files()),
          **_ca_files(inputs)},
     )
 

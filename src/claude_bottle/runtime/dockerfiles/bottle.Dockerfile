@@ -27,9 +27,14 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates git ripgrep curl bash less procps ${EXTRA_PACKAGES} \
  && update-ca-certificates \
  && apt-get clean && rm -rf /var/lib/apt/lists/*
+# The system bundle as built, where a run's file mount over the system bundle does not hide it: the host
+# reads it once per image and gives each run's bottle that bundle plus its gate's CA.
+RUN mkdir -p /usr/share/claude-bottle && cp /etc/ssl/certs/ca-certificates.crt /usr/share/claude-bottle/
 COPY --from=claude-code /claude /usr/local/bin/claude
+COPY bottle-entry.sh /usr/local/bin/claude-bottle-entry
 # No setuid or setgid programs: no-new-privileges disarms them, and without them nothing rests on that alone.
-RUN useradd --uid 1000 --create-home --shell /bin/bash agent \
+RUN chmod 0755 /usr/local/bin/claude-bottle-entry \
+ && useradd --uid 1000 --create-home --shell /bin/bash agent \
  && find / -xdev -type f -perm /6000 -exec chmod ug-s {} + \
  && mkdir /home/agent/.claude && chown agent:agent /home/agent/.claude \
  && chmod 1777 /home/agent /home/agent/.claude
@@ -40,4 +45,5 @@ USER agent
 RUN mkdir -p /home/agent/.local/bin && ln -s /usr/local/bin/claude /home/agent/.local/bin/claude
 ENV PATH=/home/agent/.local/bin:/usr/local/bin:/usr/bin:/bin
 WORKDIR /workspace
+ENTRYPOINT ["/usr/local/bin/claude-bottle-entry"]
 CMD ["claude"]
