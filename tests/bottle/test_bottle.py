@@ -25,10 +25,18 @@ from claude_bottle.config import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import GateError
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime.bottle import IMAGE_BUNDLE, READY_FILE, SYSTEM_BUNDLE, Run, bottle_user, state_volume
+from claude_bottle.runtime.bottle import (
+    EGRESS_NETWORK,
+    IMAGE_BUNDLE,
+    READY_FILE,
+    SYSTEM_BUNDLE,
+    Run,
+    bottle_user,
+    state_volume,
+)
 from claude_bottle.stub import DEFAULT_TEXT
 from claude_bottle.verify import in_bottle as inside
-from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent
+from tests.bottle.conftest import Upstream, gate_audit, leftovers, on_screen, write_agent
 
 pytestmark = pytest.mark.docker
 CLI = [sys.executable, "-m", "claude_bottle"]
@@ -294,6 +302,45 @@ def test_two_agents_cannot_see_each_other(
         code, output = inside(left, f"curl -sS -m 10 -o /dev/null -w '%{{http_code}}' http://{right.gate_ip}:8080/")
         assert output == "403", "nor through its own gate"
     assert leftovers(client, "left") == [] and leftovers(client, "right") == []
+
+
+def test_gates_share_the_egress_network_but_listen_on_their_own_networks_only(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, built_images: tuple[str, str],
+) -> None:
+    """The attack: a bottle has its gate dial another run's gate on the egress network they share, even with
+    that address allowlisted and private addresses allowed, as a user reaching a LAN might set. Nothing
+    listens there; without the allowance the address guard refuses it first."""
+    with contextlib.ExitStack() as stack:
+        write_agent("right", "")
+        right = stack.enter_context(started(Launch(load_agent("right", workspace), workspace,
+                                                   Credential.parse(token, "t"), upstream.url, (upstream.network,)),
+                                            lambda line: None))
+        right.start_bottle(["sleep", "600"])
+        assert right.gate is not None and right.egress is not None
+        right.gate.reload()
+        address = right.gate.attrs["NetworkSettings"]["Networks"][EGRESS_NETWORK]["IPAddress"]
+        subnet = right.egress.attrs["IPAM"]["Config"][0]["Subnet"]
+        targets = [f"{address}:{port}" for port in (8080, 3128)]
+        write_agent("left", f"allow = {json.dumps(targets)}\nallow_tcp = {json.dumps(targets)}\n"
+                            f'allow_private = ["{subnet}"]\n')
+        write_agent("guarded", f"allow = {json.dumps(targets)}\nallow_tcp = {json.dumps(targets)}\n")
+        left, guarded = (stack.enter_context(started(Launch(load_agent(name, workspace), workspace,
+                                                            Credential.parse(token, "t"), upstream.url,
+                                                            (upstream.network,)), lambda line: None))
+                         for name in ("left", "guarded"))
+        for run in (left, guarded):
+            run.start_bottle(["sleep", "600"])
+            assert run.egress is not None and run.egress.id == right.egress.id
+        for target in targets:
+            for how in ("-w '%{http_code}'", "--proxytunnel -w '%{http_connect}'"):  # plain HTTP, then CONNECT
+                request = f"curl -s -m 10 -o /dev/null {how} http://{target}/ 2>/dev/null"
+                assert inside(left, request)[1] == "502", f"{target} answered through the gate ({how})"
+                assert inside(guarded, request)[1] == "403", f"{target}: a private address got through ({how})"
+        assert [r["decision"] for r in gate_audit(left)] == ["error"] * 4
+        assert all("cannot connect to upstream" in r["reason"] for r in gate_audit(left))
+        assert all("is private (RFC 1918); refused" in r["reason"] for r in gate_audit(guarded))
+    for name in ("left", "right", "guarded"):
+        assert leftovers(client, name) == []
 
 
 def test_build_reports_the_image_tags(built_images: tuple[str, str], token: str, workspace: Path) -> None:

@@ -47,6 +47,8 @@ LABEL = "claude-bottle"
 RUN_LABEL = "claude-bottle.run"
 AGENT_LABEL = "claude-bottle.agent"
 WORKSPACE_LABEL = "claude-bottle.workspace"
+EGRESS_LABEL = "claude-bottle.egress"
+EGRESS_NETWORK = "claude-bottle-egress"  # every gate's way out (egress_network)
 API_PORT = 8080
 PROXY_PORT = 3128
 CONTROL_SOCKET = "/tmp/claude-bottle-control.sock"  # in the gate's own tmpfs: see gate/control.py
@@ -394,6 +396,21 @@ def add_ca(path: Path, certificate_pem: bytes) -> None:
         store.write(certificate_pem)
 
 
+def egress_network(client: docker.DockerClient) -> Network:
+    """The network through which every gate reaches the world: one for all runs, made on first use and kept.
+    Sharing it opens no path: bottles never join it, a gate listens on its internal address only, and the
+    address guard refuses the others' (private) addresses like any. Two runs that made it at once are
+    told apart by age, the older one used by all."""
+    try:
+        found = client.networks.list(filters={"label": EGRESS_LABEL})
+        if found:
+            return min(found, key=lambda network: (str(network.attrs.get("Created", "")), network.id))
+        with _uninterrupted():
+            return client.networks.create(EGRESS_NETWORK, driver="bridge", labels={LABEL: "1", EGRESS_LABEL: "1"})
+    except docker.errors.APIError as exc:
+        raise DockerError(f"cannot create the egress network {EGRESS_NETWORK}: {exc.explanation or exc}") from None
+
+
 def startup_lines(stream: socket.socket, seconds: float) -> str | None:
     """A starting gate's standard error, read from its attached ``stream`` (the engine's multiplexed frames:
     an 8-byte header, then the payload) until the line saying it listens has come (with whatever came in the
@@ -441,26 +458,27 @@ class Run:
         self.gate_ca = b""  # the gate's CA certificate (PEM), as it announced it; set by wait_for_gate
         self._gate_output: socket.socket | None = None  # the gate's attached stream, until it says it listens
 
-    def _network(self, suffix: str, internal: bool) -> Network:
+    def _internal_network(self) -> Network:
+        """The run's own network, the bottle's only one: no route out, and its only other member the gate."""
         # An internal bridge still gets the gateway address on the host side, and with it anything the host
         # serves on that address or on 0.0.0.0 would be in the bottle's reach: the bridge gets no address.
         # Podman ignores that option; its bridge gets a name a firewall rule can cover, and start checks the
         # host is out of reach there (check_host_unreachable).
         options = {"com.docker.network.bridge.inhibit_ipv4": "true",
-                   "com.docker.network.bridge.name": BRIDGE_PREFIX + self.hex} if internal else {}
+                   "com.docker.network.bridge.name": BRIDGE_PREFIX + self.hex}
         try:
             with _uninterrupted():
-                return self.client.networks.create(f"claude-bottle-{self.id}-{suffix}", driver="bridge",
-                                                   internal=internal, options=options, labels=self.labels)
+                return self.client.networks.create(f"claude-bottle-{self.id}-internal", driver="bridge",
+                                                   internal=True, options=options, labels=self.labels)
         except docker.errors.APIError as exc:
-            raise DockerError(f"cannot create the {suffix} network: {exc.explanation or exc}") from None
+            raise DockerError(f"cannot create the internal network: {exc.explanation or exc}") from None
 
     def start_gate(self) -> None:
-        """The gate joins the egress network, then the internal one, and listens on its internal address
+        """The gate joins the egress network, then the run's internal one, and listens on its internal address
         only. The token goes in over the attached stdin: never an argument, a variable or a file."""
         spec = self.spec
         with _uninterrupted(), ThreadPoolExecutor(2) as pool:  # its threads inherit the blocked signals
-            internal, egress = pool.submit(self._network, "internal", True), pool.submit(self._network, "egress", False)
+            internal, egress = pool.submit(self._internal_network), pool.submit(egress_network, self.client)
             self.internal, self.egress = internal.result(), egress.result()
         try:
             with _uninterrupted():
@@ -468,7 +486,7 @@ class Run:
                 spec.gate_image,
                     command=gate_command(spec),
                     name=f"claude-bottle-{self.id}-gate", labels=self.labels, stdin_open=True,
-                    network=self.egress.name, read_only=True, tmpfs={"/tmp": "size=16m"},
+                    network=self.egress.id, read_only=True, tmpfs={"/tmp": "size=16m"},
                     cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=256, mem_limit="256m",
                     log_config=LOG_CONFIG, volumes=upstream_ca_mounts(spec),
                 )
