@@ -553,8 +553,7 @@ class Run:
         if lines is None:
             raise GateError(f"the gate did not become ready within {GATE_READY_SECONDS}s")
         if "claude-bottle gate: API on" not in lines:
-            logs = self.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace")
-            raise GateError(f"the gate stopped at start: {logs.strip().splitlines()[-1:] or 'no output'}")
+            raise GateError(f"the gate stopped at start: {lines.strip().splitlines()[-1:] or 'no output'}")
         from claude_bottle.gate.ca import announced_ca  # cryptography: a tenth of a second to import
 
         certificate = announced_ca(lines)
@@ -655,6 +654,9 @@ class Run:
         ready.chmod(0o644)
 
     def remove(self) -> None:
+        if self._gate_output is not None:  # a start that ended before the gate was waited for
+            self._gate_output.close()
+            self._gate_output = None
         remove_run(self.client, self.id)
 
 
