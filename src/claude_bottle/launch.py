@@ -166,6 +166,8 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         client = engine.connect()
         about = engine.describe(client)
         engine.check_runtime(about, agent.runtime, f"agent {agent.name}: runtime")
+        if limits := engine.unenforced_limits(about):
+            progress(f"warning: {limits}")
         began = time.monotonic()
         bottle_image, gate_image = build_images(client, agent, progress)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
