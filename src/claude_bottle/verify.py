@@ -39,7 +39,17 @@ from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules, make_host_rules
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import engine
-from claude_bottle.runtime.bottle import AGENT_LABEL, API_PORT, LABEL, RUN_LABEL, Run, remove_run, state_volume
+from claude_bottle.runtime.bottle import (
+    AGENT_LABEL,
+    API_PORT,
+    LABEL,
+    RUN_LABEL,
+    Run,
+    create_container,
+    network_gateways,
+    remove_run,
+    state_volume,
+)
 
 STUB_PORT = 8000
 PRIVATE_NAME = f"canary:{STUB_PORT}"  # allowlisted on purpose: the name resolves to a private address
@@ -154,9 +164,7 @@ def _gateways(client: docker.DockerClient, names: list[str]) -> tuple[str, ...]:
     found = []
     for name in names:
         with contextlib.suppress(docker.errors.NotFound):
-            for pool in client.networks.get(name).attrs.get("IPAM", {}).get("Config") or []:
-                if pool.get("Gateway"):
-                    found.append(pool["Gateway"])
+            found += network_gateways(client.networks.get(name))
     return tuple(dict.fromkeys(found))
 
 
@@ -531,8 +539,9 @@ def network_attacks(target: Verification) -> list[Outcome]:
         "front_host": FRONT, "front_port": STUB_PORT,
         "header_timeout": Limits().header_timeout, "max_connections": Limits().max_connections,
     }
-    probe = run.client.containers.create(
-        target.gate_image, entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle.probe", json.dumps(targets)],
+    probe = create_container(
+        run.client, target.gate_image, f"container:{run.bottle.id}" if run.spec.userns else "",
+        entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle.probe", json.dumps(targets)],
         name=f"claude-bottle-{run.id}-probe", labels=run.labels, network_mode=f"container:{run.bottle.id}",
         user=run.spec.user, cap_drop=["ALL"], security_opt=["no-new-privileges"],
         read_only=True)

@@ -8,6 +8,7 @@ import pytest
 
 from claude_bottle.errors import DockerError
 from claude_bottle.runtime import engine
+from claude_bottle.runtime.bottle import network_gateways, userns_for
 
 PODMAN_VERSION = {"Version": "4.3.1", "Components": [{"Name": "Podman Engine", "Version": "4.3.1"}]}
 
@@ -88,3 +89,24 @@ def test_podman_refusing_a_request_is_an_error_with_its_message() -> None:
     client = FakeClient(PODMAN_VERSION, {}, {"/networks/create": Answer(500, {"message": "subnet in use"})})
     with pytest.raises(DockerError, match="Podman refused /networks/create: subnet in use"):
         engine.libpod(client, "POST", "/networks/create", {"name": "x"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("podman", "rootless", "mode"), [
+    (False, False, ""), (False, True, ""),  # Docker, rootless or not: its own default
+    (True, False, ""),  # rootful Podman: uids are the host's
+    (True, True, "keep-id"),  # rootless Podman: the user's uid is the same inside and out
+])
+def test_the_bottle_keeps_the_users_id_on_rootless_podman_only(podman: bool, rootless: bool, mode: str) -> None:
+    assert userns_for(podman, rootless) == mode
+
+
+class Network:
+    def __init__(self, pools: list[dict[str, str]]) -> None:
+        self.attrs = {"IPAM": {"Config": pools}}
+
+
+def test_gateways_are_addresses_and_podmans_missing_one_is_none() -> None:
+    assert network_gateways(Network([{"Subnet": "10.89.0.0/24", "Gateway": "<nil>"}])) == []  # type: ignore[arg-type]
+    assert network_gateways(Network([{"Subnet": "10.89.0.0/24"}])) == []  # type: ignore[arg-type]
+    assert network_gateways(Network([{"Subnet": "172.18.0.0/16", "Gateway": "172.18.0.1"},  # type: ignore[arg-type]
+                                     {"Subnet": "fd00::/64", "Gateway": "fd00::1"}])) == ["172.18.0.1", "fd00::1"]
