@@ -728,6 +728,8 @@ def doctor() -> None:
         gvisor = "available (runtime = 'runsc')" if "runsc" in about.runtimes else "not registered"
         report(True, f"OCI runtimes: {', '.join(about.runtimes) or 'none listed'} (default "
                      f"{about.default_runtime or 'unknown'}); gVisor {gvisor}")
+        if limits := engine.unenforced_limits(about):
+            report(False, limits)
         if not about.podman:
             report(True, "engine resolves no external names on internal networks"
                    if about.version >= engine.DNS_FIXED_VERSION

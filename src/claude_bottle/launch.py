@@ -23,7 +23,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.runtime import engine, images
-from claude_bottle.runtime.bottle import Run, RunSpec, bottle_user, protective_mounts
+from claude_bottle.runtime.bottle import Run, RunSpec, bottle_user, protective_mounts, userns_for
 
 EXTRA_CA_VARIABLE = "CLAUDE_BOTTLE_EXTRA_CA_CERTS"
 HOST_CA_VARIABLE = "CLAUDE_BOTTLE_HOST_CA_CERTS"  # "0" (or no, false, off): the images do not trust the host's CAs
@@ -122,9 +122,9 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], None] | signal.Ha
 
 
 def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
-             protected: tuple[str, ...] = workspace.PROTECTED) -> RunSpec:
+             protected: tuple[str, ...] = workspace.PROTECTED, about: engine.EngineInfo | None = None) -> RunSpec:
     """``user``: uid:gid from ``bottle_user``; ``protected``: the workspace paths to mount read-only where they
-    exist (``workspace.protected_paths``)."""
+    exist (``workspace.protected_paths``); ``about``: the engine (by default Docker, rootful)."""
     agent = launch.agent
     routes = {route.spec.name: route for route in launch.routes}
     if missing := [c.name for c in agent.credentials if c.name not in routes]:
@@ -146,6 +146,8 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
         route_env={variable: routes[config.name].spec.sentinel for config in agent.credentials
                    for variable in config.bottle_env},
         git_routes=tuple(routes[config.name].spec for config in agent.credentials if config.git),
+        podman=about is not None and about.podman,
+        userns=userns_for(about.podman, about.rootless) if about is not None else "",
     )
 
 
@@ -166,10 +168,12 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         client = engine.connect()
         about = engine.describe(client)
         engine.check_runtime(about, agent.runtime, f"agent {agent.name}: runtime")
+        if limits := engine.unenforced_limits(about):
+            progress(f"warning: {limits}")
         began = time.monotonic()
         bottle_image, gate_image = build_images(client, agent, progress)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
-        run = Run(client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0])))
+        run = Run(client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0]), about))
         watch = trust.Watch(launch.workspace, run.id)
         try:
             watch.begin(found)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -32,6 +33,11 @@ TIMEOUT = 3.0
 # that had no time to come: the first bytes get this long, the rest TIMEOUT. A refusal closes at once.
 SLOW_ANSWER_TIMEOUT = 15.0
 REFUSED_STATUSES = {400, 403, 405, 407, 413, 414, 431, 501, 505}  # a refusal; 502/504 mean the gate dialled
+# An IPv6 address sends nothing while duplicate address detection runs (about a second after the link comes
+# up): an attack on IPv6 waits this long for it, as an attacker would.
+TENTATIVE_SECONDS = 5.0
+IFA_F_TENTATIVE = 0x40
+DNS_RCODES = {0: "NOERROR", 1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
 
 
 @dataclass
@@ -70,6 +76,34 @@ def dns_query(name: str) -> bytes:
     return struct.pack("!HHHHHH", 0x2B0B, 0x0100, 1, 0, 0, 0) + labels + b"\0" + struct.pack("!HH", 1, 1)
 
 
+def dns_answer(query: bytes, answer: bytes) -> tuple[str, bool]:
+    """A resolver's answer to ``query`` (``dns_query``) judged: addresses in it mean the name resolved."""
+    if len(answer) < 12 or answer[:2] != query[:2]:
+        return f"answered {len(answer)} bytes that are not an answer to the query", True
+    flags, _, count = struct.unpack("!HHH", answer[2:8])
+    code = DNS_RCODES.get(flags & 0xF, str(flags & 0xF))
+    if code == "NOERROR" and count:
+        return f"resolved: {count} record(s) in the answer", False
+    return f"answered {code}, no address", True
+
+
+def lookup(resolver: str, name: str, port: int = 53) -> tuple[str, bool]:
+    """A DNS question for ``name`` straight to ``resolver`` over UDP: blocked unless an address comes back (a
+    refusal from the peer's kernel, or a resolver's own refusal, resolves nothing)."""
+    family = socket.AF_INET6 if ":" in resolver else socket.AF_INET
+    query = dns_query(name)
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(TIMEOUT)
+            sock.connect((resolver, port))
+            sock.send(query)
+            return dns_answer(query, sock.recv(4096))
+    except ConnectionRefusedError:
+        return "refused by the peer: no resolver there", True
+    except OSError as exc:
+        return _error(exc), True
+
+
 def udp(host: str, port: int, payload: bytes) -> tuple[str, bool]:
     """A connected UDP socket reports an ICMP port-unreachable as a refusal: that too means it got there."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -106,9 +140,24 @@ def raw_socket(family: int, kind: int, protocol: int) -> tuple[str, bool]:
         return _error(exc), True
 
 
+def ipv6_addresses() -> list[tuple[str, int]]:
+    """(interface, flags) of each IPv6 address in the namespace but loopback's."""
+    try:
+        with open("/proc/net/if_inet6", encoding="ascii") as table:
+            rows = [line.split() for line in table]
+    except OSError:
+        return []
+    return [(row[5], int(row[4], 16)) for row in rows if len(row) == 6 and row[5] != "lo"]
+
+
 def ipv6_link() -> tuple[str, bool]:
-    """All-nodes multicast on each interface: any IPv6 packet on the link would reach the host's bridge."""
-    sent = []
+    """All-nodes multicast on each interface: any IPv6 packet on the link would reach the bridge (the host's,
+    or rootless Podman's namespace). Sent once no address is tentative any more: before that the kernel
+    refuses to send, whether or not IPv6 is on."""
+    deadline = time.monotonic() + TENTATIVE_SECONDS
+    while any(flags & IFA_F_TENTATIVE for _, flags in ipv6_addresses()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sent, unsent = [], []
     for index, name in socket.if_nameindex():
         if name == "lo":
             continue
@@ -116,9 +165,14 @@ def ipv6_link() -> tuple[str, bool]:
             with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
                 sock.sendto(b"claude-bottle", ("ff02::1", 9, 0, index))
             sent.append(name)
-        except OSError:
-            continue
-    return (f"sent on {', '.join(sent)}", False) if sent else ("no IPv6 on any interface", True)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL and any(name == where for where, _ in ipv6_addresses()):
+                unsent.append(name)
+    if sent:
+        return f"sent on {', '.join(sent)}", False
+    if unsent:
+        return f"inconclusive: the address on {', '.join(unsent)} was still tentative", False
+    return "no IPv6 on any interface", True
 
 
 def gateways() -> list[str]:
@@ -352,6 +406,14 @@ def attacks(targets: dict[str, Any]) -> list[Attack]:
             functools.partial(tcp, address, host_port))
         add(direct, f"UDP to the Docker host at {address}:{host_port}", no_way,
             functools.partial(udp, address, host_port, b"x"))
+    for address in targets.get("host_loopback", []):
+        where = f"{address}:{host_port}, the host's loopback through slirp4netns"
+        add(direct, f"TCP to {where}", no_way, functools.partial(tcp, address, host_port))
+        add(direct, f"UDP to {where}", no_way, functools.partial(udp, address, host_port, b"x"))
+    looked_up = targets.get("dns_name", "")
+    for resolver in dict.fromkeys(targets.get("resolvers", []) + gateways() + targets["host_addresses"]):
+        add(direct, f"DNS for {looked_up} straight to {resolver}:53", "no address comes back",
+            functools.partial(lookup, resolver, looked_up))
     add(direct, "TCP to the cloud metadata address 169.254.169.254:80", no_way, lambda: tcp("169.254.169.254", 80))
     add(direct, f"ICMP echo to {canary}", "no reply", lambda: icmp_echo(canary))
     for address in targets["public_ipv4"][:1]:

@@ -17,6 +17,7 @@ import secrets
 import socket
 import string
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,7 +40,17 @@ from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules, make_host_rules
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import engine
-from claude_bottle.runtime.bottle import AGENT_LABEL, API_PORT, LABEL, RUN_LABEL, Run, remove_run, state_volume
+from claude_bottle.runtime.bottle import (
+    AGENT_LABEL,
+    API_PORT,
+    LABEL,
+    RUN_LABEL,
+    Run,
+    create_container,
+    network_gateways,
+    remove_run,
+    state_volume,
+)
 
 STUB_PORT = 8000
 PRIVATE_NAME = f"canary:{STUB_PORT}"  # allowlisted on purpose: the name resolves to a private address
@@ -51,6 +62,15 @@ TLS_PORT = 8443
 PUBLIC_IPV4 = ("1.1.1.1", "8.8.8.8")
 PUBLIC_IPV6 = ("2606:4700:4700::1111",)
 PROBE_SECONDS = 120
+# Names the bottle looks up without the gate: the first one this host resolves, so that an address in the bottle
+# proves a resolver there forwards what it does not know (a way out for any name the bottle makes up).
+LOOKUP_NAMES = ("api.anthropic.com", "registry.npmjs.org", "pypi.org", "deb.debian.org")
+LOOKUP_SECONDS = 5.0
+# Resolvers a bottle may try without being told of them: Docker's embedded one, and slirp4netns's (rootless
+# Podman's way out of its network namespace), whose address for the host, SLIRP_HOST, is the host's loopback
+# when allow_host_loopback is set.
+WELL_KNOWN_RESOLVERS = ("127.0.0.11", "10.0.2.3")
+SLIRP_HOST = "10.0.2.2"
 # The host-side name of the stand-ins' bridge: unlike a bottle's (runtime/bottle.py BRIDGE_PREFIX), the host
 # serves the gate there (Podman's resolver answers on the bridge's address).
 STAND_IN_BRIDGE = "stand-"
@@ -154,9 +174,7 @@ def _gateways(client: docker.DockerClient, names: list[str]) -> tuple[str, ...]:
     found = []
     for name in names:
         with contextlib.suppress(docker.errors.NotFound):
-            for pool in client.networks.get(name).attrs.get("IPAM", {}).get("Config") or []:
-                if pool.get("Gateway"):
-                    found.append(pool["Gateway"])
+            found += network_gateways(client.networks.get(name))
     return tuple(dict.fromkeys(found))
 
 
@@ -518,10 +536,47 @@ def sentinel_attacks(target: Verification) -> list[Outcome]:
 
 # ---- attacks on the network, from the bottle's namespace ---------------------------------------------------
 
+def resolvable_name(names: tuple[str, ...] = LOOKUP_NAMES, seconds: float = LOOKUP_SECONDS) -> tuple[str, bool]:
+    """The first of ``names`` that this host resolves (all looked up at once, for at most ``seconds``: a lookup
+    still hanging then is left to finish on its own) and True; else the first name and False."""
+    resolved: set[str] = set()
+
+    def look(name: str) -> None:
+        with contextlib.suppress(OSError):
+            socket.getaddrinfo(name, 443, type=socket.SOCK_STREAM)
+            resolved.add(name)
+
+    lookups = [threading.Thread(target=look, args=(name,), daemon=True) for name in names]
+    deadline = time.monotonic() + seconds
+    for lookup in lookups:
+        lookup.start()
+    for lookup in lookups:
+        lookup.join(max(0.0, deadline - time.monotonic()))
+    return next(((name, True) for name in names if name in resolved), (names[0], False))
+
+
+def bottle_nameservers(run: Run) -> list[str]:
+    """The nameservers in the bottle's /etc/resolv.conf."""
+    _, output = in_bottle(run, "cat /etc/resolv.conf")
+    return [fields[1] for fields in (line.split() for line in output.splitlines())
+            if len(fields) > 1 and fields[0] == "nameserver"]
+
+
+def lookup_in_bottle(run: Run, name: str) -> Outcome:
+    """``name`` looked up the way any program in the bottle would (its resolver, through the C library)."""
+    _, output = in_bottle(run, f"getent ahostsv4 {name}")
+    addresses = sorted({line.split()[0] for line in output.splitlines() if line.strip()})
+    actual = f"resolved to {', '.join(addresses[:3])}" if addresses else "no address"
+    return Outcome("direct egress", f"a lookup of {name} through the bottle's resolver", "no address", actual,
+                   not addresses)
+
+
 def network_attacks(target: Verification) -> list[Outcome]:
-    """The probe in a container sharing the bottle's network namespace, as the agent user, unprivileged."""
+    """The probe in a container sharing the bottle's network namespace, as the agent user, unprivileged; and a
+    name lookup in the bottle itself."""
     run = target.run
     assert run.bottle is not None and run.gate is not None
+    name, resolves_here = resolvable_name()
     targets = {
         "gate": run.gate_ip, "api_port": 8080, "proxy_port": 3128,
         "canary_ip": _address(target.canary), "canary_port": STUB_PORT, "private_name": PRIVATE_NAME,
@@ -530,9 +585,12 @@ def network_attacks(target: Verification) -> list[Outcome]:
         "public_ipv4": list(PUBLIC_IPV4), "public_ipv6": list(PUBLIC_IPV6),
         "front_host": FRONT, "front_port": STUB_PORT,
         "header_timeout": Limits().header_timeout, "max_connections": Limits().max_connections,
+        "dns_name": name, "resolvers": [*bottle_nameservers(run), *WELL_KNOWN_RESOLVERS],
+        "host_loopback": [SLIRP_HOST],
     }
-    probe = run.client.containers.create(
-        target.gate_image, entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle.probe", json.dumps(targets)],
+    probe = create_container(
+        run.client, target.gate_image, f"container:{run.bottle.id}" if run.spec.userns else "",
+        entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle.probe", json.dumps(targets)],
         name=f"claude-bottle-{run.id}-probe", labels=run.labels, network_mode=f"container:{run.bottle.id}",
         user=run.spec.user, cap_drop=["ALL"], security_opt=["no-new-privileges"],
         read_only=True)
@@ -546,6 +604,10 @@ def network_attacks(target: Verification) -> list[Outcome]:
         with contextlib.suppress(docker.errors.NotFound):
             probe.remove(force=True)
     outcomes = [Outcome(**json.loads(line)) for line in output.splitlines() if line.startswith("{")]
+    outcomes.append(lookup_in_bottle(run, name))
+    if not resolves_here:  # nothing resolved, but nothing would have: say so
+        outcomes = [dataclasses.replace(o, actual=f"{o.actual} ({name} does not resolve on this host either)")
+                    if o.blocked and o.expected in ("no address", "no address comes back") else o for o in outcomes]
     return [_judged_by_evidence(target, o) for o in outcomes] + [_host_arrivals(target)]
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -19,6 +20,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime import bottle as bottle_module
+from claude_bottle.runtime import engine
 from tests.bottle.conftest import write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
@@ -70,10 +72,18 @@ def test_verify_on_podman_blocks_every_attack_and_leaves_nothing(
 def test_start_is_refused_while_the_host_answers_on_the_bottles_bridge(
     podman: docker.DockerClient, token: str, workspace: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The attack: a bottle's bridge named outside the firewall rule, so the host answers on its address, as
-    on a Podman host without the rule. Start must refuse before any bottle exists, and leave nothing."""
+    """The attack: the bottle's bridge gets an address on the host after all (as with the resolver Podman's
+    Docker-compatible API always gives a network) and is named outside the firewall rule, so the host answers
+    there, as on a Podman host without the rule. Start must refuse before any bottle exists, and leave
+    nothing."""
     monkeypatch.setenv("DOCKER_HOST", SOCKET)
     monkeypatch.setattr(bottle_module, "BRIDGE_PREFIX", "exposd-")
+    made = engine.libpod
+
+    def with_a_resolver(client: docker.DockerClient, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        return made(client, method, path, {**body, "dns_enabled": True} if path == "/networks/create" and body else body)
+
+    monkeypatch.setattr(engine, "libpod", with_a_resolver)
     write_agent("exposed", "")
     launch = Launch(load_agent("exposed", workspace), workspace, Credential.parse(token, "test"),
                     "http://stub.invalid:8000")

@@ -46,8 +46,8 @@ def test_a_route_value_in_the_bottle_or_a_gate_without_the_route_fails_verify(
     def handing_over_the_value(self: Run) -> dict[str, str]:
         return {**environment(self), "LEAKED": self.spec.routes[0].secret}
 
-    def without_routes(spec: RunSpec) -> list[str]:
-        return command(RunSpec(**{**spec.__dict__, "routes": ()}))
+    def without_routes(spec: RunSpec, listen: str = bottle_module.GATE_ALIAS) -> list[str]:
+        return command(RunSpec(**{**spec.__dict__, "routes": ()}), listen)
 
     command = bottle_module.gate_command
     monkeypatch.setattr(Run, "bottle_environment", handing_over_the_value)

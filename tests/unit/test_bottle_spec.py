@@ -24,6 +24,7 @@ from claude_bottle.runtime.bottle import (
     upstream_ca_mounts,
     user_for,
 )
+from claude_bottle.runtime.engine import EngineInfo
 from tests.helpers import make_token
 
 
@@ -189,3 +190,20 @@ def test_the_bottles_policy_file_is_written_on_the_host_readable_by_any_user(
     assert tomllib.loads(path.read_text()) == {"learn": True, "allow": ["x.example"], "allow_tcp": [], "deny": [],
                                                "rules": []}
     assert spec.credential.secret not in path.read_text()
+
+
+def test_on_podman_the_gate_listens_at_the_address_it_is_given_and_rootless_the_bottle_keeps_the_users_id(
+    tmp_path: Path,
+) -> None:
+    """Podman's internal network has no resolver (so no name for the gate) and, rootless, the bottle maps the
+    user's uid to itself; Docker's gate listens on its alias there."""
+    launch = Launch(AgentConfig(), tmp_path, Credential.parse(make_token(), "t"))
+    for rootless, userns in ((True, "keep-id"), (False, "")):
+        about = EngineInfo("Podman", (4, 3, 1), ("runc",), "runc", rootless)
+        spec = run_spec(launch, "bottle", "gate", "1000:1000", about=about)
+        assert (spec.podman, spec.userns) == (True, userns)
+        assert gate_command(spec, "10.89.0.2")[:4] == ["--api-listen", "10.89.0.2:8080", "--proxy-listen",
+                                                       "10.89.0.2:3128"]
+    docker = run_spec(launch, "bottle", "gate", "1000:1000")
+    assert (docker.podman, docker.userns) == (False, "")
+    assert gate_command(docker)[:4] == ["--api-listen", "gate:8080", "--proxy-listen", "gate:3128"]

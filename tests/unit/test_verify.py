@@ -22,6 +22,7 @@ from claude_bottle.verify import (
     _judged_by_evidence,
     as_json,
     report,
+    resolvable_name,
 )
 
 SECRET = "sk-ant-oat01-secret-value"
@@ -129,6 +130,46 @@ def test_dns_query_is_a_well_formed_question() -> None:
     assert query[12:] == b"\x07example\x03com\x00\x00\x01\x00\x01"
 
 
+def answer_to(query: bytes, rcode: int, records: int) -> bytes:
+    """A resolver's answer to ``query`` with this rcode and this many (empty) answer records."""
+    return query[:2] + struct.pack("!HHHHH", 0x8180 | rcode, 1, records, 0, 0) + query[12:]
+
+
+@pytest.mark.parametrize(("rcode", "records", "blocked", "words"), [
+    (0, 1, False, "resolved: 1 record(s) in the answer"),  # an address came back: the resolver forwards
+    (3, 0, True, "answered NXDOMAIN, no address"),
+    (2, 0, True, "answered SERVFAIL, no address"),
+    (5, 0, True, "answered REFUSED, no address"),
+])
+def test_a_resolver_is_judged_by_whether_an_address_comes_back(rcode: int, records: int, blocked: bool,
+                                                               words: str) -> None:
+    query = probe.dns_query("registry.npmjs.org")
+    assert probe.dns_answer(query, answer_to(query, rcode, records)) == (words, blocked)
+    assert probe.dns_answer(query, b"\x00\x01" + answer_to(query, 0, 1)[2:])[1] is True  # not the answer to it
+
+
+def test_a_lookup_straight_to_a_resolver_that_answers_is_a_leak() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as resolver:
+        resolver.bind(("127.0.0.1", 0))
+
+        def answer() -> None:
+            query, peer = resolver.recvfrom(512)
+            resolver.sendto(answer_to(query, 0, 1), peer)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        assert probe.lookup("127.0.0.1", "pypi.org", resolver.getsockname()[1]) == ("resolved: 1 record(s) in the "
+                                                                                   "answer", False)
+        thread.join(5)
+    assert probe.lookup("127.0.0.1", "pypi.org", closed_port(socket.SOCK_DGRAM)) == (
+        "refused by the peer: no resolver there", True)
+
+
+def test_the_name_looked_up_is_one_this_host_resolves_when_there_is_one() -> None:
+    assert resolvable_name(("claude-bottle-nowhere.invalid", "localhost")) == ("localhost", True)
+    assert resolvable_name(("claude-bottle-nowhere.invalid",), 2) == ("claude-bottle-nowhere.invalid", False)
+
+
 @pytest.fixture
 def refusing_server() -> Iterator[int]:
     server = socket.create_server(("127.0.0.1", 0))
@@ -163,7 +204,8 @@ def test_the_suite_covers_every_group() -> None:
                "private_name": "canary:8000", "api_host": "stub:8000", "unlisted_host": "exfiltrate.example",
                "attacker_key": "k", "host_port": 1, "host_addresses": ["172.17.0.1"], "public_ipv4": ["1.1.1.1"],
                "public_ipv6": ["2606:4700:4700::1111"], "front_host": "front", "front_port": 8000,
-               "header_timeout": 30, "max_connections": 512}
+               "header_timeout": 30, "max_connections": 512, "dns_name": "pypi.org", "resolvers": ["10.0.0.2"],
+               "host_loopback": ["10.0.2.2"]}
     suite = probe.attacks(targets)
     assert {group for group, *_ in suite} == {"direct egress", "egress proxy", "API route"}
     assert len({name for _, name, *_ in suite}) == len(suite), "attack names are unique"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import ipaddress
 import json
 import os
 import secrets
@@ -41,6 +42,7 @@ from claude_bottle.policy.addresses import AddressGuard
 from claude_bottle.policy.decide import EgressPolicy
 from claude_bottle.policy.hosts import Allowlist, InvalidHost
 from claude_bottle.policy.rules import RequestPolicy
+from claude_bottle.runtime import engine
 from claude_bottle.workspace import GIT, PROTECTED, lstat_inside
 
 LABEL = "claude-bottle"
@@ -63,6 +65,14 @@ GATE_STOP_SECONDS = 3
 # The host-side name of every internal network's bridge: this prefix and the run's hex, 15 characters (the
 # kernel's limit). A firewall rule on the prefix covers every bottle's bridge (docs/engines.md, "Podman").
 BRIDGE_PREFIX = "bottle-"
+GATE_ALIAS = "gate"  # the gate's name on the internal network, where the engine resolves names there (Docker)
+# Podman: the internal network has no resolver (nor, with it, a gateway address), and the gate is given this
+# address of its subnet, where it listens.
+PODMAN_GATE_HOST = 2
+# Podman leaves IPv6 on in a container whose networks have none, so a bottle could send link-local packets to
+# its bridge, which rootless Podman keeps in its own network namespace, beyond any host firewall. Docker turns
+# it off the same way.
+PODMAN_SYSCTLS = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
 HOST_PROBE_SECONDS = 1  # a firewall that drops what comes in from a bridge makes the check wait this long
 HOME = "/home/agent"
 AGENT_UID = 1000  # the image's user: who a bottle runs as when root starts it on a folder root owns
@@ -126,6 +136,12 @@ class RunSpec:
     routes: tuple[CredentialRoute, ...] = ()  # [credentials.NAME] with their values: the gate gets them on stdin
     route_env: dict[str, str] = field(default_factory=dict)  # bottle variables holding a route's sentinel
     git_routes: tuple[RouteSpec, ...] = ()  # routes the bottle's git credential helper answers for
+    # The engine is Podman: the internal network is made without a resolver, and so without a gateway address
+    # (Run.start_gate), and the bottle without IPv6 (PODMAN_SYSCTLS).
+    podman: bool = False
+    # The bottle's user namespace: empty, the engine's default; "keep-id" on rootless Podman, where the
+    # default maps every uid but root to the user's subordinate ids (``userns_for``).
+    userns: str = ""
 
 
 def seeded_claude_json(kind: CredentialKind, placeholder: str, mcp_servers: dict[str, Any]) -> bytes:
@@ -154,17 +170,17 @@ def _uninterrupted() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def gate_command(spec: RunSpec) -> list[str]:
-    """The gate's arguments: where it listens, its upstream, and the agent's egress and API policy. The token
-    comes on stdin, never here."""
+def gate_command(spec: RunSpec, listen: str = GATE_ALIAS) -> list[str]:
+    """The gate's arguments: where it listens (``listen``: its name or address on the internal network), its
+    upstream, and the agent's egress and API policy. The token comes on stdin, never here."""
     allow_args = [arg for pattern in spec.allow for arg in ("--allow", pattern)]
     tcp_args = [arg for pattern in spec.allow_tcp for arg in ("--allow-tcp", pattern)]
     private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
     tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
     ca_args = [arg for path in upstream_ca_mounts(spec).values() for arg in ("--extra-ca", path["bind"])]
     route_args = [arg for route in spec.routes for arg in ("--credential-route", route.spec.flag())]
-    return ["--api-listen", f"gate:{API_PORT}", "--proxy-listen", f"gate:{PROXY_PORT}", "--upstream", spec.upstream,
-            "--token-file", "-", "--audit-log", "-", "--control-socket", CONTROL_SOCKET,
+    return ["--api-listen", f"{listen}:{API_PORT}", "--proxy-listen", f"{listen}:{PROXY_PORT}",
+            "--upstream", spec.upstream, "--token-file", "-", "--audit-log", "-", "--control-socket", CONTROL_SOCKET,
             *(["--learn"] if spec.learn else []), *allow_args, *tcp_args, *private_args, *tool_args,
             *ca_args, *spec.request_policy.args(), *spec.dlp.args(), *route_args]
 
@@ -244,6 +260,27 @@ def git_credentials(routes: Iterable[RouteSpec]) -> bytes:
             answer = f"echo username={username} && echo password={route.sentinel}"
             lines += [f'[credential "{url}"]', "\thelper =", f'\thelper = "!f() {{ test $1 = get && {answer}; }}; f"']
     return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+def userns_for(podman: bool, rootless: bool) -> str:
+    """The bottle's user namespace mode on this engine. Rootless Podman maps the container's root to the user
+    and every other uid to the user's subordinate ids: a bottle running as the user's uid would be a stranger
+    on the host, unable to write the workspace, and what it made there the user could not remove. With
+    ``keep-id`` the user's uid is the same inside and out (and root inside is a subordinate id)."""
+    return "keep-id" if podman and rootless else ""
+
+
+def create_container(client: docker.DockerClient, image: str, userns: str = "", **options: Any) -> Container:
+    """``client.containers.create(image, **options)``, in the user namespace ``userns`` when one is given:
+    the Docker SDK refuses any mode but Docker's "host", so the request is made with the SDK's own arguments
+    and the mode added to its host config."""
+    if not userns:
+        return client.containers.create(image, **options)
+    from docker.models.containers import _create_container_args
+
+    arguments = _create_container_args({**options, "image": image, "version": client.api._version})
+    arguments["host_config"]["UsernsMode"] = userns
+    return client.containers.get(client.api.create_container(**arguments)["Id"])
 
 
 def bottle_user(uid: int, gid: int, workspace: Path) -> str:
@@ -457,13 +494,15 @@ class Run:
         self.gate_ip = ""
         self.gate_ca = b""  # the gate's CA certificate (PEM), as it announced it; set by wait_for_gate
         self._gate_output: socket.socket | None = None  # the gate's attached stream, until it says it listens
+        self.gate_listen = GATE_ALIAS  # the gate's name or (Podman) address on the internal network
 
     def _internal_network(self) -> Network:
         """The run's own network, the bottle's only one: no route out, and its only other member the gate."""
         # An internal bridge still gets the gateway address on the host side, and with it anything the host
         # serves on that address or on 0.0.0.0 would be in the bottle's reach: the bridge gets no address.
-        # Podman ignores that option; its bridge gets a name a firewall rule can cover, and start checks the
-        # host is out of reach there (check_host_unreachable).
+        # Podman ignores that option (_podman_internal).
+        if self.spec.podman:
+            return self._podman_internal(f"claude-bottle-{self.id}-internal")
         options = {"com.docker.network.bridge.inhibit_ipv4": "true",
                    "com.docker.network.bridge.name": BRIDGE_PREFIX + self.hex}
         try:
@@ -472,6 +511,29 @@ class Run:
                                                    internal=True, options=options, labels=self.labels)
         except docker.errors.APIError as exc:
             raise DockerError(f"cannot create the internal network: {exc.explanation or exc}") from None
+
+    def _podman_internal(self, name: str) -> Network:
+        """The internal network on Podman, made through its own API: without a resolver. With one (what its
+        Docker-compatible API always makes) the bridge gets the gateway address, on the host (rootful) or in
+        rootless Podman's network namespace, and there Podman's resolver, aardvark-dns, answers the bottle and
+        forwards whatever it does not know to the host's resolvers: a way out for any name the bottle makes
+        up. Without a resolver the bridge has no address at all, and the gate listens at ``gate_listen``, an
+        address it is given, as nothing resolves its name there. The bridge is still named ``bottle-<hex>``,
+        for firewall rules (docs/engines.md)."""
+        with _uninterrupted():
+            created = engine.libpod(self.client, "POST", "/networks/create", {
+                "name": name, "driver": "bridge", "internal": True, "dns_enabled": False,
+                "network_interface": BRIDGE_PREFIX + self.hex, "labels": self.labels})
+        subnets = [ipaddress.ip_network(s["subnet"]) for s in created.get("subnets") or []]
+        v4 = [subnet for subnet in subnets if subnet.version == 4]
+        try:
+            network = self.client.networks.get(name)
+        except docker.errors.APIError as exc:
+            raise DockerError(f"cannot find the internal network just made: {exc.explanation or exc}") from None
+        if not v4:
+            raise DockerError(f"Podman gave the internal network {name} no IPv4 subnet ({created.get('subnets')})")
+        self.gate_listen = str(v4[0].network_address + PODMAN_GATE_HOST)
+        return network
 
     def start_gate(self) -> None:
         """The gate joins the egress network, then the run's internal one, and listens on its internal address
@@ -483,14 +545,17 @@ class Run:
         try:
             with _uninterrupted():
                 self.gate = self.client.containers.create(
-                spec.gate_image,
-                    command=gate_command(spec),
+                    spec.gate_image,
+                    command=gate_command(spec, self.gate_listen),
                     name=f"claude-bottle-{self.id}-gate", labels=self.labels, stdin_open=True,
                     network=self.egress.id, read_only=True, tmpfs={"/tmp": "size=16m"},
                     cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=256, mem_limit="256m",
                     log_config=LOG_CONFIG, volumes=upstream_ca_mounts(spec),
                 )
-            self.internal.connect(self.gate, aliases=["gate"])
+            if spec.podman:  # no names on that network: the address the gate listens on
+                self.internal.connect(self.gate, ipv4_address=self.gate_listen)
+            else:
+                self.internal.connect(self.gate, aliases=[GATE_ALIAS])
             for name in spec.upstream_networks:
                 self.client.networks.get(name).connect(self.gate)
             # Attached before it starts, so its start-up lines are all read here (wait_for_gate): no polling.
@@ -516,8 +581,7 @@ class Run:
         exists."""
         assert self.internal is not None and self.gate is not None
         self.internal.reload()
-        gateways = [pool["Gateway"] for pool in self.internal.attrs.get("IPAM", {}).get("Config") or []
-                    if pool.get("Gateway") and ":" not in pool["Gateway"]]
+        gateways = [address for address in network_gateways(self.internal) if ":" not in address]
         if not gateways:
             return
         with socket.create_server(("0.0.0.0", 0)) as listener:
@@ -621,14 +685,16 @@ class Run:
             state = self.client.volumes.create(state_volume(spec.agent, spec.workspace), labels={
                 LABEL: "1", AGENT_LABEL: spec.agent, WORKSPACE_LABEL: str(spec.workspace)})
             with _uninterrupted():
-                self.bottle = self.client.containers.create(
-                    spec.bottle_image, command=command, name=f"claude-bottle-{self.id}-bottle", labels=self.labels,
+                self.bottle = create_container(
+                    self.client, spec.bottle_image, spec.userns, command=command,
+                    name=f"claude-bottle-{self.id}-bottle", labels=self.labels,
                     user=spec.user, environment=environment, log_config=LOG_CONFIG,
                     network=self.internal.name,
                     dns=[self.gate_ip], dns_search=["."], dns_opt=["timeout:1", "attempts:1"],
                     working_dir="/workspace", tty=tty, stdin_open=tty, runtime=spec.runtime or None,
                     cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=resources.pids,
                     mem_limit=resources.memory, nano_cpus=int(resources.cpus * 1e9),
+                    sysctls=PODMAN_SYSCTLS if spec.podman else None,
                     volumes={
                         str(spec.workspace): {"bind": "/workspace", "mode": "rw"},
                         **claude_state_mounts(state.name),
@@ -658,6 +724,16 @@ class Run:
             self._gate_output.close()
             self._gate_output = None
         remove_run(self.client, self.id)
+
+
+def network_gateways(network: Network) -> list[str]:
+    """The gateway addresses a network's IPAM names: none for Podman's internal networks without a resolver
+    (which its Docker-compatible API shows as "<nil>")."""
+    found = []
+    for pool in network.attrs.get("IPAM", {}).get("Config") or []:
+        with contextlib.suppress(ValueError):
+            found.append(str(ipaddress.ip_address(pool.get("Gateway") or "")))
+    return found
 
 
 def keep_audit(gate: Container) -> None:

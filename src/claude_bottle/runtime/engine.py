@@ -14,6 +14,9 @@ from claude_bottle.errors import DockerError
 
 # Engines before 25.0.5 let containers on internal networks resolve external names (CVE-2024-29018).
 DNS_FIXED_VERSION = (25, 0, 5)
+# The version of Podman's own API that requests to it name: the first with netavark, which every later Podman
+# still answers.
+LIBPOD_API = "v4.0.0"
 
 
 def connect() -> docker.DockerClient:
@@ -48,6 +51,9 @@ class EngineInfo:
     runtimes: tuple[str, ...]  # OCI runtimes registered with the engine (runc, runsc, crun, ...)
     default_runtime: str
     rootless: bool
+    # The bottle's limits (LIMITS' names) this engine cannot enforce: rootless Podman applies a limit only
+    # through a cgroup controller delegated to the user (cgroup v2), and on cgroup v1 ignores them all.
+    unenforced: tuple[str, ...] = ()
 
     @property
     def podman(self) -> bool:
@@ -73,7 +79,53 @@ def describe(client: docker.DockerClient) -> EngineInfo:
     default = str(info.get("DefaultRuntime") or "")
     options = [str(o) for o in info.get("SecurityOptions") or []]
     rootless = any("rootless" in o for o in options)
-    return EngineInfo(kind, _numbers(str(about.get("Version", "0"))), runtimes, default, rootless)
+    unenforced: tuple[str, ...] = ()
+    if kind == "Podman":
+        rootless, unenforced = _podman_host(libpod(client, "GET", "/info"))
+    return EngineInfo(kind, _numbers(str(about.get("Version", "0"))), runtimes, default, rootless, unenforced)
+
+
+# The bottle's limits (runtime/bottle.py Resources) and the cgroup controller each needs.
+LIMITS = {"memory": "memory", "CPU": "cpu", "process": "pids"}
+
+
+def libpod(client: docker.DockerClient, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """A request to Podman's own API (``/libpod/...``) beside its Docker-compatible one, for what the latter
+    cannot say or do; the decoded JSON answer. A DockerError with Podman's message when it refuses."""
+    api = client.api
+    try:
+        response = api.request(method, f"{api.base_url}/{LIBPOD_API}/libpod{path}", json=body,
+                               timeout=api.timeout)
+        answer = response.json()
+    except (docker.errors.DockerException, OSError, ValueError) as exc:
+        raise DockerError(f"Podman's API ({path}) failed: {exc}") from None
+    if response.status_code >= 400:
+        message = answer.get("message") if isinstance(answer, dict) else None
+        raise DockerError(f"Podman refused {path}: {message or response.status_code}")
+    return answer
+
+
+def _podman_host(info: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    """From Podman's own info: whether it runs rootless (its Docker-compatible info does not say so: Podman
+    4.3, Debian bookworm's, lists no ``name=rootless`` among its SecurityOptions), and which of the bottle's
+    limits it cannot enforce then."""
+    host = info.get("host") or {}
+    if not (host.get("security") or {}).get("rootless"):
+        return False, ()
+    controllers = set(host.get("cgroupControllers") or []) if host.get("cgroupVersion") == "v2" else set()
+    return True, tuple(limit for limit, controller in LIMITS.items() if controller not in controllers)
+
+
+def unenforced_limits(info: EngineInfo) -> str:
+    """What to tell the user when the engine cannot enforce some of the bottle's limits; empty when it can."""
+    if not info.unenforced:
+        return ""
+    names = info.unenforced
+    listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+    controllers = ", ".join(LIMITS[name] for name in names)
+    return (f"this engine does not enforce the bottle's {listed} limits: rootless Podman sets a limit only through "
+            f"a cgroup v2 controller delegated to your user ({controllers} here are not); see docs/engines.md, "
+            "\"Rootless Podman\"")
 
 
 def check_runtime(info: EngineInfo, runtime: str, origin: str) -> None:
