@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-import h11
-
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
@@ -25,7 +23,7 @@ from claude_bottle.gate.forward import (
     read_whole,
     set_headers,
 )
-from claude_bottle.gate.http import HttpConnection
+from claude_bottle.gate.http import HttpConnection, Request
 from claude_bottle.gate.inspection import (
     CLIENT_CREDENTIAL_HEADERS,
     data_loss,
@@ -39,7 +37,7 @@ from claude_bottle.policy.messages import MessagesPolicy
 GATE_SET_HEADERS = frozenset({b"host", b"accept-encoding"})
 
 
-async def api_exchange(conn: HttpConnection, request: h11.Request, record: AuditRecord, ctx: GateContext) -> None:
+async def api_exchange(conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext) -> None:
     config = ctx.config
     upstream = config.upstream
     method = request.method.decode("ascii")

@@ -24,10 +24,8 @@ import ssl
 from collections.abc import Iterator
 from typing import TypeVar
 
-import h11
-
 from claude_bottle.gate.audit import AuditRecord
-from claude_bottle.gate.http import HttpConnection, PeerGone, ProtocolError
+from claude_bottle.gate.http import HttpConnection, LocalProtocolError, PeerGone, ProtocolError, State
 from claude_bottle.gate.resolver import ResolveError
 from claude_bottle.policy.decide import Decision
 
@@ -155,8 +153,8 @@ async def answer(conn: HttpConnection, record: AuditRecord, failure: Failure, id
         record.rule = failure.rule
     else:
         record.fail(failure.reason, failure.status)
-    with contextlib.suppress(*_CONNECTION_ERRORS, h11.LocalProtocolError):
-        if isinstance(failure, Refused) and not failure.close and conn.h11.our_state is h11.SEND_RESPONSE:
+    with contextlib.suppress(*_CONNECTION_ERRORS, LocalProtocolError):
+        if isinstance(failure, Refused) and not failure.close and conn.our_state is State.SEND_RESPONSE:
             await conn.refuse(failure.status, failure.reason, idle_timeout, explanation(failure))
             return True
         if failure.status:

@@ -36,7 +36,7 @@ from claude_bottle.policy.rules import RequestPolicy
 # A body read whole is scanned in pieces of this size, as a streamed one is: a rule's regex then runs only
 # over the pieces where one of its anchors occurs, not over the whole body (2x faster on Messages bodies).
 SCAN_PIECE = 64 * 1024
-# Every way a client can present a credential. Names arrive lower-cased from h11, once per occurrence.
+# Every way a client can present a credential. Names arrive lower-cased from gate/http.py, once per occurrence.
 CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie",
                                        b"private-token", b"x-auth-token"})
 

@@ -19,14 +19,12 @@ import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
-import h11
-
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.ca import HostNotPermitted
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import forward, outbound, set_headers
-from claude_bottle.gate.http import READ_SIZE, HttpConnection, ProtocolError, header_values
+from claude_bottle.gate.http import READ_SIZE, HttpConnection, ProtocolError, Request, Response, State, header_values
 from claude_bottle.gate.inspection import answered, inspected
 from claude_bottle.gate.routes import route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
@@ -79,12 +77,12 @@ def parse_host_header(authority: str, what: str) -> Target:
     return Target(name, parse_port(port, "target") if port else 80, ip)
 
 
-def check_host_header(request: h11.Request, target: Target) -> None:
+def check_host_header(request: Request, target: Target) -> None:
     """A plain-HTTP request's Host header must name the URL's authority (HTTP/1.0 may leave it out): the
     gate decides on the URL, and a different Host would reach another site behind the same address."""
     hosts = header_values(request.headers, b"host")
     if not hosts:
-        return  # h11 requires Host on HTTP/1.1; the gate sends the URL's authority as Host
+        return  # HTTP/1.1 requires Host (gate/http.py); the gate sends the URL's authority as Host
     if len(hosts) > 1:
         raise ProtocolError("more than one Host header")
     try:
@@ -95,7 +93,7 @@ def check_host_header(request: h11.Request, target: Target) -> None:
         raise ProtocolError(f"Host header {named} does not match the URL's host {target}")
 
 
-def check_connect_framing(request: h11.Request) -> None:
+def check_connect_framing(request: Request) -> None:
     """A CONNECT carries no body: bytes after its head belong to the tunnel. One that declares a body is
     ambiguous (a body to one reader, tunnel bytes to another), so it is refused."""
     lengths = header_values(request.headers, b"content-length")
@@ -122,7 +120,7 @@ async def vetted_addresses(target: Target, record: AuditRecord, ctx: GateContext
     return [address for address, _ in allowed]
 
 
-async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: AuditRecord, ctx: GateContext) -> None:
+async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext) -> None:
     limits = ctx.config.limits
     method = request.method.decode("ascii")
     try:
@@ -184,7 +182,7 @@ async def dialled(addresses: list[IPAddress], target: Target, timeout: float) ->
     try:
         yield origin
     finally:
-        if origin.h11.our_state is h11.DONE:
+        if origin.our_state is State.DONE:
             await origin.close()
         else:
             origin.abort()  # a request cut short (refused mid-body): reset, so it never completes upstream
@@ -260,9 +258,9 @@ async def _tunnel(
     """Answer 200, check the first flight, then relay bytes, or with ``client_tls`` terminate TLS and serve
     the requests to ``origin`` (``upstream``, already connected with TLS)."""
     try:
-        await conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
+        await conn.send(Response(200, [], b"Connection established"))
         record.status = 200
-        early, _ = conn.h11.trailing_data
+        early = conn.trailing_data
         if ctx.egress.raw_allowed(target):
             record.reason += "; raw TCP allowed"
         else:

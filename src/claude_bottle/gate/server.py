@@ -21,8 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
-import h11
-
 from claude_bottle.errors import ConfigError, GateError
 from claude_bottle.gate import control
 from claude_bottle.gate.api import api_exchange
@@ -30,7 +28,7 @@ from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.config import Endpoint, GateConfig
 from claude_bottle.gate.context import GateContext, LeafIssuer
-from claude_bottle.gate.http import HttpConnection
+from claude_bottle.gate.http import HttpConnection, State
 from claude_bottle.gate.proxy import proxy_exchange
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
 from claude_bottle.gate.serve import serve_requests
@@ -182,7 +180,7 @@ class Gate:
             self._open[listener] -= 1
             self._connections.pop(task, None)
             self._busy.discard(conn)
-            if conn.h11.our_state is h11.SEND_BODY:
+            if conn.our_state is State.SEND_BODY:
                 conn.abort()  # a response cut short must not look complete
             else:
                 await conn.close()

@@ -25,13 +25,11 @@ import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import h11
-
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import forward, outbound, set_headers
-from claude_bottle.gate.http import HttpConnection, header_values
+from claude_bottle.gate.http import HttpConnection, Request, State, header_values
 from claude_bottle.gate.inspection import answered, inspected
 from claude_bottle.gate.serve import Exchange, serve_requests
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
@@ -49,9 +47,9 @@ def authority(target: Target, default_port: int) -> str:
     return host if target.port == default_port else f"{host}:{target.port}"
 
 
-def host_problem(request: h11.Request, target: Target) -> str | None:
+def host_problem(request: Request, target: Target) -> str | None:
     """Why a request inside the tunnel to ``target`` names another site, or None. Origin form only; the
-    Host header (required: h11 enforces it on HTTP/1.1) must name the tunnel's host and port (443 if none)."""
+    Host header (required on HTTP/1.1: gate/http.py enforces it) must name the tunnel's host and port (443 if none)."""
     if not request.target.startswith(b"/"):
         return "requests inside a tunnel must use an origin-form target (/path)"
     hosts = header_values(request.headers, b"host")
@@ -130,7 +128,7 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
             await serve_requests(tls_conn, "proxy", exchange, ctx)
         finally:
             await origin.aclose()
-            if tls_conn.h11.our_state is h11.SEND_BODY:
+            if tls_conn.our_state is State.SEND_BODY:
                 tls_conn.abort()
             else:
                 # Abort only a close that did not finish: a closed transport has let its TLS protocol go, and
@@ -173,7 +171,7 @@ def _exchange(target: Target, origin: KeptOrigin, learned: bool = False) -> Exch
     """The exchange for each request inside the tunnel: the Host check, then the forward path. ``learned``:
     the tunnel passed by learn mode only, and so does each request in it (audited as would_deny)."""
 
-    async def exchange(conn: HttpConnection, request: h11.Request, record: AuditRecord, ctx: GateContext) -> None:
+    async def exchange(conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext) -> None:
         idle = ctx.config.limits.idle_timeout
         record.target = str(target)
         record.path = request.target.split(b"?", 1)[0].decode("ascii", "replace")

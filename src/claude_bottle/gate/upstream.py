@@ -7,8 +7,6 @@ import asyncio
 import ssl
 import time
 
-import h11
-
 from claude_bottle.gate.failures import UpstreamSide, upstream_failure
 from claude_bottle.gate.http import HttpConnection
 from claude_bottle.policy.addresses import IPAddress
@@ -69,8 +67,7 @@ class UpstreamPool:
         return HttpConnection(reader, writer, client=True)
 
     def release(self, conn: HttpConnection) -> None:
-        if conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE:
-            conn.h11.start_next_cycle()
+        if conn.can_reuse():
             self._idle.append((conn, time.monotonic()))
         else:
             conn.abort()  # mid-exchange (a request refused mid-body, a response cut): reset, never finished
