@@ -56,7 +56,7 @@ async def api_exchange(conn: HttpConnection, request: Request, record: AuditReco
     # DLP sees the request with the client's credentials gone (the bottle's placeholder is an sk-ant- token)
     # and before the real one is added.
     filters += [set_headers(CLIENT_CREDENTIAL_HEADERS | GATE_SET_HEADERS, []),
-                data_loss(config.dlp, config.held_secrets),
+                data_loss(config.dlp_matcher),
                 set_headers(frozenset(), [(b"host", upstream.authority), config.credential.header(),
                                           (b"accept-encoding", b"identity")])]
     idle = config.limits.idle_timeout
