@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable
+from types import TracebackType
 from typing import TypeVar
 
 from claude_bottle.gate.audit import AuditRecord
@@ -127,22 +128,36 @@ def _cause(exc: BaseException, kind: type[E]) -> E | None:
 _CONNECTION_ERRORS = (ProtocolError, PeerGone, TimeoutError, OSError, ResolveError)
 
 
-@contextlib.contextmanager
-def client_side() -> Iterator[None]:
+class _Side:
+    """Steps on one side's connection: what they raise becomes that side's failure. A plain class rather than
+    a generator-based context manager: it is entered several times per request on the hot path."""
+
+    __slots__ = ("_translate",)
+
+    def __init__(self, translate: Callable[[BaseException], Failure]) -> None:
+        self._translate = translate
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+                 ) -> None:
+        if exc is not None and isinstance(exc, _CONNECTION_ERRORS):
+            raise self._translate(exc) from None
+
+
+_CLIENT_SIDE = _Side(client_failure)
+_UPSTREAM_SIDE = _Side(upstream_failure)
+
+
+def client_side() -> contextlib.AbstractContextManager[None]:
     """Run steps on the client's connection: their errors become ``ClientSide``."""
-    try:
-        yield
-    except _CONNECTION_ERRORS as exc:
-        raise client_failure(exc) from None
+    return _CLIENT_SIDE
 
 
-@contextlib.contextmanager
-def upstream_side() -> Iterator[None]:
+def upstream_side() -> contextlib.AbstractContextManager[None]:
     """Run steps on the upstream's connection: their errors become ``UpstreamSide``."""
-    try:
-        yield
-    except _CONNECTION_ERRORS as exc:
-        raise upstream_failure(exc) from None
+    return _UPSTREAM_SIDE
 
 
 async def answer(conn: HttpConnection, record: AuditRecord, failure: Failure, idle_timeout: float) -> bool:
