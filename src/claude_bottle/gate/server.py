@@ -16,10 +16,11 @@ import resource
 import signal
 import sys
 import time
-from asyncio import sslproto
 from collections.abc import Callable
 from pathlib import Path
 from typing import Self
+
+import uvloop
 
 from claude_bottle.errors import ConfigError, GateError
 from claude_bottle.gate import control
@@ -217,27 +218,22 @@ def raise_open_files_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-# asyncio gives each TLS connection a 256 KiB receive buffer, filled on allocation: two per terminated
-# tunnel (client and upstream) made 256 tunnels cost 130 MB. A TLS record is at most 16 KiB, so 64 KiB
-# still takes several per read: benchmarks/inspection_bench.py measured no throughput lost.
-TLS_READ_BUFFER = 64 * 1024
-
-
-def shrink_tls_read_buffers() -> None:
-    """Use TLS_READ_BUFFER for every TLS connection this process makes from now on. Process-wide, as the
-    gate is its own process; a Python without the attribute keeps its default."""
-    if hasattr(sslproto.SSLProtocol, "max_size"):
-        sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
+def serve(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] | None = None,
+          ca_cert_out: Path | None = None) -> None:
+    """``run`` the gate on its event loop, uvloop's: the one place the gate's loop is chosen. libuv's loop
+    and transports cost less CPU than asyncio's pure-Python ones on every request and SSE event, and its TLS
+    protocol allocates its read buffer without filling it, so an idle terminated tunnel holds little memory."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run(config, audit, announce=announce, ca_cert_out=ca_cert_out))
 
 
 async def run(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] | None = None,
               ca_cert_out: Path | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate``.
+    """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate`` (through ``serve``).
 
     At start it announces its CA's certificate (``RunCA.announcement``), then the line saying where it
     listens; with ``ca_cert_out`` it first writes the certificate there (a ConfigError if it cannot)."""
     raise_open_files_limit()
-    shrink_tls_read_buffers()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
