@@ -47,6 +47,7 @@ from claude_bottle.gate.http import (
     PeerGone,
     ProtocolError,
     Response,
+    serve_http,
 )
 
 DEFAULT_TEXT = "Hello from the stub upstream."
@@ -205,7 +206,7 @@ class StubUpstream:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port, ssl=self.tls)
+        self._server = await serve_http(self._accept, self.host, self.port, self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -222,11 +223,10 @@ class StubUpstream:
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, conn: HttpConnection) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        conn = HttpConnection(reader, writer)
         try:
             while (request := await conn.read_request(None)) is not None:
                 body = b"".join([chunk async for chunk in conn.body(None)])
@@ -246,7 +246,7 @@ class StubUpstream:
             pass
         finally:
             self._tasks.discard(task)
-            conn.writer.close()
+            conn.transport.close()
 
     async def _answer(self, conn: HttpConnection, request: RecordedRequest) -> bool:
         """Answer one request; False when the connection must end (the stub vanished on purpose)."""

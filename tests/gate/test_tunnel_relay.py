@@ -33,9 +33,9 @@ async def relayed(server: Handler, traffic: Traffic) -> AsyncIterator[tuple[asyn
     origin = await asyncio.start_server(server, "127.0.0.1", 0)
 
     async def front(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream = await asyncio.open_connection(*origin.sockets[0].getsockname()[:2])
+        up_reader, up_writer = await asyncio.open_connection(*origin.sockets[0].getsockname()[:2])
         try:
-            await relay((reader, writer), upstream, traffic, 30)
+            await relay((reader, writer.transport), (up_reader, up_writer.transport), traffic, 30)
             ended.set_result(None)
         except BaseException as exc:
             ended.set_result(exc)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from claude_bottle.gate.http import (
@@ -20,14 +18,13 @@ from claude_bottle.gate.http import (
 
 
 class Writer:
+    """What HttpConnection uses of its transport, recording each write."""
+
     def __init__(self) -> None:
         self.writes: list[bytes] = []
 
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
-
-    async def drain(self) -> None:
-        return None
 
     def is_closing(self) -> bool:
         return False
@@ -39,8 +36,8 @@ class Writer:
 def connection(*data: bytes, client: bool = False, max_header_bytes: int = 32 * 1024
                ) -> tuple[HttpConnection, Writer]:
     writer = Writer()
-    conn = HttpConnection(asyncio.StreamReader(), writer, client=client,  # type: ignore[arg-type]
-                          max_header_bytes=max_header_bytes)
+    conn = HttpConnection(client=client, max_header_bytes=max_header_bytes)
+    conn.connection_made(writer)  # type: ignore[arg-type]
     for piece in data:
         conn.receive_data(piece)
     return conn, writer

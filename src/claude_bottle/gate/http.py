@@ -1,5 +1,5 @@
-"""HTTP/1.1 on an asyncio stream, parsed by llhttp (httptools); used for both sides of every exchange (and the
-stub upstream).
+"""HTTP/1.1 as an asyncio protocol, parsed by llhttp (httptools) as bytes arrive; used for both sides of every
+exchange (and the stub upstream).
 
 llhttp in its strict mode (httptools' default) refuses what request smuggling relies on: bare-LF line
 endings, obsolete line folding, both ``Content-Length`` and ``Transfer-Encoding``, repeated lengths, a
@@ -24,12 +24,13 @@ import enum
 import json
 import re
 import socket
+import ssl
 import struct
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import cast
+from typing import Any, cast
 
 import httptools
 
@@ -194,7 +195,8 @@ class _Incoming:
         self.client = client
         self.max_header_bytes = max_header_bytes
         self.events: deque[Event | _Broken | _NoReuse] = deque()
-        self.trailing = b""  # bytes after a CONNECT head (or an upgrade request without a body)
+        self.trailing = b""  # bytes after a CONNECT head, kept until it is answered
+        self.switching = False  # a CONNECT head was parsed: what follows is not parsed until it is refused
         self.head_request = False  # (client) the request in flight is HEAD: its response has no body
         self.broken = False  # the peer broke the protocol: nothing more is parsed
         self._ignoring = False  # the rest of what arrives is not read (after a response to HEAD)
@@ -217,6 +219,9 @@ class _Incoming:
 
     def receive(self, data: bytes) -> None:
         """Parse ``data``; the events (or the error) it makes are queued."""
+        if self.switching:
+            self.trailing += data
+            return
         if self.broken or self._ignoring:
             return
         earlier_head = self._in_head
@@ -249,6 +254,13 @@ class _Incoming:
             self.events.append(END_OF_MESSAGE)
         self.events.append(CONNECTION_CLOSED)
 
+    def resume(self) -> None:
+        """A CONNECT was refused: what followed it is parsed as the next request."""
+        rest, self.trailing, self.switching = self.trailing, b"", False
+        self._parser = self._new_parser()
+        if rest:
+            self.receive(rest)
+
     def _break(self, error: ProtocolError) -> None:
         self.broken = True
         self.events.append(_Broken(error))
@@ -258,7 +270,8 @@ class _Incoming:
         if self.client:
             self._break(ProtocolError("the server switched protocols (101), which the gate does not relay"))
         elif cast(httptools.HttpRequestParser, self._parser).get_method() == b"CONNECT":
-            self.trailing = rest  # the tunnel's first bytes, or (if the CONNECT is refused) the next request
+            # What follows is the tunnel's first bytes, or if the CONNECT is refused, the next request.
+            self.switching, self.trailing = True, rest
         else:
             # The gate switches no protocol (Upgrade is hop-by-hop): an ordinary request; go on after it.
             self._parser = self._new_parser()
@@ -428,67 +441,162 @@ class _Framing(enum.Enum):
 
 # ------------------------------------------------------------------------------------------------ connection
 
+# Bytes received and parsed but not yet taken by the connection's reader, above which the connection stops
+# reading from its socket until they are taken (a client pipelining faster than the gate forwards).
+READ_HIGH_WATER = 256 * 1024
 
-class HttpConnection:
+
+class HttpConnection(asyncio.Protocol):
     """One HTTP/1.1 connection, as a server (the default) or, with ``client``, as a client: read messages and
-    body chunks, send messages.
+    body chunks, send messages. It is the transport's protocol: what arrives is parsed as it arrives, and a
+    reader waiting in ``next_event`` is woken only when an event is ready.
 
     Writes are coalesced: the head and body pieces of a message still being sent wait in ``_pending`` and go
     out in one write when the message ends, or at the latest when the event loop next waits (a callback
-    scheduled with the first piece), so a streamed body is never held back. Anything else goes at once."""
+    scheduled with the first piece), so a streamed body is never held back. Anything else goes at once.
 
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        client: bool = False,
-        max_header_bytes: int = MAX_HEADER_BYTES,
-    ) -> None:
-        self.reader = reader
-        self.writer = writer
+    After a CONNECT is answered 2xx, what the client sends is no longer HTTP: ``trailing_data`` holds what came
+    before the answer, and ``tunnel_reader`` what comes after, for the tunnel's first-flight check and relay."""
+
+    def __init__(self, *, client: bool = False, max_header_bytes: int = MAX_HEADER_BYTES) -> None:
         self.client = client
-        self._max_header_bytes = max_header_bytes
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
+        self.peer = "unknown"
         self._incoming = _Incoming(client, max_header_bytes)
         self.our_state = State.IDLE
         self.their_state = State.IDLE
         self.json_errors = False  # refusals as Anthropic API error bodies (the API listener) instead of text
+        self.they_are_waiting_for_100_continue = False
         self._pending: list[bytes] = []  # bytes of the message being sent, not yet written
         self._framing = _Framing.LENGTH
         self._remaining = 0  # body bytes still owed under a Content-Length
         self._keep_alive = True
         self._request_method = b""  # (server) the request being answered
         self._their_version = b""  # (server) its HTTP version; empty before one arrived
-        self.they_are_waiting_for_100_continue = False
-        peer = writer.get_extra_info("peername")
+        self._waiter: asyncio.Future[None] | None = None  # the reader, waiting for an event
+        self._deadline: float | None = None  # when that wait times out
+        self._timer: asyncio.TimerHandle | None = None
+        self._unread = 0  # bytes received since the event queue was last empty
+        self._reading_paused = False
+        self._writing_paused = False  # the transport's buffer is over its high-water mark
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._lost = False
+        self._eof = False  # the peer closed its side
+        self._closed: asyncio.Future[None] | None = None
+        self._tunnel: asyncio.StreamReader | None = None
+
+    # -- the transport's protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._closed = asyncio.get_running_loop().create_future()
+        peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unknown"
+
+    def data_received(self, data: bytes) -> None:
+        if self._tunnel is not None:
+            self._tunnel.feed_data(data)
+            return
+        self._incoming.receive(data)
+        self._unread += len(data)
+        if self._unread > READ_HIGH_WATER and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if self._tunnel is not None:
+            self._tunnel.feed_eof()
+        else:
+            self._incoming.receive_eof()
+            self._wake()
+        # Keep the transport open for the answer (a half-closed client still reads); TLS cannot half-close.
+        return self.transport.get_extra_info("sslcontext") is None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = self._eof = True
+        if self._tunnel is not None:
+            self._tunnel.feed_eof()
+        else:
+            self._incoming.receive_eof()
+            self._wake()
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_exception(PeerGone(str(exc) if exc else "connection lost"))
+        self._drain_waiters.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and self._incoming.events:
+            waiter.set_result(None)
 
     # -- receiving
 
     def receive_data(self, data: bytes) -> None:
-        """Parse ``data`` as if it had been read (b"" for the peer's end); what it holds is delivered by
-        ``next_event``."""
+        """Parse ``data`` as if it had arrived (b"" for the peer's end); ``next_event`` delivers what it holds."""
         if data:
             self._incoming.receive(data)
         else:
             self._incoming.receive_eof()
 
-    async def next_event(self, timeout: float | None = None) -> Event:
-        """The next event, reading from the socket as needed; ``timeout`` bounds each read."""
+    async def _wait(self, deadline: float | None) -> None:
+        """Until an event is queued; TimeoutError at ``deadline`` (the loop's clock). One timer serves every
+        wait: it is armed once and, when it fires before the current deadline, armed again for it."""
+        loop = asyncio.get_running_loop()
+        if self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        self._waiter = waiter = loop.create_future()
+        self._deadline = deadline
+        if deadline is not None and (self._timer is None or deadline < self._timer.when()):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(deadline, self._expire)
+        try:
+            await waiter
+        finally:
+            self._waiter = self._deadline = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        waiter, deadline = self._waiter, self._deadline
+        if waiter is None or deadline is None or waiter.done():
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._timer = loop.call_at(deadline, self._expire)
+
+    async def next_event(self, timeout: float | None = None, deadline: float | None = None) -> Event:
+        """The next event, waiting for it if none has arrived: ``timeout`` bounds each wait, ``deadline`` (the
+        loop's clock) all of them."""
         events = self._incoming.events
         while not events:
-            try:
-                if timeout is None:
-                    data = await self.reader.read(READ_SIZE)
-                else:
-                    async with asyncio.timeout(timeout):
-                        data = await self.reader.read(READ_SIZE)
-            except TimeoutError:
-                raise  # an OSError too, but the caller must tell a silent peer from a vanished one
-            except OSError as exc:
-                raise PeerGone(str(exc) or type(exc).__name__) from None
-            self.receive_data(data)
+            until = deadline
+            if timeout is not None:
+                until = asyncio.get_running_loop().time() + timeout
+                until = until if deadline is None else min(deadline, until)
+            await self._wait(until)
         event = events.popleft()
+        if not events:
+            self._unread = 0
         if isinstance(event, Data):
             self.they_are_waiting_for_100_continue = False
         elif event is END_OF_MESSAGE:
@@ -502,7 +610,7 @@ class HttpConnection:
             self.their_state = State.SEND_BODY
         elif event is _NO_REUSE:
             self._keep_alive = False
-            return await self.next_event(timeout)
+            return await self.next_event(timeout, deadline)
         elif isinstance(event, _Broken):
             events.appendleft(event)  # every later call raises it too
             self.their_state = State.ERROR
@@ -519,14 +627,26 @@ class HttpConnection:
 
     @property
     def trailing_data(self) -> bytes:
-        """The bytes that came after a CONNECT head: the tunnel's, once it is answered 2xx."""
+        """The bytes that came after a CONNECT head, before it was answered: the tunnel's, once answered 2xx."""
         return self._incoming.trailing
+
+    @property
+    def tunnel_reader(self) -> asyncio.StreamReader:
+        """After a CONNECT was answered 2xx: the bytes that arrive from then on (see ``trailing_data``)."""
+        if self._tunnel is None:
+            raise LocalProtocolError("no tunnel: the connection has not switched")
+        return self._tunnel
+
+    @property
+    def usable(self) -> bool:
+        """Neither side has closed the connection (a kept-alive one may be used again)."""
+        return not self._eof and not self.transport.is_closing()
 
     async def read_request(self, timeout: float | None) -> Request | None:
         """The next request head, or None when the client closed cleanly between requests. ``timeout``
         bounds the whole head, however its bytes trickle in."""
-        async with asyncio.timeout(timeout):
-            event = await self.next_event()
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        event = await self.next_event(deadline=deadline)
         if isinstance(event, ConnectionClosed):
             return None
         if not isinstance(event, Request):
@@ -576,6 +696,13 @@ class HttpConnection:
             head = self._response_head(event)
             if self.our_state is State.SWITCHED:  # what follows is not HTTP: the answer goes now
                 self._pending.append(head)
+                self._tunnel = asyncio.StreamReader(limit=READ_HIGH_WATER)
+                self._tunnel.set_transport(self.transport)
+                if self._eof:
+                    self._tunnel.feed_eof()
+                if self._reading_paused:
+                    self._reading_paused = False
+                    self.transport.resume_reading()
                 await self._flush()
             else:
                 self._keep(head)
@@ -658,18 +785,21 @@ class HttpConnection:
         await self._drain()
 
     async def _drain(self) -> None:
-        try:
-            await self.writer.drain()
-        except (ConnectionError, OSError) as exc:
-            raise PeerGone(str(exc)) from None
+        """Wait while the transport holds more than its high-water mark; PeerGone once the peer is gone."""
+        if self._lost:
+            raise PeerGone("connection lost")
+        if self._writing_paused:
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
 
     def write_pending(self) -> None:
         """Hand what ``send`` has kept back to the transport, in one write."""
         if self._pending:
             data = b"".join(self._pending)
             self._pending.clear()
-            if not self.writer.is_closing():
-                self.writer.write(data)
+            if not self.transport.is_closing():
+                self.transport.write(data)
 
     async def send_simple(self, status: int, reason: str, headers: Headers | None = None,
                           message: str | None = None) -> None:
@@ -723,9 +853,8 @@ class HttpConnection:
                 f"content-length: {len(body)}\r\nx-deny-reason: {_header_text(reason)}\r\n"
                 "connection: close\r\n\r\n").encode()
         self.write_pending()
-        self.writer.write(head + body)
-        with contextlib.suppress(ConnectionError, OSError):
-            await self.writer.drain()
+        if not self.transport.is_closing():
+            self.transport.write(head + body)
         await self.close()
 
     async def fail(self, status: int, reason: str, message: str | None = None) -> None:
@@ -741,27 +870,57 @@ class HttpConnection:
             self.our_state = self.their_state = State.IDLE
             self._request_method = b""
             self._incoming.head_request = False
-            if self._incoming.trailing:  # what followed a refused CONNECT: the next request
-                rest, self._incoming.trailing = self._incoming.trailing, b""
-                self._incoming.receive(rest)
+            if self._incoming.switching:  # a refused CONNECT: what followed it is the next request
+                self._incoming.resume()
             return True
         return False
 
     async def close(self) -> None:
+        """Close once what was written has gone, and wait for the transport to let go."""
         self.write_pending()
-        self.writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self.writer.wait_closed()
+        self.transport.close()
+        if self._closed is not None:
+            await asyncio.shield(self._closed)
 
     def abort(self) -> None:
         """Reset the connection (RST, what was not sent yet discarded): a client sees a broken response, never
         a truncated one that looks whole; an upstream sees a request that never completes."""
         self.write_pending()  # what was sent before the reset, as if written at once
-        sock = self.writer.get_extra_info("socket")
+        sock = self.transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.writer.transport.abort()
+        self.transport.abort()
+
+
+async def serve_http(handle: Callable[[HttpConnection], Coroutine[Any, Any, None]], host: str, port: int,
+                     tls: ssl.SSLContext | None = None, max_header_bytes: int = MAX_HEADER_BYTES) -> asyncio.Server:
+    """A server whose every connection is an ``HttpConnection`` served by ``handle``, in a task of its own
+    that the connection holds (as ``asyncio.start_server`` does for streams)."""
+    return await asyncio.get_running_loop().create_server(
+        lambda: _Served(handle, max_header_bytes), host, port, ssl=tls)
+
+
+class _Served(HttpConnection):
+    """A server's connection: ``handle`` starts on it as soon as the connection is made."""
+
+    def __init__(self, handle: Callable[[HttpConnection], Coroutine[Any, Any, None]], max_header_bytes: int
+                 ) -> None:
+        super().__init__(max_header_bytes=max_header_bytes)
+        self._handle = handle
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.task = asyncio.get_running_loop().create_task(self._handle(self))
+
+
+async def open_http(host: str, port: int, tls: ssl.SSLContext | None = None, server_name: str | None = None
+                    ) -> HttpConnection:
+    """A client ``HttpConnection`` to ``host``:``port`` (with TLS for ``server_name`` if ``tls`` is given)."""
+    conn = HttpConnection(client=True)  # made here: with TLS, uvloop may hand back its own protocol instead
+    await asyncio.get_running_loop().create_connection(lambda: conn, host, port, ssl=tls, server_hostname=server_name)
+    return conn
 
 
 def _phrase(status: int) -> bytes:

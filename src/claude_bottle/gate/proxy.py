@@ -30,7 +30,7 @@ from claude_bottle.gate.routes import route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
-from claude_bottle.gate.upstream import dial
+from claude_bottle.gate.upstream import dial, dial_http
 from claude_bottle.policy.addresses import IPAddress
 from claude_bottle.policy.decide import Decision, decide_server_name
 from claude_bottle.policy.hosts import (
@@ -151,17 +151,16 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
         addresses = await vetted_addresses(target, record, ctx)
         if method == "CONNECT":
             client_tls = terminating(target, ctx, record)
-            with upstream_side():
-                if client_tls is None:
+            if client_tls is None:
+                with upstream_side():
                     upstream = await dial(addresses, target.port, limits.connect_timeout)
-                else:
-                    upstream = await dial(addresses, target.port, limits.connect_timeout, ctx.upstream_tls,
-                                          target.host)
-            origin = None
-            if client_tls is not None:
-                origin = KeptOrigin(addresses, target, ctx.upstream_tls, limits.connect_timeout,
-                                    HttpConnection(*upstream, client=True))
-            await _tunnel(conn, target, upstream, record, ctx, origin, client_tls)
+                await _tunnel(conn, target, record, ctx, upstream=upstream)
+            else:
+                with upstream_side():
+                    kept = await dial_http(addresses, target.port, limits.connect_timeout, ctx.upstream_tls,
+                                           target.host)
+                origin = KeptOrigin(addresses, target, ctx.upstream_tls, limits.connect_timeout, kept)
+                await _tunnel(conn, target, record, ctx, origin=origin, client_tls=client_tls)
         else:
             record.path = path.split("?", 1)[0]
             request_filters = [set_headers(frozenset({b"host"}), [(b"host", authority(target, 80).encode()),
@@ -177,8 +176,7 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
 @contextlib.asynccontextmanager
 async def dialled(addresses: list[IPAddress], target: Target, timeout: float) -> AsyncIterator[HttpConnection]:
     """A fresh connection to one of the vetted ``addresses``, for one request."""
-    reader, writer = await dial(addresses, target.port, timeout)
-    origin = HttpConnection(reader, writer, client=True)
+    origin = await dial_http(addresses, target.port, timeout)
     try:
         yield origin
     finally:
@@ -249,14 +247,14 @@ async def first_flight(reader: asyncio.StreamReader, early: bytes, target: Targe
 async def _tunnel(
     conn: HttpConnection,
     target: Target,
-    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     record: AuditRecord,
     ctx: GateContext,
+    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None,
     origin: KeptOrigin | None = None,
     client_tls: ssl.SSLContext | None = None,
 ) -> None:
-    """Answer 200, check the first flight, then relay bytes, or with ``client_tls`` terminate TLS and serve
-    the requests to ``origin`` (``upstream``, already connected with TLS)."""
+    """Answer 200, check the first flight, then relay bytes to ``upstream``, or with ``client_tls`` terminate
+    TLS and serve the requests to ``origin`` (already connected with TLS)."""
     try:
         await conn.send(Response(200, [], b"Connection established"))
         record.status = 200
@@ -264,7 +262,7 @@ async def _tunnel(
         if ctx.egress.raw_allowed(target):
             record.reason += "; raw TCP allowed"
         else:
-            early, verdict = await first_flight(conn.reader, bytes(early), target,
+            early, verdict = await first_flight(conn.tunnel_reader, bytes(early), target,
                                                 ctx.config.limits.first_flight_timeout)
             if not verdict.allow:
                 record.deny(f"{record.reason}; then refused: {verdict.reason}", 200)  # nothing went upstream
@@ -274,12 +272,14 @@ async def _tunnel(
         if origin is not None and client_tls is not None:
             await terminate(conn, early, target, origin, record, ctx, client_tls)
             return
+        assert upstream is not None  # an opaque tunnel has its upstream streams
         traffic = Traffic()
         if early:
             upstream[1].write(early)
             traffic.up += len(early)
         try:
-            await relay((conn.reader, conn.writer), upstream, traffic, ctx.config.limits.idle_timeout)
+            await relay((conn.tunnel_reader, conn.transport), (upstream[0], upstream[1].transport), traffic,
+                        ctx.config.limits.idle_timeout)
         except TunnelIdle:
             record.reason += "; closed idle tunnel"
         except OSError:
@@ -287,4 +287,7 @@ async def _tunnel(
         finally:
             record.bytes_up, record.bytes_down = traffic.up, traffic.down
     finally:
-        upstream[1].close()
+        if upstream is not None:
+            upstream[1].close()
+        if origin is not None:
+            await origin.aclose()

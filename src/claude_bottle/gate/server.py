@@ -29,11 +29,11 @@ from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.config import Endpoint, GateConfig
 from claude_bottle.gate.context import GateContext, LeafIssuer
-from claude_bottle.gate.http import HttpConnection, State
+from claude_bottle.gate.http import HttpConnection, State, serve_http
 from claude_bottle.gate.proxy import proxy_exchange
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
 from claude_bottle.gate.serve import serve_requests
-from claude_bottle.gate.upstream import STREAM_LIMIT, UpstreamPool
+from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
 from claude_bottle.policy.decide import EgressPolicy
 
@@ -82,9 +82,9 @@ class Gate:
         )
         try:
             for endpoint, listener in ((self.config.api_listen, "api"), (self.config.proxy_listen, "proxy")):
-                server = await asyncio.start_server(
-                    lambda r, w, name=listener: self._accept(name, r, w),  # type: ignore[misc]
-                    endpoint.host, endpoint.port, limit=STREAM_LIMIT,
+                server = await serve_http(
+                    lambda conn, name=listener: self._accept(name, conn),  # type: ignore[misc]
+                    endpoint.host, endpoint.port, max_header_bytes=limits.max_header_bytes,
                 )
                 self._servers.append(server)
         except OSError as exc:
@@ -156,10 +156,9 @@ class Gate:
         endpoints.update(self._upstream_endpoints)
         self._ctx.egress = dataclasses.replace(self._ctx.egress, protected_endpoints=frozenset(endpoints))
 
-    async def _accept(self, listener: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, listener: str, conn: HttpConnection) -> None:
         task = asyncio.current_task()
         assert task is not None and self._ctx is not None
-        conn = HttpConnection(reader, writer, max_header_bytes=self.config.limits.max_header_bytes)
         limit = self.config.limits.max_connections
         if self._open[listener] >= limit:
             record = AuditRecord(listener, conn.peer, "-", "-")

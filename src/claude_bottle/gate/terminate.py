@@ -33,7 +33,7 @@ from claude_bottle.gate.http import HttpConnection, Request, State, header_value
 from claude_bottle.gate.inspection import answered, inspected
 from claude_bottle.gate.serve import Exchange, serve_requests
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
-from claude_bottle.gate.upstream import STREAM_LIMIT, dial
+from claude_bottle.gate.upstream import STREAM_LIMIT, dial_http
 from claude_bottle.policy.addresses import IPAddress
 from claude_bottle.policy.hosts import InvalidHost, Target, normalize_host, parse_port, split_host_port
 
@@ -79,11 +79,10 @@ class KeptOrigin:
 
     @contextlib.asynccontextmanager
     async def use(self) -> AsyncIterator[HttpConnection]:
-        if self.conn is not None and (self.conn.reader.at_eof() or self.conn.writer.is_closing()):
+        if self.conn is not None and not self.conn.usable:
             await self.aclose()
         if self.conn is None:
-            reader, writer = await dial(self.addresses, self.target.port, self.timeout, self.tls, self.target.host)
-            self.conn = HttpConnection(reader, writer, client=True)
+            self.conn = await dial_http(self.addresses, self.target.port, self.timeout, self.tls, self.target.host)
         try:
             yield self.conn
         finally:
@@ -111,17 +110,15 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
         traffic.up += len(early)
 
     async def serve_tls() -> None:
-        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
-        protocol = asyncio.StreamReaderProtocol(reader)
+        tls_conn = HttpConnection(max_header_bytes=limits.max_header_bytes)
         try:
-            transport, _ = await loop.connect_accepted_socket(
-                lambda: protocol, inner, ssl=client_tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+            # (uvloop returns its TLS protocol here, not the one made for the connection: hence tls_conn.)
+            transport, _ = await loop.connect_accepted_socket(lambda: tls_conn, inner, ssl=client_tls,
+                                                              ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, TimeoutError) as exc:
             record.fail(f"TLS handshake with the client failed: {_tls_reason(exc)}", 200)
             inner.close()
             return
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        tls_conn = HttpConnection(reader, writer, max_header_bytes=limits.max_header_bytes)
         tls_conn.peer = conn.peer
         exchange = _exchange(target, origin, record.would_deny)
         try:
@@ -145,7 +142,8 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
 
     async def carry() -> None:
         try:
-            await relay((conn.reader, conn.writer), (pair_reader, pair_writer), traffic, backstop)
+            await relay((conn.tunnel_reader, conn.transport), (pair_reader, pair_writer.transport), traffic,
+                        backstop)
         except TunnelIdle:
             record.reason += "; closed idle tunnel"
         except OSError:

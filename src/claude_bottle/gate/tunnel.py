@@ -137,23 +137,18 @@ class _Side(asyncio.BufferedProtocol):
         self.peer.release()
 
 
-def _transport(writer: asyncio.StreamWriter) -> asyncio.Transport:
-    # A stream's transport, whatever its class: uvloop's do not derive from asyncio.Transport (a check for
-    # that failed every tunnel there), and the relay needs only the transport methods both loops have.
-    return writer.transport  # type: ignore[return-value]
+# One side of a tunnel: a reader holding what that side's transport received before the relay, and the
+# transport (whatever its class: uvloop's do not derive from asyncio.Transport, and a check for that failed
+# every tunnel there; the relay needs only the transport methods both loops have).
+End = tuple[asyncio.StreamReader, asyncio.BaseTransport]
 
 
-async def relay(
-    client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    traffic: Traffic,
-    idle_timeout: float,
-) -> None:
+async def relay(client: End, upstream: End, traffic: Traffic, idle_timeout: float) -> None:
     """Run until both directions reach EOF. A reset or idle timeout on either side ends both (TunnelIdle
-    for the timeout). Both transports are closed on the way out; the streams are not usable afterwards."""
+    for the timeout). Both transports are closed on the way out; the readers are not usable afterwards."""
     outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    up = _Side(_transport(client[1]), traffic, True, outcome)
-    down = _Side(_transport(upstream[1]), traffic, False, outcome)
+    up = _Side(client[1], traffic, True, outcome)  # type: ignore[arg-type]
+    down = _Side(upstream[1], traffic, False, outcome)  # type: ignore[arg-type]
     up.peer, down.peer = down, up
     try:
         up.install()
