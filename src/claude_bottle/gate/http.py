@@ -461,6 +461,7 @@ class HttpConnection(asyncio.Protocol):
     def __init__(self, *, client: bool = False, max_header_bytes: int = MAX_HEADER_BYTES) -> None:
         self.client = client
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
+        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # likewise
         self.peer = "unknown"
         self._incoming = _Incoming(client, max_header_bytes)
         self.our_state = State.IDLE
@@ -489,7 +490,8 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._closed = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self._closed = self._loop.create_future()
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unknown"
 
@@ -558,7 +560,7 @@ class HttpConnection(asyncio.Protocol):
     async def _wait(self, deadline: float | None) -> None:
         """Until an event is queued; TimeoutError at ``deadline`` (the loop's clock). One timer serves every
         wait: it is armed once and, when it fires before the current deadline, armed again for it."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         if self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()
@@ -578,7 +580,7 @@ class HttpConnection(asyncio.Protocol):
         waiter, deadline = self._waiter, self._deadline
         if waiter is None or deadline is None or waiter.done():
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         if loop.time() >= deadline:
             waiter.set_exception(TimeoutError())
         else:
@@ -591,7 +593,7 @@ class HttpConnection(asyncio.Protocol):
         while not events:
             until = deadline
             if timeout is not None:
-                until = asyncio.get_running_loop().time() + timeout
+                until = self._loop.time() + timeout
                 until = until if deadline is None else min(deadline, until)
             await self._wait(until)
         event = events.popleft()
@@ -645,7 +647,7 @@ class HttpConnection(asyncio.Protocol):
     async def read_request(self, timeout: float | None) -> Request | None:
         """The next request head, or None when the client closed cleanly between requests. ``timeout``
         bounds the whole head, however its bytes trickle in."""
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        deadline = None if timeout is None else self._loop.time() + timeout
         event = await self.next_event(deadline=deadline)
         if isinstance(event, ConnectionClosed):
             return None
@@ -713,7 +715,7 @@ class HttpConnection(asyncio.Protocol):
     def _keep(self, data: bytes) -> None:
         """Hold ``data`` back with the rest of the message, to go out by the time the event loop next waits."""
         if not self._pending:
-            asyncio.get_running_loop().call_soon(self.write_pending)
+            self._loop.call_soon(self.write_pending)
         self._pending.append(data)
 
     def _request_head(self, request: Request) -> bytes:
@@ -789,7 +791,7 @@ class HttpConnection(asyncio.Protocol):
         if self._lost:
             raise PeerGone("connection lost")
         if self._writing_paused:
-            waiter = asyncio.get_running_loop().create_future()
+            waiter = self._loop.create_future()
             self._drain_waiters.append(waiter)
             await waiter
 
@@ -923,9 +925,9 @@ async def open_http(host: str, port: int, tls: ssl.SSLContext | None = None, ser
     return conn
 
 
+_PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
+
+
 def _phrase(status: int) -> bytes:
     """The standard reason phrase for ``status`` (empty for a status without one)."""
-    try:
-        return HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b""
+    return _PHRASES.get(status, b"")

@@ -24,7 +24,7 @@ import uvloop
 
 from claude_bottle.errors import ConfigError, GateError
 from claude_bottle.gate import control
-from claude_bottle.gate.api import api_exchange
+from claude_bottle.gate.api import ApiRoute, api_exchange
 from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.config import Endpoint, GateConfig
@@ -78,6 +78,7 @@ class Gate:
             api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
                                   limits.connect_timeout),
             upstream_tls=self.config.ssl_context(),
+            api_route=ApiRoute.of(self.config),
             ca=self.ca,
         )
         try:
