@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from claude_bottle.gate.http import (
@@ -259,3 +261,37 @@ async def test_a_body_cut_short_ends_in_the_close_for_the_caller_to_judge() -> N
     with pytest.raises(Exception, match="middle of a body"):
         async for _ in conn.body(None):
             pass
+
+
+async def test_reading_pauses_past_the_high_water_mark_and_resumes_when_the_reader_waits() -> None:
+    """A client sending faster than the gate takes its events (pipelining, or a body the upstream is slow to
+    take) is stopped at the socket, not buffered without bound."""
+
+    class Transport(Writer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.paused = False
+
+        def pause_reading(self) -> None:
+            self.paused = True
+
+        def resume_reading(self) -> None:
+            self.paused = False
+
+    transport = Transport()
+    conn = HttpConnection()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    chunk = b"x" * 65536
+    conn.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(5):
+        conn.data_received(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+    assert transport.paused
+    assert isinstance(await conn.next_event(), Request)
+    for _ in range(5):
+        assert await conn.next_event() == Data(chunk)
+    assert transport.paused  # taken, but nobody waits for more yet
+    waiting = asyncio.ensure_future(conn.next_event(1))
+    await asyncio.sleep(0)
+    assert not transport.paused
+    conn.data_received(b"0\r\n\r\n")
+    assert isinstance(await waiting, EndOfMessage)
