@@ -18,7 +18,6 @@ api-policy.md. Exit status: 0 when it ran, 1 when it could not, 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -131,12 +130,12 @@ def unjudged_gate_main(upstream: str, token_file: str) -> None:
     from claude_bottle.credentials import read_token_file
     from claude_bottle.gate import config as gc
     from claude_bottle.gate.audit import AuditLog
-    from claude_bottle.gate.server import run
+    from claude_bottle.gate.server import serve
 
     config = gc.GateConfig(api_listen=gc.Endpoint(LOOPBACK, 0), proxy_listen=gc.Endpoint(LOOPBACK, 0),
                            credential=read_token_file(token_file), upstream=gc.parse_upstream(upstream),
                            messages_policy=MessagesPolicy(paths=frozenset()))
-    asyncio.run(run(config, AuditLog(None)))
+    serve(config, AuditLog(None))
 
 
 def write_results(doc: dict[str, Any]) -> None:

@@ -751,6 +751,7 @@ def versions(args: argparse.Namespace) -> dict[str, str | None]:
         from importlib.metadata import version
         out["claude-bottle"] = version("claude-bottle")
         out["h11"] = version("h11")
+        out["httptools"] = version("httptools")
     out["nginx"] = (tool_version(["nginx", "-v"]) or "").replace("nginx version: ", "") or None
     out["squid"] = tool_version(["squid", "-v"])
     out["sandbox-runtime"] = srt.version(Path(args.srt))

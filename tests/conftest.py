@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 
 from claude_bottle.credentials import Credential
 from claude_bottle.gate import config as gc
@@ -23,6 +24,11 @@ from claude_bottle.stub import StubUpstream
 from tests.helpers import make_token
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
+    """The gate runs on uvloop (gate/server.py ``serve``), and so does every async test."""
+    return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture(autouse=True)

@@ -143,7 +143,7 @@ def machine_info() -> dict[str, Any]:
             if line.startswith("MemTotal:"):
                 ram_gb = round(int(line.split()[1]) * 1024 / 1e9, 1)
     versions = {}
-    for mod in ("h11",):
+    for mod in ("h11", "httptools"):
         with contextlib.suppress(Exception):
             from importlib.metadata import version
 

@@ -128,7 +128,7 @@ def gate(
 
     from claude_bottle.gate import config as gc
     from claude_bottle.gate.audit import AuditLog
-    from claude_bottle.gate.server import run
+    from claude_bottle.gate.server import serve
 
     request_policy = gc.parse_egress_rules(egress_rule, no_inspect)
     route_specs = gc.parse_routes(credential_route, request_policy)
@@ -157,8 +157,8 @@ def gate(
         click.echo(f"warning: --upstream {upstream} is plain HTTP: the credential crosses the network "
                    "unencrypted", err=True)
     with _audit_stream(audit_log) as stream:
-        asyncio.run(run(config, AuditLog(stream, secrets=config.injected_secrets),
-                        ca_cert_out=Path(ca_cert_out) if ca_cert_out else None))
+        serve(config, AuditLog(stream, secrets=config.injected_secrets),
+              ca_cert_out=Path(ca_cert_out) if ca_cert_out else None)
 
 
 @cli.command("stub-upstream", context_settings=CONTEXT)

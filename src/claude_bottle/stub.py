@@ -38,9 +38,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-import h11
-
-from claude_bottle.gate.http import Headers, HttpConnection, PeerGone, ProtocolError
+from claude_bottle.gate.http import (
+    Data,
+    EndOfMessage,
+    Headers,
+    HttpConnection,
+    LocalProtocolError,
+    PeerGone,
+    ProtocolError,
+    Response,
+    serve_http,
+)
 
 DEFAULT_TEXT = "Hello from the stub upstream."
 SSE_HEADERS: Headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -198,7 +206,7 @@ class StubUpstream:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port, ssl=self.tls)
+        self._server = await serve_http(self._accept, self.host, self.port, self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -215,11 +223,10 @@ class StubUpstream:
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, conn: HttpConnection) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        conn = HttpConnection(reader, writer)
         try:
             while (request := await conn.read_request(None)) is not None:
                 body = b"".join([chunk async for chunk in conn.body(None)])
@@ -233,13 +240,13 @@ class StubUpstream:
                 if not await self._answer(conn, recorded) or not conn.can_reuse():
                     break
         except ProtocolError as exc:  # answered, as real servers do: a probe can tell it got here
-            with contextlib.suppress(PeerGone, h11.LocalProtocolError):
+            with contextlib.suppress(PeerGone, LocalProtocolError):
                 await conn.fail(exc.status, f"stub: {exc}")
         except (PeerGone, asyncio.CancelledError):
             pass
         finally:
             self._tasks.discard(task)
-            conn.writer.close()
+            conn.transport.close()
 
     async def _answer(self, conn: HttpConnection, request: RecordedRequest) -> bool:
         """Answer one request; False when the connection must end (the stub vanished on purpose)."""
@@ -276,19 +283,19 @@ class StubUpstream:
             reason = b" ".join(v for _, v in credentials) or b"no credential"
             await self._json(conn, 200, message_json(block, model), reason=reason)
         elif mode == "echo-split":
-            await conn.send(h11.Response(status_code=200, headers=SSE_HEADERS))
+            await conn.send(Response(200, SSE_HEADERS))
             secret = b"".join(v for _, v in credentials)
             for piece in (b"data: {\"leak\": \"", secret[:7], secret[7:20], secret[20:], b"\"}\n\n"):
-                await conn.send(h11.Data(data=piece))
+                await conn.send(Data(piece))
                 await asyncio.sleep(0.05)
-            await conn.send(h11.EndOfMessage())
+            await conn.send(EndOfMessage())
         elif mode == "gzip":
             body = gzip.compress(json.dumps(message_json(block, model)).encode())
-            await conn.send(h11.Response(status_code=200, headers=[
+            await conn.send(Response(200, [
                 (b"content-type", b"application/json"), (b"content-encoding", b"gzip"),
                 (b"content-length", str(len(body)).encode())]))
-            await conn.send(h11.Data(data=body))
-            await conn.send(h11.EndOfMessage())
+            await conn.send(Data(body))
+            await conn.send(EndOfMessage())
         elif payload.get("stream"):
             return await self._stream(conn, block, model, int(steer.get("events", 1)),
                                       float(steer.get("interval", 0)), vanish=mode == "vanish")
@@ -299,9 +306,9 @@ class StubUpstream:
     async def _stream(self, conn: HttpConnection, block: Block, model: str, events: int, interval: float,
                       vanish: bool) -> bool:
         head, deltas, tail = message_events(block, model, max(1, events))
-        await conn.send(h11.Response(status_code=200, headers=SSE_HEADERS))
+        await conn.send(Response(200, SSE_HEADERS))
         for frame in head:
-            await conn.send(h11.Data(data=frame))
+            await conn.send(Data(frame))
         for i, frame in enumerate(deltas):
             if interval and i:
                 await asyncio.sleep(interval)
@@ -309,21 +316,21 @@ class StubUpstream:
                 conn.abort()
                 return False
             stamp = f": sent_ns={time.time_ns()}\n".encode() if events > 1 else b""
-            await conn.send(h11.Data(data=stamp + frame))
+            await conn.send(Data(stamp + frame))
         for frame in tail:
-            await conn.send(h11.Data(data=frame))
-        await conn.send(h11.EndOfMessage())
+            await conn.send(Data(frame))
+        await conn.send(EndOfMessage())
         return True
 
     @staticmethod
     async def _json(conn: HttpConnection, status: int, payload: Any, extra: Headers | None = None,
                     reason: bytes = b"") -> None:
         body = json.dumps(payload).encode()
-        await conn.send(h11.Response(status_code=status, reason=reason, headers=[
+        await conn.send(Response(status, [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"request-id", b"req_stub"), *(extra or [])]))
-        await conn.send(h11.Data(data=body))
-        await conn.send(h11.EndOfMessage())
+            (b"request-id", b"req_stub"), *(extra or [])], reason))
+        await conn.send(Data(body))
+        await conn.send(EndOfMessage())
 
 
 async def serve(host: str, port: int, text: str = DEFAULT_TEXT, log: bool = False,

@@ -376,3 +376,24 @@ def test_bad_configured_rules_say_how_to_fix_them(name: str, regex: str, message
 def test_bad_dlp_flags(rules: list[str], off: list[str], message: str) -> None:
     with pytest.raises(InvalidDlpRule, match=message):
         policy_from_flags(rules, off)
+
+
+# --- small views searched for every literal at once ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pad", [0, 200, 600], ids=["tiny", "small", "past the small-view size"])
+def test_a_view_finds_the_same_rule_whether_small_or_large(pad: int) -> None:
+    """A small view is first searched for every needle and anchor at once (DlpMatcher); a larger one goes
+    through them one by one. The match, and what it names, do not depend on which."""
+    filler = b" " * pad
+    for label, sample in [*SAMPLES.items(), *[(f"held {form}", data) for form, data in HELD_FORMS.items()]]:
+        for where, scan in (("URL", lambda s, d: s.check_head(d, [])),
+                            ("headers", lambda s, d: s.check_head(b"/", [(b"x-note", d)])),
+                            ("body", lambda s, d: (s.feed(d), s.finish()))):
+            with pytest.raises(DlpMatch) as found:
+                scan(scanner(), filler + sample + filler)
+            expected = HELD_SECRET if label.startswith("held") else rule_of(label)
+            assert (found.value.rule, found.value.where) == (expected, where), label
+    scan = scanner()
+    scan.check_head(b"/v1/messages?beta=true" + filler, [(b"user-agent", b"claude-cli" + filler)])
+    assert scan.feed(b'{"model": "m"}' + filler) == b"" and scan.finish() == b'{"model": "m"}' + filler

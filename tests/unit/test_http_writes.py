@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
-import h11
-
-from claude_bottle.gate.http import HttpConnection
+from claude_bottle.gate.http import Data, EndOfMessage, HttpConnection, InformationalResponse, Request, Response
 
 
 class Writer:
-    """What HttpConnection uses of a StreamWriter, recording each write."""
+    """What HttpConnection uses of its transport, recording each write."""
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
+        self.aborted = False
 
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
-
-    async def drain(self) -> None:
-        return None
 
     def is_closing(self) -> bool:
         return False
@@ -27,56 +23,52 @@ class Writer:
     def get_extra_info(self, name: str) -> None:
         return None
 
+    def abort(self) -> None:
+        self.aborted = True
+
 
 async def answering(head: bytes) -> tuple[HttpConnection, Writer]:
     writer = Writer()
-    conn = HttpConnection(asyncio.StreamReader(), writer)  # type: ignore[arg-type]
-    conn.h11.receive_data(head)
-    assert isinstance(await conn.read_request(1), h11.Request)
+    conn = HttpConnection()
+    conn.connection_made(writer)  # type: ignore[arg-type]
+    conn.receive_data(head)
+    assert isinstance(await conn.read_request(1), Request)
     return conn, writer
 
 
 async def test_a_response_goes_out_in_one_write_when_it_ends() -> None:
     conn, writer = await answering(b"POST /v1/messages HTTP/1.1\r\nHost: gate\r\nContent-Length: 0\r\n\r\n")
-    await conn.send(h11.Response(status_code=200, headers=[(b"content-length", b"2")]))
-    await conn.send(h11.Data(data=b"ok"))
+    await conn.send(Response(200, [(b"content-length", b"2")]))
+    await conn.send(Data(b"ok"))
     assert writer.writes == []
-    await conn.send(h11.EndOfMessage())
+    await conn.send(EndOfMessage())
     assert len(writer.writes) == 1
     assert writer.writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writer.writes[0].endswith(b"\r\n\r\nok")
 
 
 async def test_a_streamed_piece_goes_out_before_the_loop_waits_for_the_next() -> None:
     conn, writer = await answering(b"GET /stream HTTP/1.1\r\nHost: gate\r\n\r\n")
-    await conn.send(h11.Response(status_code=200, headers=[(b"transfer-encoding", b"chunked")]))
-    await conn.send(h11.Data(data=b"event: one\n\n"))
+    await conn.send(Response(200, [(b"transfer-encoding", b"chunked")]))
+    await conn.send(Data(b"event: one\n\n"))
     await asyncio.sleep(0)  # what waiting for the upstream's next event does
     assert len(writer.writes) == 1 and writer.writes[0].endswith(b"event: one\n\n\r\n")
-    await conn.send(h11.Data(data=b"event: two\n\n"))
+    await conn.send(Data(b"event: two\n\n"))
     await asyncio.sleep(0)
     assert len(writer.writes) == 2 and b"event: two" in writer.writes[1]
 
 
 async def test_an_interim_response_and_a_connect_answer_go_out_at_once() -> None:
     conn, writer = await answering(b"POST / HTTP/1.1\r\nHost: gate\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
-    await conn.send(h11.InformationalResponse(status_code=100, headers=[]))
+    await conn.send(InformationalResponse(100))
     assert writer.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
     tunnel, tunnel_writer = await answering(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
-    await tunnel.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
+    await tunnel.send(Response(200, [], b"Connection established"))
     assert tunnel_writer.writes == [b"HTTP/1.1 200 Connection established\r\n\r\n"]
 
 
 async def test_what_was_kept_back_is_written_before_a_reset() -> None:
     conn, writer = await answering(b"GET / HTTP/1.1\r\nHost: gate\r\n\r\n")
-    await conn.send(h11.Response(status_code=200, headers=[(b"content-length", b"10")]))
-
-    class Transport:
-        aborted = False
-
-        def abort(self) -> None:
-            self.aborted = True
-
-    writer.transport = Transport()  # type: ignore[attr-defined]
+    await conn.send(Response(200, [(b"content-length", b"10")]))
     conn.abort()
     assert len(writer.writes) == 1 and writer.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
-    assert writer.transport.aborted  # type: ignore[attr-defined]
+    assert writer.aborted

@@ -51,7 +51,7 @@ def test_gate_context_holds_this_package_and_pinned_requirements() -> None:
     assert "claude_bottle/gate/server.py" in files and "claude_bottle/cli.py" in files
     assert not any("__pycache__" in f for f in files)
     pins = files["requirements.txt"].decode().split()
-    assert {p.split("==")[0] for p in pins} == {"click", "h11", "idna", "publicsuffixlist", "cryptography", "cffi", "pycparser"}
+    assert {p.split("==")[0] for p in pins} == {"click", "httptools", "idna", "publicsuffixlist", "uvloop", "cryptography", "cffi", "pycparser"}
     assert all("==" in p for p in pins)
 
 

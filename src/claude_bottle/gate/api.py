@@ -9,23 +9,22 @@ would carry the credential is never delivered.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-
-import h11
+from dataclasses import dataclass
 
 from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.config import GateConfig
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import (
     Outbound,
     RequestFilter,
+    ResponseFilter,
     forward,
     outbound,
     read_whole,
     set_headers,
 )
-from claude_bottle.gate.http import HttpConnection
+from claude_bottle.gate.http import HttpConnection, Request
 from claude_bottle.gate.inspection import (
     CLIENT_CREDENTIAL_HEADERS,
     data_loss,
@@ -39,12 +38,34 @@ from claude_bottle.policy.messages import MessagesPolicy
 GATE_SET_HEADERS = frozenset({b"host", b"accept-encoding"})
 
 
-async def api_exchange(conn: HttpConnection, request: h11.Request, record: AuditRecord, ctx: GateContext) -> None:
-    config = ctx.config
-    upstream = config.upstream
+@dataclass(frozen=True)
+class ApiRoute:
+    """One gate's API route: its filters, made once, as they keep nothing of a request between calls.
+    ``messages_filters`` are for a Messages body (its policy first), ``filters`` for any other request."""
+
+    messages_filters: tuple[RequestFilter, ...]
+    filters: tuple[RequestFilter, ...]
+    response_filters: tuple[ResponseFilter, ...]
+    target: str  # the upstream's host:port, for the audit
+
+    @classmethod
+    def of(cls, config: GateConfig) -> ApiRoute:
+        upstream = config.upstream
+        # DLP sees the request with the client's credentials gone (the bottle's placeholder is an sk-ant-
+        # token) and before the real one is added.
+        filters = (set_headers(CLIENT_CREDENTIAL_HEADERS | GATE_SET_HEADERS, []),
+                   data_loss(config.dlp_matcher),
+                   set_headers(frozenset(), [(b"host", upstream.authority), config.credential.header(),
+                                             (b"accept-encoding", b"identity")]))
+        return cls((messages_policy(config.messages_policy, config.limits.max_body_bytes), *filters), filters,
+                   (identity_only, *reflection_scans(config.injected_secrets)), f"{upstream.host}:{upstream.port}")
+
+
+async def api_exchange(conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext) -> None:
+    config, route = ctx.config, ctx.api_route
     method = request.method.decode("ascii")
     target = request.target.decode("ascii")
-    record.target = f"{upstream.host}:{upstream.port}"
+    record.target = route.target
     record.path = target.split("?", 1)[0]
 
     decision = config.api_policy.decide(method, target)
@@ -52,19 +73,11 @@ async def api_exchange(conn: HttpConnection, request: h11.Request, record: Audit
         raise Refused(decision.status, decision.reason)
     record.allow(decision.reason)
 
-    filters: list[RequestFilter] = []
-    if method == "POST" and record.path in config.messages_policy.paths:
-        filters.append(messages_policy(config.messages_policy, config.limits.max_body_bytes))
-    # DLP sees the request with the client's credentials gone (the bottle's placeholder is an sk-ant- token)
-    # and before the real one is added.
-    filters += [set_headers(CLIENT_CREDENTIAL_HEADERS | GATE_SET_HEADERS, []),
-                data_loss(config.dlp, config.held_secrets),
-                set_headers(frozenset(), [(b"host", upstream.authority), config.credential.header(),
-                                          (b"accept-encoding", b"identity")])]
+    messages = method == "POST" and record.path in config.messages_policy.paths
     idle = config.limits.idle_timeout
-    await forward(conn, outbound(conn, request, (upstream.base_path + target).encode(), idle),
-                  lambda: pooled(ctx.api_pool), record, idle, filters,
-                  [identity_only, *reflection_scans(config.injected_secrets)])
+    await forward(conn, outbound(conn, request, (config.upstream.base_path + target).encode(), idle),
+                  lambda: Pooled(ctx.api_pool), record, idle,
+                  route.messages_filters if messages else route.filters, route.response_filters)
 
 
 def messages_policy(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:
@@ -80,12 +93,19 @@ def messages_policy(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:
     return judge
 
 
-@contextlib.asynccontextmanager
-async def pooled(pool: UpstreamPool) -> AsyncIterator[HttpConnection]:
-    """A pooled upstream connection; back to the pool after a complete exchange, else closed."""
-    with upstream_side():
-        origin = await pool.acquire()
-    try:
-        yield origin
-    finally:
-        pool.release(origin)
+class Pooled:
+    """A pooled upstream connection, for ``async with``: back to the pool after a complete exchange, else
+    reset. (A class rather than a generator-based context manager: it is entered on every API request.)"""
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self._pool = pool
+        self._origin: HttpConnection | None = None
+
+    async def __aenter__(self) -> HttpConnection:
+        with upstream_side():
+            self._origin = await self._pool.acquire()
+        return self._origin
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._origin is not None:
+            self._pool.release(self._origin)

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from claude_bottle.credentials import Credential, read_token_file
 from claude_bottle.errors import ConfigError
-from claude_bottle.gate.dlp import DlpPolicy, InvalidDlpRule
+from claude_bottle.gate.dlp import DlpMatcher, DlpPolicy, InvalidDlpRule
 from claude_bottle.gate.dlp import policy_from_flags as dlp_from_flags
 from claude_bottle.gate.routes import (
     CredentialRoute,
@@ -115,6 +115,11 @@ class GateConfig:
     def injected_secrets(self) -> tuple[str, ...]:
         """The real values the gate sends upstream: the audit redacts them, responses must not carry them."""
         return (self.credential.secret, *(value for route in self.routes for value in route.sent()))
+
+    @functools.cached_property
+    def dlp_matcher(self) -> DlpMatcher:
+        """``dlp`` and ``held_secrets``, prepared once for every request the gate scans."""
+        return self.dlp.matcher(self.held_secrets)
 
     @property
     def guard(self) -> AddressGuard:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.config import GateConfig
 from claude_bottle.gate.resolver import Resolver
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.decide import EgressPolicy
+
+if TYPE_CHECKING:
+    from claude_bottle.gate.api import ApiRoute
 
 
 class LeafIssuer(Protocol):
@@ -28,5 +31,6 @@ class GateContext:
     egress: EgressPolicy
     api_pool: UpstreamPool
     upstream_tls: ssl.SSLContext  # toward proxied hosts the gate terminates: system store + extra CAs, http/1.1
+    api_route: ApiRoute  # the API listener's filters, made once
     ca: LeafIssuer | None = None  # None: no termination, every tunnel is opaque (still under the name check)
     active_tunnels: int = 0

@@ -43,6 +43,9 @@ MIN_RULE_WIDTH = 8  # the shortest: fewer bytes would match ordinary traffic
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 _MARGIN = 16  # bytes of context kept beyond the longest match, for look-behind and look-ahead
 _B64URL = bytes.maketrans(b"+/", b"-_")
+# Up to this size a view is first searched for every literal at once (DlpMatcher): measured on Claude Code's
+# traffic, one alternation costs ~1.5 us plus ~17 ns a byte, one search per literal ~6 us plus ~6 ns a byte.
+_SMALL_VIEW = 512
 
 
 class InvalidDlpRule(ValueError):
@@ -168,9 +171,14 @@ class DlpPolicy:
         return ([arg for rule in self.extra for arg in ("--dlp-rule", f"{rule.name} {rule.pattern.pattern.decode()}")]
                 + [arg for name in sorted(self.disabled) for arg in ("--dlp-off", name)])
 
+    def matcher(self, secrets: Sequence[bytes]) -> DlpMatcher:
+        """These rules and the needles of ``secrets`` (every value the gate holds, at least 16 bytes each),
+        prepared once for every request the gate scans."""
+        return DlpMatcher(self.rules, secret_needles(secrets))
+
     def scanner(self, secrets: Sequence[bytes]) -> DlpScanner:
-        """A scanner for one request. ``secrets``: every value the gate holds (at least 16 bytes each)."""
-        return DlpScanner(self.rules, secret_needles(secrets))
+        """A scanner for one request (``matcher(secrets).scanner()``)."""
+        return self.matcher(secrets).scanner()
 
 
 def policy_from_flags(rules: Iterable[str], off: Iterable[str]) -> DlpPolicy:
@@ -223,6 +231,44 @@ def secret_needles(secrets: Sequence[bytes]) -> tuple[tuple[bytes, str], ...]:
     return tuple(needles.items())
 
 
+class DlpMatcher:
+    """Rules and needles, prepared once: what every scanner of a gate searches for.
+
+    A small view (a URL, a head, a short body) usually holds none of the literals (the needles, and the
+    anchors of the rules that have them), and then only a rule without anchors can match. For such a view
+    ``search`` first looks for every literal at once, with one regular expression, instead of one search per
+    literal and a Python call per rule; only where one occurs does it go through needles and rules one by
+    one. On a large view the alternation costs more per byte than one search per literal, so those go through
+    one by one from the start. Either way the outcome, and which needle or rule a match names, are the same.
+    """
+
+    def __init__(self, rules: Sequence[DlpRule], needles: Sequence[tuple[bytes, str]]) -> None:
+        self.rules = tuple(rules)
+        self.needles = tuple(needles)
+        literals = dict.fromkeys([n for n, _ in needles] + [a for rule in rules for a in rule.anchors])
+        self._any_literal = re.compile(b"|".join(map(re.escape, literals))) if literals else None
+        self._unanchored = tuple(rule for rule in rules if not rule.anchors)
+        longest = max([len(n) for n, _ in needles] + [rule.width for rule in rules] + [1])
+        # Escaped bytes take three times their room; the margin keeps look-behind and look-ahead context.
+        self.tail = 3 * longest + 2 * _MARGIN
+
+    def scanner(self) -> DlpScanner:
+        return DlpScanner(self)
+
+    def search(self, view: bytes, where: str, start: int, final: bool) -> None:
+        """Raise DlpMatch for the first needle, then rule, that matches ``view`` (see ``DlpRule.search``)."""
+        if len(view) > _SMALL_VIEW or (self._any_literal is not None and self._any_literal.search(view)):
+            for needle, encoding in self.needles:
+                if needle in view:
+                    raise DlpMatch(HELD_SECRET, where, encoding)
+            rules = self.rules
+        else:
+            rules = self._unanchored  # no needle, no anchor: no other rule can match
+        for rule in rules:
+            if rule.search(view, start, final):
+                raise DlpMatch(rule.name, where)
+
+
 class DlpScanner:
     """Scans one request: ``check_head`` once, then ``feed`` each body chunk in order and ``finish`` at the
     end of the body. Each raises DlpMatch on a match; after that the request must be refused, or if body
@@ -232,19 +278,16 @@ class DlpScanner:
     the next chunk or ``finish`` (which returns them). A body of any size costs ``tail`` bytes of memory.
     """
 
-    def __init__(self, rules: Sequence[DlpRule], needles: Sequence[tuple[bytes, str]]) -> None:
-        self._rules = tuple(rules)
-        self._needles = tuple(needles)
-        longest = max([len(n) for n, _ in needles] + [rule.width for rule in rules] + [1])
-        # Escaped bytes take three times their room; the margin keeps look-behind and look-ahead context.
-        self.tail = 3 * longest + 2 * _MARGIN
+    def __init__(self, matcher: DlpMatcher) -> None:
+        self._matcher = matcher
+        self.tail = matcher.tail
         self._held = b""
         self._offset = 0  # where in the body the held bytes begin
 
     def check_head(self, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
         """The request target (origin or absolute form, with its query) and every header, names included."""
         self._scan_whole(target, "URL")
-        self._scan_whole(b"".join(name + b": " + value + b"\r\n" for name, value in headers), "headers")
+        self._scan_whole(b"".join([name + b": " + value + b"\r\n" for name, value in headers]), "headers")
 
     def feed(self, chunk: bytes) -> bytes:
         if not chunk:
@@ -273,11 +316,6 @@ class DlpScanner:
 
     def _scan(self, window: bytes, where: str, start: int, final: bool) -> None:
         # An escape takes three bytes: in the decoded view the margin shrinks accordingly.
-        views = ((window, start), (unquote_to_bytes(window), start // 3)) if b"%" in window else ((window, start),)
-        for view, view_start in views:
-            for needle, encoding in self._needles:
-                if needle in view:
-                    raise DlpMatch(HELD_SECRET, where, encoding)
-            for rule in self._rules:
-                if rule.search(view, view_start, final):
-                    raise DlpMatch(rule.name, where)
+        self._matcher.search(window, where, start, final)
+        if b"%" in window:
+            self._matcher.search(unquote_to_bytes(window), where, start // 3, final)

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable
+from types import TracebackType
 from typing import TypeVar
 
-import h11
-
 from claude_bottle.gate.audit import AuditRecord
-from claude_bottle.gate.http import HttpConnection, PeerGone, ProtocolError
+from claude_bottle.gate.http import HttpConnection, LocalProtocolError, PeerGone, ProtocolError, State
 from claude_bottle.gate.resolver import ResolveError
 from claude_bottle.policy.decide import Decision
 
@@ -129,22 +128,36 @@ def _cause(exc: BaseException, kind: type[E]) -> E | None:
 _CONNECTION_ERRORS = (ProtocolError, PeerGone, TimeoutError, OSError, ResolveError)
 
 
-@contextlib.contextmanager
-def client_side() -> Iterator[None]:
+class _Side:
+    """Steps on one side's connection: what they raise becomes that side's failure. A plain class rather than
+    a generator-based context manager: it is entered several times per request on the hot path."""
+
+    __slots__ = ("_translate",)
+
+    def __init__(self, translate: Callable[[BaseException], Failure]) -> None:
+        self._translate = translate
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+                 ) -> None:
+        if exc is not None and isinstance(exc, _CONNECTION_ERRORS):
+            raise self._translate(exc) from None
+
+
+_CLIENT_SIDE = _Side(client_failure)
+_UPSTREAM_SIDE = _Side(upstream_failure)
+
+
+def client_side() -> contextlib.AbstractContextManager[None]:
     """Run steps on the client's connection: their errors become ``ClientSide``."""
-    try:
-        yield
-    except _CONNECTION_ERRORS as exc:
-        raise client_failure(exc) from None
+    return _CLIENT_SIDE
 
 
-@contextlib.contextmanager
-def upstream_side() -> Iterator[None]:
+def upstream_side() -> contextlib.AbstractContextManager[None]:
     """Run steps on the upstream's connection: their errors become ``UpstreamSide``."""
-    try:
-        yield
-    except _CONNECTION_ERRORS as exc:
-        raise upstream_failure(exc) from None
+    return _UPSTREAM_SIDE
 
 
 async def answer(conn: HttpConnection, record: AuditRecord, failure: Failure, idle_timeout: float) -> bool:
@@ -155,8 +168,8 @@ async def answer(conn: HttpConnection, record: AuditRecord, failure: Failure, id
         record.rule = failure.rule
     else:
         record.fail(failure.reason, failure.status)
-    with contextlib.suppress(*_CONNECTION_ERRORS, h11.LocalProtocolError):
-        if isinstance(failure, Refused) and not failure.close and conn.h11.our_state is h11.SEND_RESPONSE:
+    with contextlib.suppress(*_CONNECTION_ERRORS, LocalProtocolError):
+        if isinstance(failure, Refused) and not failure.close and conn.our_state is State.SEND_RESPONSE:
             await conn.refuse(failure.status, failure.reason, idle_timeout, explanation(failure))
             return True
         if failure.status:

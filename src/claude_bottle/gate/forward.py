@@ -24,11 +24,19 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import h11
-
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.failures import Refused, UpstreamSide, client_side, upstream_side
-from claude_bottle.gate.http import Headers, HttpConnection, end_to_end, header_values
+from claude_bottle.gate.http import (
+    END_OF_MESSAGE,
+    Data,
+    EndOfMessage,
+    Headers,
+    HttpConnection,
+    InformationalResponse,
+    Request,
+    Response,
+    end_to_end,
+)
 
 # Set by the gate on every forwarded request: the body's framing, and Expect, which the gate answers.
 FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding", b"expect"})
@@ -72,24 +80,23 @@ ResponseFilter = Callable[[Inbound, AuditRecord], None]
 OriginFactory = Callable[[], contextlib.AbstractAsyncContextManager[HttpConnection]]
 
 
-def outbound(conn: HttpConnection, request: h11.Request, target: bytes, idle: float) -> Outbound:
+def outbound(conn: HttpConnection, request: Request, target: bytes, idle: float) -> Outbound:
     """``request`` as it arrived, to go upstream to ``target``, its body to be read from ``conn``."""
-    length = header_values(request.headers, b"content-length")
     return Outbound(
         method=request.method,
         target=target,
-        headers=[(n, v) for n, v in end_to_end(request.headers) if n.lower() not in FRAMING_HEADERS],
+        headers=[(n, v) for n, v in end_to_end(request.headers) if n not in FRAMING_HEADERS],
         body=client_body(conn, idle),
-        length=int(length[0]) if length else None,  # h11 has checked it is one number
-        chunked=bool(header_values(request.headers, b"transfer-encoding")),
+        length=request.content_length,
+        chunked=request.chunked,
     )
 
 
 async def client_body(conn: HttpConnection, idle: float) -> AsyncIterator[bytes]:
     """The request body from the client as it arrives; ``idle`` bounds the wait for each piece."""
-    if conn.h11.they_are_waiting_for_100_continue:
+    if conn.they_are_waiting_for_100_continue:
         with client_side():
-            await conn.send(h11.InformationalResponse(status_code=100, headers=[]))
+            await conn.send(InformationalResponse(100))
     chunks = conn.body(idle)
     while True:
         with client_side():
@@ -105,9 +112,9 @@ async def upstream_body(origin: HttpConnection, idle: float) -> AsyncIterator[by
     while True:
         with upstream_side():
             event = await origin.next_event(idle)
-        if isinstance(event, h11.Data):
-            yield bytes(event.data)
-        elif isinstance(event, h11.EndOfMessage):
+        if isinstance(event, Data):
+            yield event.data
+        elif event is END_OF_MESSAGE:
             return
         else:
             raise UpstreamSide(502, "upstream closed in the middle of the response")
@@ -145,37 +152,36 @@ async def forward(
         await request_filter(request, record)
     async with open_origin() as origin:
         with upstream_side():
-            await origin.send(h11.Request(method=request.method, target=request.target,
-                                          headers=[*request.headers, *request.framing()]))
+            await origin.send(Request(request.method, request.target, [*request.headers, *request.framing()]))
         body = request.body
         if isinstance(body, bytes):
             record.bytes_up += len(body)
             with upstream_side():
-                await origin.send(h11.Data(data=body))
+                await origin.send(Data(body))
         else:
             async for chunk in body:
                 record.bytes_up += len(chunk)
                 with upstream_side():
-                    await origin.send(h11.Data(data=chunk))
+                    await origin.send(Data(chunk))
         with upstream_side():
-            await origin.send(h11.EndOfMessage())
+            await origin.send(EndOfMessage())
             event = await origin.next_event(idle)
-            while isinstance(event, h11.InformationalResponse):  # 100 Continue and the like are hop-by-hop
+            while isinstance(event, InformationalResponse):  # 100 Continue and the like are hop-by-hop
                 event = await origin.next_event(idle)
-        if not isinstance(event, h11.Response):
+        if not isinstance(event, Response):
             raise UpstreamSide(502, "upstream closed without a response")
         response = Inbound(event.status_code, end_to_end(event.headers), upstream_body(origin, idle))
         for response_filter in response_filters:
             response_filter(response, record)
         with client_side():
-            await conn.send(h11.Response(status_code=response.status, headers=response.headers))
+            await conn.send(Response(response.status, response.headers))
         record.status = response.status
         async for chunk in response.body:
             record.bytes_down += len(chunk)
             with client_side():
-                await conn.send(h11.Data(data=chunk))
+                await conn.send(Data(chunk))
         with client_side():
-            await conn.send(h11.EndOfMessage())
+            await conn.send(EndOfMessage())
 
 
 def set_headers(drop: frozenset[bytes], add: Headers) -> RequestFilter:

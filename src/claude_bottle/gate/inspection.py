@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.dlp import DlpMatch, DlpPolicy, DlpScanner
+from claude_bottle.gate.dlp import DlpMatch, DlpMatcher, DlpScanner
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, set_headers
 from claude_bottle.gate.http import header_values
@@ -36,7 +36,7 @@ from claude_bottle.policy.rules import RequestPolicy
 # A body read whole is scanned in pieces of this size, as a streamed one is: a rule's regex then runs only
 # over the pieces where one of its anchors occurs, not over the whole body (2x faster on Messages bodies).
 SCAN_PIECE = 64 * 1024
-# Every way a client can present a credential. Names arrive lower-cased from h11, once per occurrence.
+# Every way a client can present a credential. Names arrive lower-cased from gate/http.py, once per occurrence.
 CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie",
                                        b"private-token", b"x-auth-token"})
 
@@ -46,7 +46,7 @@ def inspected(target: Target, ctx: GateContext) -> list[RequestFilter]:
     to ``target``, after its own header rewriting: the rules, then DLP over what goes upstream; for a host
     a credential route binds, the client's credentials removed first and the route's added last."""
     config = ctx.config
-    judged = [request_rules(config.request_policy, target), data_loss(config.dlp, config.held_secrets)]
+    judged = [request_rules(config.request_policy, target), data_loss(config.dlp_matcher)]
     route = route_for(config.routes, target)
     if route is None:
         return judged
@@ -122,12 +122,12 @@ def request_rules(policy: RequestPolicy, target: Target) -> RequestFilter:
     return judge
 
 
-def data_loss(policy: DlpPolicy, secrets: Sequence[bytes]) -> RequestFilter:
-    """Refuse a request that carries one of ``secrets`` (the values the gate holds) or a credential a DLP
-    rule matches, in its target, headers or body."""
+def data_loss(matcher: DlpMatcher) -> RequestFilter:
+    """Refuse a request that carries a value the gate holds or a credential a DLP rule matches (``matcher``:
+    the gate's, ``GateConfig.dlp_matcher``), in its target, headers or body."""
 
     async def scan(request: Outbound, record: AuditRecord) -> None:
-        scanner = policy.scanner(secrets)
+        scanner = matcher.scanner()
         try:
             scanner.check_head(request.target, request.headers)
             if isinstance(request.body, bytes):

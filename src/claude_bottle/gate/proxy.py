@@ -19,20 +19,18 @@ import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
-import h11
-
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.ca import HostNotPermitted
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import forward, outbound, set_headers
-from claude_bottle.gate.http import READ_SIZE, HttpConnection, ProtocolError, header_values
+from claude_bottle.gate.http import READ_SIZE, HttpConnection, ProtocolError, Request, Response, State, header_values
 from claude_bottle.gate.inspection import answered, inspected
 from claude_bottle.gate.routes import route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
-from claude_bottle.gate.upstream import dial
+from claude_bottle.gate.upstream import dial, dial_http
 from claude_bottle.policy.addresses import IPAddress
 from claude_bottle.policy.decide import Decision, decide_server_name
 from claude_bottle.policy.hosts import (
@@ -79,12 +77,12 @@ def parse_host_header(authority: str, what: str) -> Target:
     return Target(name, parse_port(port, "target") if port else 80, ip)
 
 
-def check_host_header(request: h11.Request, target: Target) -> None:
+def check_host_header(request: Request, target: Target) -> None:
     """A plain-HTTP request's Host header must name the URL's authority (HTTP/1.0 may leave it out): the
     gate decides on the URL, and a different Host would reach another site behind the same address."""
     hosts = header_values(request.headers, b"host")
     if not hosts:
-        return  # h11 requires Host on HTTP/1.1; the gate sends the URL's authority as Host
+        return  # HTTP/1.1 requires Host (gate/http.py); the gate sends the URL's authority as Host
     if len(hosts) > 1:
         raise ProtocolError("more than one Host header")
     try:
@@ -95,7 +93,7 @@ def check_host_header(request: h11.Request, target: Target) -> None:
         raise ProtocolError(f"Host header {named} does not match the URL's host {target}")
 
 
-def check_connect_framing(request: h11.Request) -> None:
+def check_connect_framing(request: Request) -> None:
     """A CONNECT carries no body: bytes after its head belong to the tunnel. One that declares a body is
     ambiguous (a body to one reader, tunnel bytes to another), so it is refused."""
     lengths = header_values(request.headers, b"content-length")
@@ -122,7 +120,7 @@ async def vetted_addresses(target: Target, record: AuditRecord, ctx: GateContext
     return [address for address, _ in allowed]
 
 
-async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: AuditRecord, ctx: GateContext) -> None:
+async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext) -> None:
     limits = ctx.config.limits
     method = request.method.decode("ascii")
     try:
@@ -153,17 +151,16 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
         addresses = await vetted_addresses(target, record, ctx)
         if method == "CONNECT":
             client_tls = terminating(target, ctx, record)
-            with upstream_side():
-                if client_tls is None:
+            if client_tls is None:
+                with upstream_side():
                     upstream = await dial(addresses, target.port, limits.connect_timeout)
-                else:
-                    upstream = await dial(addresses, target.port, limits.connect_timeout, ctx.upstream_tls,
-                                          target.host)
-            origin = None
-            if client_tls is not None:
-                origin = KeptOrigin(addresses, target, ctx.upstream_tls, limits.connect_timeout,
-                                    HttpConnection(*upstream, client=True))
-            await _tunnel(conn, target, upstream, record, ctx, origin, client_tls)
+                await _tunnel(conn, target, record, ctx, upstream=upstream)
+            else:
+                with upstream_side():
+                    kept = await dial_http(addresses, target.port, limits.connect_timeout, ctx.upstream_tls,
+                                           target.host)
+                origin = KeptOrigin(addresses, target, ctx.upstream_tls, limits.connect_timeout, kept)
+                await _tunnel(conn, target, record, ctx, origin=origin, client_tls=client_tls)
         else:
             record.path = path.split("?", 1)[0]
             request_filters = [set_headers(frozenset({b"host"}), [(b"host", authority(target, 80).encode()),
@@ -179,12 +176,11 @@ async def proxy_exchange(conn: HttpConnection, request: h11.Request, record: Aud
 @contextlib.asynccontextmanager
 async def dialled(addresses: list[IPAddress], target: Target, timeout: float) -> AsyncIterator[HttpConnection]:
     """A fresh connection to one of the vetted ``addresses``, for one request."""
-    reader, writer = await dial(addresses, target.port, timeout)
-    origin = HttpConnection(reader, writer, client=True)
+    origin = await dial_http(addresses, target.port, timeout)
     try:
         yield origin
     finally:
-        if origin.h11.our_state is h11.DONE:
+        if origin.our_state is State.DONE:
             await origin.close()
         else:
             origin.abort()  # a request cut short (refused mid-body): reset, so it never completes upstream
@@ -251,22 +247,22 @@ async def first_flight(reader: asyncio.StreamReader, early: bytes, target: Targe
 async def _tunnel(
     conn: HttpConnection,
     target: Target,
-    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     record: AuditRecord,
     ctx: GateContext,
+    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None,
     origin: KeptOrigin | None = None,
     client_tls: ssl.SSLContext | None = None,
 ) -> None:
-    """Answer 200, check the first flight, then relay bytes, or with ``client_tls`` terminate TLS and serve
-    the requests to ``origin`` (``upstream``, already connected with TLS)."""
+    """Answer 200, check the first flight, then relay bytes to ``upstream``, or with ``client_tls`` terminate
+    TLS and serve the requests to ``origin`` (already connected with TLS)."""
     try:
-        await conn.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
+        await conn.send(Response(200, [], b"Connection established"))
         record.status = 200
-        early, _ = conn.h11.trailing_data
+        early = conn.trailing_data
         if ctx.egress.raw_allowed(target):
             record.reason += "; raw TCP allowed"
         else:
-            early, verdict = await first_flight(conn.reader, bytes(early), target,
+            early, verdict = await first_flight(conn.tunnel_reader, bytes(early), target,
                                                 ctx.config.limits.first_flight_timeout)
             if not verdict.allow:
                 record.deny(f"{record.reason}; then refused: {verdict.reason}", 200)  # nothing went upstream
@@ -276,12 +272,14 @@ async def _tunnel(
         if origin is not None and client_tls is not None:
             await terminate(conn, early, target, origin, record, ctx, client_tls)
             return
+        assert upstream is not None  # an opaque tunnel has its upstream streams
         traffic = Traffic()
         if early:
             upstream[1].write(early)
             traffic.up += len(early)
         try:
-            await relay((conn.reader, conn.writer), upstream, traffic, ctx.config.limits.idle_timeout)
+            await relay((conn.tunnel_reader, conn.transport), (upstream[0], upstream[1].transport), traffic,
+                        ctx.config.limits.idle_timeout)
         except TunnelIdle:
             record.reason += "; closed idle tunnel"
         except OSError:
@@ -289,4 +287,7 @@ async def _tunnel(
         finally:
             record.bytes_up, record.bytes_down = traffic.up, traffic.down
     finally:
-        upstream[1].close()
+        if upstream is not None:
+            upstream[1].close()
+        if origin is not None:
+            await origin.aclose()

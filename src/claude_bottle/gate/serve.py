@@ -6,14 +6,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 
-import h11
-
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Failure, answer, client_side
-from claude_bottle.gate.http import HttpConnection, PeerGone, ProtocolError
+from claude_bottle.gate.http import HttpConnection, LocalProtocolError, PeerGone, ProtocolError, Request
 
-Exchange = Callable[[HttpConnection, h11.Request, AuditRecord, GateContext], Awaitable[None]]
+Exchange = Callable[[HttpConnection, Request, AuditRecord, GateContext], Awaitable[None]]
 
 
 async def serve_requests(conn: HttpConnection, listener: str, exchange: Exchange, ctx: GateContext,
@@ -29,7 +27,7 @@ async def serve_requests(conn: HttpConnection, listener: str, exchange: Exchange
             record = AuditRecord(listener, conn.peer, "-", "-")
             record.deny(f"malformed request: {exc}", exc.status)
             ctx.audit.write(record)
-            with contextlib.suppress(PeerGone, h11.LocalProtocolError):
+            with contextlib.suppress(PeerGone, LocalProtocolError):
                 await conn.fail(exc.status, record.reason)
             return
         except TimeoutError:
@@ -54,7 +52,7 @@ async def serve_requests(conn: HttpConnection, listener: str, exchange: Exchange
                 return
         except Exception as exc:  # a fault of the gate's own: still one audit line with a reason, then 500
             record.fail(f"gate error: {type(exc).__name__}: {exc}", 500)
-            with contextlib.suppress(PeerGone, h11.LocalProtocolError, OSError):
+            with contextlib.suppress(PeerGone, LocalProtocolError, OSError):
                 await conn.fail(500, "internal gate error")
             return
         finally:

@@ -16,25 +16,24 @@ import resource
 import signal
 import sys
 import time
-from asyncio import sslproto
 from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
-import h11
+import uvloop
 
 from claude_bottle.errors import ConfigError, GateError
 from claude_bottle.gate import control
-from claude_bottle.gate.api import api_exchange
+from claude_bottle.gate.api import ApiRoute, api_exchange
 from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.config import Endpoint, GateConfig
 from claude_bottle.gate.context import GateContext, LeafIssuer
-from claude_bottle.gate.http import HttpConnection
+from claude_bottle.gate.http import HttpConnection, State, serve_http
 from claude_bottle.gate.proxy import proxy_exchange
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
 from claude_bottle.gate.serve import serve_requests
-from claude_bottle.gate.upstream import STREAM_LIMIT, UpstreamPool
+from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
 from claude_bottle.policy.decide import EgressPolicy
 
@@ -79,13 +78,14 @@ class Gate:
             api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
                                   limits.connect_timeout),
             upstream_tls=self.config.ssl_context(),
+            api_route=ApiRoute.of(self.config),
             ca=self.ca,
         )
         try:
             for endpoint, listener in ((self.config.api_listen, "api"), (self.config.proxy_listen, "proxy")):
-                server = await asyncio.start_server(
-                    lambda r, w, name=listener: self._accept(name, r, w),  # type: ignore[misc]
-                    endpoint.host, endpoint.port, limit=STREAM_LIMIT,
+                server = await serve_http(
+                    lambda conn, name=listener: self._accept(name, conn),  # type: ignore[misc]
+                    endpoint.host, endpoint.port, max_header_bytes=limits.max_header_bytes,
                 )
                 self._servers.append(server)
         except OSError as exc:
@@ -157,10 +157,9 @@ class Gate:
         endpoints.update(self._upstream_endpoints)
         self._ctx.egress = dataclasses.replace(self._ctx.egress, protected_endpoints=frozenset(endpoints))
 
-    async def _accept(self, listener: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, listener: str, conn: HttpConnection) -> None:
         task = asyncio.current_task()
         assert task is not None and self._ctx is not None
-        conn = HttpConnection(reader, writer, max_header_bytes=self.config.limits.max_header_bytes)
         limit = self.config.limits.max_connections
         if self._open[listener] >= limit:
             record = AuditRecord(listener, conn.peer, "-", "-")
@@ -182,7 +181,7 @@ class Gate:
             self._open[listener] -= 1
             self._connections.pop(task, None)
             self._busy.discard(conn)
-            if conn.h11.our_state is h11.SEND_BODY:
+            if conn.our_state is State.SEND_BODY:
                 conn.abort()  # a response cut short must not look complete
             else:
                 await conn.close()
@@ -219,27 +218,22 @@ def raise_open_files_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-# asyncio gives each TLS connection a 256 KiB receive buffer, filled on allocation: two per terminated
-# tunnel (client and upstream) made 256 tunnels cost 130 MB. A TLS record is at most 16 KiB, so 64 KiB
-# still takes several per read: benchmarks/inspection_bench.py measured no throughput lost.
-TLS_READ_BUFFER = 64 * 1024
-
-
-def shrink_tls_read_buffers() -> None:
-    """Use TLS_READ_BUFFER for every TLS connection this process makes from now on. Process-wide, as the
-    gate is its own process; a Python without the attribute keeps its default."""
-    if hasattr(sslproto.SSLProtocol, "max_size"):
-        sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
+def serve(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] | None = None,
+          ca_cert_out: Path | None = None) -> None:
+    """``run`` the gate on its event loop, uvloop's: the one place the gate's loop is chosen. libuv's loop
+    and transports cost less CPU than asyncio's pure-Python ones on every request and SSE event, and its TLS
+    protocol allocates its read buffer without filling it, so an idle terminated tunnel holds little memory."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run(config, audit, announce=announce, ca_cert_out=ca_cert_out))
 
 
 async def run(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] | None = None,
               ca_cert_out: Path | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate``.
+    """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate`` (through ``serve``).
 
     At start it announces its CA's certificate (``RunCA.announcement``), then the line saying where it
     listens; with ``ca_cert_out`` it first writes the certificate there (a ConfigError if it cannot)."""
     raise_open_files_limit()
-    shrink_tls_read_buffers()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -25,17 +25,15 @@ import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import h11
-
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import forward, outbound, set_headers
-from claude_bottle.gate.http import HttpConnection, header_values
+from claude_bottle.gate.http import HttpConnection, Request, State, header_values
 from claude_bottle.gate.inspection import answered, inspected
 from claude_bottle.gate.serve import Exchange, serve_requests
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
-from claude_bottle.gate.upstream import STREAM_LIMIT, dial
+from claude_bottle.gate.upstream import STREAM_LIMIT, dial_http
 from claude_bottle.policy.addresses import IPAddress
 from claude_bottle.policy.hosts import InvalidHost, Target, normalize_host, parse_port, split_host_port
 
@@ -49,9 +47,9 @@ def authority(target: Target, default_port: int) -> str:
     return host if target.port == default_port else f"{host}:{target.port}"
 
 
-def host_problem(request: h11.Request, target: Target) -> str | None:
+def host_problem(request: Request, target: Target) -> str | None:
     """Why a request inside the tunnel to ``target`` names another site, or None. Origin form only; the
-    Host header (required: h11 enforces it on HTTP/1.1) must name the tunnel's host and port (443 if none)."""
+    Host header (required on HTTP/1.1: gate/http.py enforces it) must name the tunnel's host and port (443 if none)."""
     if not request.target.startswith(b"/"):
         return "requests inside a tunnel must use an origin-form target (/path)"
     hosts = header_values(request.headers, b"host")
@@ -81,11 +79,10 @@ class KeptOrigin:
 
     @contextlib.asynccontextmanager
     async def use(self) -> AsyncIterator[HttpConnection]:
-        if self.conn is not None and (self.conn.reader.at_eof() or self.conn.writer.is_closing()):
+        if self.conn is not None and not self.conn.usable:
             await self.aclose()
         if self.conn is None:
-            reader, writer = await dial(self.addresses, self.target.port, self.timeout, self.tls, self.target.host)
-            self.conn = HttpConnection(reader, writer, client=True)
+            self.conn = await dial_http(self.addresses, self.target.port, self.timeout, self.tls, self.target.host)
         try:
             yield self.conn
         finally:
@@ -113,24 +110,22 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
         traffic.up += len(early)
 
     async def serve_tls() -> None:
-        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
-        protocol = asyncio.StreamReaderProtocol(reader)
+        tls_conn = HttpConnection(max_header_bytes=limits.max_header_bytes)
         try:
-            transport, _ = await loop.connect_accepted_socket(
-                lambda: protocol, inner, ssl=client_tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+            # (uvloop returns its TLS protocol here, not the one made for the connection: hence tls_conn.)
+            transport, _ = await loop.connect_accepted_socket(lambda: tls_conn, inner, ssl=client_tls,
+                                                              ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, TimeoutError) as exc:
             record.fail(f"TLS handshake with the client failed: {_tls_reason(exc)}", 200)
             inner.close()
             return
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        tls_conn = HttpConnection(reader, writer, max_header_bytes=limits.max_header_bytes)
         tls_conn.peer = conn.peer
         exchange = _exchange(target, origin, record.would_deny)
         try:
             await serve_requests(tls_conn, "proxy", exchange, ctx)
         finally:
             await origin.aclose()
-            if tls_conn.h11.our_state is h11.SEND_BODY:
+            if tls_conn.our_state is State.SEND_BODY:
                 tls_conn.abort()
             else:
                 # Abort only a close that did not finish: a closed transport has let its TLS protocol go, and
@@ -147,7 +142,8 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
 
     async def carry() -> None:
         try:
-            await relay((conn.reader, conn.writer), (pair_reader, pair_writer), traffic, backstop)
+            await relay((conn.tunnel_reader, conn.transport), (pair_reader, pair_writer.transport), traffic,
+                        backstop)
         except TunnelIdle:
             record.reason += "; closed idle tunnel"
         except OSError:
@@ -173,7 +169,7 @@ def _exchange(target: Target, origin: KeptOrigin, learned: bool = False) -> Exch
     """The exchange for each request inside the tunnel: the Host check, then the forward path. ``learned``:
     the tunnel passed by learn mode only, and so does each request in it (audited as would_deny)."""
 
-    async def exchange(conn: HttpConnection, request: h11.Request, record: AuditRecord, ctx: GateContext) -> None:
+    async def exchange(conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext) -> None:
         idle = ctx.config.limits.idle_timeout
         record.target = str(target)
         record.path = request.target.split(b"?", 1)[0].decode("ascii", "replace")

@@ -75,15 +75,17 @@ class _Side(asyncio.BufferedProtocol):
         return _scratch.view
 
     def buffer_updated(self, nbytes: int) -> None:
+        # The buffer is reused only while no transport holds a view of it. A transport keeps what it cannot
+        # send at once, and may keep it as a view rather than a copy (asyncio from 3.12, and uvloop, which
+        # hands the view to libuv's queue); either way it counts those bytes in get_write_buffer_size().
         view = _scratch.view
         assert view is not None  # get_buffer() just returned it
         if self.peer.transport.get_write_buffer_size():
-            # Behind a queue write() only appends, and may append a view of the buffer rather than a copy
-            # (3.12+ does): hand it a copy of just these bytes, so the buffer stays free for the next read
-            # and a slow peer pins no more memory than what it has not taken yet.
+            # Behind a queue write() only appends: hand it a copy of just these bytes, so the buffer stays
+            # free for the next read and a slow peer pins no more memory than what it has not taken yet.
             self.forward(bytes(view[:nbytes]))
         elif self.forward(view[:nbytes]):
-            # Sent at once, but not all of it, and the rest may be queued as a view of the buffer: leave the
+            # Sent at once, but not all of it: the rest is queued, maybe as a view of the buffer. Leave the
             # buffer to the transport; the next read gets a new one.
             _scratch.view = None
 
@@ -135,24 +137,18 @@ class _Side(asyncio.BufferedProtocol):
         self.peer.release()
 
 
-def _transport(writer: asyncio.StreamWriter) -> asyncio.Transport:
-    transport = writer.transport
-    if not isinstance(transport, asyncio.Transport):
-        raise TypeError(f"cannot relay over {type(transport).__name__}")
-    return transport
+# One side of a tunnel: a reader holding what that side's transport received before the relay, and the
+# transport (whatever its class: uvloop's do not derive from asyncio.Transport, and a check for that failed
+# every tunnel there; the relay needs only the transport methods both loops have).
+End = tuple[asyncio.StreamReader, asyncio.BaseTransport]
 
 
-async def relay(
-    client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    traffic: Traffic,
-    idle_timeout: float,
-) -> None:
+async def relay(client: End, upstream: End, traffic: Traffic, idle_timeout: float) -> None:
     """Run until both directions reach EOF. A reset or idle timeout on either side ends both (TunnelIdle
-    for the timeout). Both transports are closed on the way out; the streams are not usable afterwards."""
+    for the timeout). Both transports are closed on the way out; the readers are not usable afterwards."""
     outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    up = _Side(_transport(client[1]), traffic, True, outcome)
-    down = _Side(_transport(upstream[1]), traffic, False, outcome)
+    up = _Side(client[1], traffic, True, outcome)  # type: ignore[arg-type]
+    down = _Side(upstream[1], traffic, False, outcome)  # type: ignore[arg-type]
     up.peer, down.peer = down, up
     try:
         up.install()

@@ -39,7 +39,8 @@ HOST_CA_DIRS = ("/usr/local/share/ca-certificates", "/etc/pki/ca-trust/source/an
                 "/etc/ca-certificates/trust-source/anchors", "/usr/share/pki/trust/anchors")
 PEM_MARK = b"-----BEGIN CERTIFICATE-----"
 # What the gate imports, pinned with what cryptography needs, so the image tag follows every version.
-GATE_REQUIREMENTS = ("click", "h11", "idna", "publicsuffixlist", "cryptography", "cffi", "pycparser")
+GATE_REQUIREMENTS = ("click", "httptools", "idna", "publicsuffixlist", "uvloop", "cryptography", "cffi",
+                     "pycparser")
 
 Progress = Callable[[str], None]
 

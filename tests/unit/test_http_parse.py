@@ -1,0 +1,297 @@
+"""gate/http.py's reading and framing on llhttp: what the gate adds to the parser, byte by byte."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from claude_bottle.gate.http import (
+    ConnectionClosed,
+    Data,
+    EndOfMessage,
+    HttpConnection,
+    LocalProtocolError,
+    ProtocolError,
+    Request,
+    Response,
+    State,
+)
+
+
+class Writer:
+    """What HttpConnection uses of its transport, recording each write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+
+def connection(*data: bytes, client: bool = False, max_header_bytes: int = 32 * 1024
+               ) -> tuple[HttpConnection, Writer]:
+    writer = Writer()
+    conn = HttpConnection(client=client, max_header_bytes=max_header_bytes)
+    conn.connection_made(writer)  # type: ignore[arg-type]
+    for piece in data:
+        conn.receive_data(piece)
+    return conn, writer
+
+
+async def events(conn: HttpConnection, n: int) -> list[object]:
+    return [await conn.next_event() for _ in range(n)]
+
+
+async def test_a_request_arrives_with_lower_case_names_trimmed_values_and_its_framing() -> None:
+    conn, _ = connection(b"POST /v1/messages?beta=true HTTP/1.1\r\nHost: g\r\nX-Thing:  a b \t\r\n"
+                         b"Content-Length: 2\r\nExpect: 100-continue\r\n\r\n{}")
+    request, data, end = await events(conn, 3)
+    assert isinstance(request, Request)
+    assert (request.method, request.target, request.http_version) == (b"POST", b"/v1/messages?beta=true", b"1.1")
+    assert request.headers == [(b"host", b"g"), (b"x-thing", b"a b"), (b"content-length", b"2"),
+                               (b"expect", b"100-continue")]
+    assert (request.content_length, request.chunked, request.keep_alive) == (2, False, True)
+    assert request.expects_continue and conn.they_are_waiting_for_100_continue is False  # the body came
+    assert data == Data(b"{}") and isinstance(end, EndOfMessage)
+
+
+@pytest.mark.parametrize(("data", "status", "words"), [
+    (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/2.0 is not supported"),
+    (b"GET / HTTP/0.9\r\n\r\n", 505, "HTTP/0.9"),
+    (b"GET / HTTP/1.2\r\nHost: x\r\n\r\n", 505, "HTTP/1.2"),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, "chunked"),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "chunked"),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx", 400, "Content-Length"),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\nConnection: upgrade\r\nContent-Length: 5\r\n\r\nhello", 400,
+     "upgrade"),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX: a\x01b\r\n\r\n", 400, "header value"),
+    (b"GET / HTTP/1.1\r\nHost : x\r\n\r\n", 400, "header token"),
+    (b"GET /\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n", 400, "url"),
+    (b"GET / HTTP/1.1\r\n\r\n", 400, "Host"),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close, Host\r\n\r\n", 400, "names host"),
+])
+async def test_what_the_gate_refuses_beyond_llhttp_and_in_its_own_words(data: bytes, status: int, words: str) -> None:
+    conn, _ = connection(data)
+    with pytest.raises(ProtocolError) as refused:
+        await conn.next_event()
+    assert refused.value.status == status and words in str(refused.value)
+    with pytest.raises(ProtocolError):  # and it stays refused
+        await conn.next_event()
+
+
+async def test_a_head_over_the_limit_is_431_whole_or_trickled_in() -> None:
+    big = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2000 + b"\r\n\r\n"
+    for pieces in ([big], [big[i : i + 100] for i in range(0, len(big), 100)]):
+        conn, _ = connection(*pieces, max_header_bytes=1024)
+        with pytest.raises(ProtocolError) as refused:
+            await conn.next_event()
+        assert refused.value.status == 431
+
+
+async def test_a_large_body_before_a_pipelined_head_does_not_count_against_the_head() -> None:
+    body = b"x" * 5000
+    conn, _ = connection(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + body + b"GET /next HT",
+                         b"TP/1.1\r\nHost: x\r\n\r\n", max_header_bytes=1024)
+    first, data, end = await events(conn, 3)
+    assert isinstance(first, Request) and data == Data(body) and isinstance(end, EndOfMessage)
+    await conn.send(Response(204, []))
+    await conn.send(EndOfMessage())
+    assert conn.can_reuse()
+    second = await conn.next_event()
+    assert isinstance(second, Request) and second.target == b"/next"
+
+
+async def test_an_error_in_a_pipelined_request_waits_behind_the_one_before_it() -> None:
+    conn, _ = connection(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\nHost: x\n\n")
+    first, end = await events(conn, 2)
+    assert isinstance(first, Request) and first.target == b"/a" and isinstance(end, EndOfMessage)
+    await conn.send(Response(204, []))
+    await conn.send(EndOfMessage())
+    assert conn.can_reuse()
+    with pytest.raises(ProtocolError, match="bare LF"):
+        await conn.next_event()
+
+
+async def test_an_upgrade_request_without_a_body_is_an_ordinary_request_and_what_follows_is_read() -> None:
+    conn, _ = connection(b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+                         b"HTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+    first, end = await events(conn, 2)
+    assert isinstance(first, Request) and first.target == b"/a" and isinstance(end, EndOfMessage)
+    await conn.send(Response(204, []))
+    await conn.send(EndOfMessage())
+    assert conn.can_reuse()
+    second = await conn.next_event()
+    assert isinstance(second, Request) and second.target == b"/b"
+
+
+async def test_the_bytes_after_a_connect_are_the_tunnels_or_after_a_refusal_the_next_request() -> None:
+    conn, writer = connection(b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n\x16\x03\x01")
+    assert isinstance(await conn.next_event(), Request)
+    await conn.send(Response(200, [], b"Connection established"))
+    assert conn.our_state is State.SWITCHED and conn.trailing_data == b"\x16\x03\x01"
+    assert writer.writes == [b"HTTP/1.1 200 Connection established\r\n\r\n"]
+
+    conn, _ = connection(b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\nGET / HTTP/1.1\r\nHost: g\r\n\r\n")
+    assert isinstance(await conn.next_event(), Request)
+    assert isinstance(await conn.next_event(), EndOfMessage)
+    await conn.send_simple(403, "refused")
+    assert conn.can_reuse()
+    after = await conn.next_event()
+    assert isinstance(after, Request) and after.method == b"GET"
+
+
+async def test_a_chunked_bodys_trailers_are_dropped_and_do_not_reach_the_next_head() -> None:
+    conn, _ = connection(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n"
+                         b"X-Trailer: 1\r\n\r\nGET / HTTP/1.1\r\nHost: y\r\n\r\n")
+    request, data, end = await events(conn, 3)
+    assert isinstance(request, Request) and request.chunked and data == Data(b"ab") and isinstance(end, EndOfMessage)
+    await conn.send(Response(204, []))
+    await conn.send(EndOfMessage())
+    assert conn.can_reuse()
+    after = await conn.next_event()
+    assert isinstance(after, Request) and after.headers == [(b"host", b"y")]
+
+
+async def test_http_1_0_gets_a_body_ended_by_the_close_and_no_keep_alive() -> None:
+    conn, writer = connection(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    request = await conn.next_event()
+    assert isinstance(request, Request) and not request.keep_alive
+    await conn.next_event()
+    await conn.send(Response(200, [(b"content-type", b"text/plain")]))
+    await conn.send(Data(b"hello"))
+    await conn.send(EndOfMessage())
+    assert writer.writes == [b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\nhello"]
+    assert not conn.can_reuse()
+
+
+async def test_a_response_of_unknown_length_goes_chunked_to_http_1_1_and_head_gets_no_body() -> None:
+    conn, writer = connection(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await events(conn, 2)
+    await conn.send(Response(200, []))
+    await conn.send(Data(b"abc"))
+    await conn.send(EndOfMessage())
+    assert writer.writes == [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"]
+    conn, writer = connection(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await events(conn, 2)
+    await conn.send(Response(200, [(b"content-length", b"10")]))
+    with pytest.raises(LocalProtocolError):
+        await conn.send(Data(b"x"))
+
+
+async def test_a_body_must_match_its_length_and_a_header_cannot_break_the_head() -> None:
+    conn, _ = connection(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await events(conn, 2)
+    await conn.send(Response(200, [(b"content-length", b"2")]))
+    with pytest.raises(LocalProtocolError, match="more body"):
+        await conn.send(Data(b"abc"))
+    conn, _ = connection(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await events(conn, 2)
+    with pytest.raises(LocalProtocolError, match="line break"):
+        await conn.send(Response(200, [(b"x-injected", b"a\r\nset-cookie: b")]))
+
+
+async def test_the_upstream_side_frames_requests_and_reads_responses() -> None:
+    conn, writer = connection(client=True)
+    await conn.send(Request(b"POST", b"/v1/messages", [(b"host", b"u"), (b"transfer-encoding", b"chunked")]))
+    await conn.send(Data(b"{}"))
+    await conn.send(EndOfMessage())
+    assert writer.writes == [b"POST /v1/messages HTTP/1.1\r\nhost: u\r\ntransfer-encoding: chunked\r\n\r\n"
+                             b"2\r\n{}\r\n0\r\n\r\n"]
+    conn.receive_data(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    interim, response, data, end = await events(conn, 4)
+    assert type(interim).__name__ == "InformationalResponse"
+    assert isinstance(response, Response) and response.status_code == 200 and data == Data(b"ok")
+    assert isinstance(end, EndOfMessage) and conn.can_reuse()
+
+
+async def test_a_response_to_head_has_no_body_and_its_connection_is_not_reused() -> None:
+    conn, _ = connection(client=True)
+    await conn.send(Request(b"HEAD", b"/", [(b"host", b"u")]))
+    await conn.send(EndOfMessage())
+    conn.receive_data(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+    response, end = await events(conn, 2)
+    assert isinstance(response, Response) and isinstance(end, EndOfMessage)
+    assert not conn.can_reuse()
+
+
+async def test_a_response_ended_by_the_close_is_complete_at_the_close_and_not_reused() -> None:
+    conn, _ = connection(client=True)
+    await conn.send(Request(b"GET", b"/", [(b"host", b"u")]))
+    await conn.send(EndOfMessage())
+    conn.receive_data(b"HTTP/1.1 200 OK\r\n\r\nall of it")
+    conn.receive_data(b"")
+    response, data, end, closed = await events(conn, 4)
+    assert isinstance(response, Response) and data == Data(b"all of it")
+    assert isinstance(end, EndOfMessage) and isinstance(closed, ConnectionClosed)
+    assert not conn.can_reuse()
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n", "switched protocols"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx", "chunked"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n", "both"),
+    (b"HTTP/1.1 200 OK\r\nContent-Le", "middle of a message head"),
+])
+async def test_what_an_upstream_may_not_answer(data: bytes, words: str) -> None:
+    conn, _ = connection(client=True)
+    await conn.send(Request(b"GET", b"/", [(b"host", b"u")]))
+    await conn.send(EndOfMessage())
+    conn.receive_data(data)
+    conn.receive_data(b"")
+    with pytest.raises(ProtocolError, match=words):
+        while True:
+            await conn.next_event()
+
+
+async def test_a_body_cut_short_ends_in_the_close_for_the_caller_to_judge() -> None:
+    conn, _ = connection(client=True)
+    await conn.send(Request(b"GET", b"/", [(b"host", b"u")]))
+    await conn.send(EndOfMessage())
+    conn.receive_data(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nok")
+    conn.receive_data(b"")
+    response, data, closed = await events(conn, 3)
+    assert isinstance(response, Response) and data == Data(b"ok") and isinstance(closed, ConnectionClosed)
+    with pytest.raises(Exception, match="middle of a body"):
+        async for _ in conn.body(None):
+            pass
+
+
+async def test_reading_pauses_past_the_high_water_mark_and_resumes_when_the_reader_waits() -> None:
+    """A client sending faster than the gate takes its events (pipelining, or a body the upstream is slow to
+    take) is stopped at the socket, not buffered without bound."""
+
+    class Transport(Writer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.paused = False
+
+        def pause_reading(self) -> None:
+            self.paused = True
+
+        def resume_reading(self) -> None:
+            self.paused = False
+
+    transport = Transport()
+    conn = HttpConnection()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    chunk = b"x" * 65536
+    conn.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(5):
+        conn.data_received(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+    assert transport.paused
+    assert isinstance(await conn.next_event(), Request)
+    for _ in range(5):
+        assert await conn.next_event() == Data(chunk)
+    assert transport.paused  # taken, but nobody waits for more yet
+    waiting = asyncio.ensure_future(conn.next_event(1))
+    await asyncio.sleep(0)
+    assert not transport.paused
+    conn.data_received(b"0\r\n\r\n")
+    assert isinstance(await waiting, EndOfMessage)
