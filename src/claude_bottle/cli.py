@@ -123,7 +123,6 @@ def gate(
     credentials are stripped and the real one is added toward the upstream. The gate makes a CA of its own
     at start, limited to the allowed hosts; it prints the CA's certificate (and --ca-cert-out writes it).
     """
-    import asyncio
     from pathlib import Path
 
     from claude_bottle.gate import config as gc
