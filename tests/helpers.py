@@ -27,6 +27,26 @@ def tar_archive(files: dict[str, bytes], uid: int = 0, gid: int = 0, mode: int =
     return buffer.getvalue()
 
 
+class RecordingTransport:
+    """What gate/http.py's HttpConnection uses of its transport, recording each write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
 def make_token(kind: str = "oat") -> str:
     return f"sk-ant-{kind}01-" + secrets.token_urlsafe(60)
 

@@ -169,6 +169,19 @@ def bottle_against(client: docker.DockerClient, upstream: Upstream, name: str, a
     assert leftovers(client, name) == []
 
 
+def podman_client(socket: str, name: str, setup: str) -> docker.DockerClient:
+    """A client of ``name`` (a Podman service) at ``socket``; without it the test is skipped visibly (``setup``
+    says what starts it), and under CI (CI=true) it fails."""
+    try:
+        client = docker.DockerClient(base_url=socket, timeout=120)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"no {name} service at {socket}: {exc}")
+        pytest.skip(f"no {name} service at {socket} ({setup} starts one): {exc}")
+    return client
+
+
 def gate_audit(run: Run) -> list[dict[str, Any]]:
     """The audit lines the run's gate has written so far."""
     assert run.gate is not None

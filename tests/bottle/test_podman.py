@@ -21,7 +21,7 @@ from claude_bottle.errors import DockerError
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.runtime import engine
-from tests.bottle.conftest import write_agent
+from tests.bottle.conftest import podman_client, write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
 CLI = [sys.executable, "-m", "claude_bottle"]
@@ -30,13 +30,7 @@ SOCKET = os.environ.get("CLAUDE_BOTTLE_TEST_PODMAN", "unix:///run/podman/podman.
 
 @pytest.fixture(scope="module")
 def podman() -> Iterator[docker.DockerClient]:
-    try:
-        client = docker.DockerClient(base_url=SOCKET, timeout=120)
-        client.ping()
-    except docker.errors.DockerException as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"no Podman service at {SOCKET}: {exc}")
-        pytest.skip(f"no Podman service at {SOCKET} (scripts/podman starts one): {exc}")
+    client = podman_client(SOCKET, "Podman", "scripts/podman")
     yield client
     client.close()
 

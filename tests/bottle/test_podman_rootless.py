@@ -33,7 +33,7 @@ from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.runtime.bottle import BRIDGE_PREFIX, WORKSPACE_LABEL, Run
 from claude_bottle.verify import SLIRP_HOST, stub_container
 from claude_bottle.verify import in_bottle as inside
-from tests.bottle.conftest import TEST_LABEL, Upstream, claude_version, leftovers, write_agent
+from tests.bottle.conftest import TEST_LABEL, Upstream, claude_version, leftovers, podman_client, write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman, pytest.mark.rootless]
 CLI = [sys.executable, "-m", "claude_bottle"]
@@ -47,13 +47,7 @@ def rootless() -> Iterator[docker.DockerClient]:
     without its socket the tests are skipped visibly, and under CI (CI=true) they fail."""
     if os.geteuid() == 0:
         pytest.skip("rootless Podman is an ordinary user's engine: scripts/test-as-user runs these tests as that user")
-    try:
-        client = docker.DockerClient(base_url=SOCKET, timeout=120)
-        client.ping()
-    except docker.errors.DockerException as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"no rootless Podman service at {SOCKET}: {exc}")
-        pytest.skip(f"no rootless Podman service at {SOCKET} (scripts/podman --rootless USER starts one): {exc}")
+    client = podman_client(SOCKET, "rootless Podman", "scripts/podman --rootless USER")
     yield client
     client.close()
 

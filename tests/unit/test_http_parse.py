@@ -17,27 +17,12 @@ from claude_bottle.gate.http import (
     Response,
     State,
 )
-
-
-class Writer:
-    """What HttpConnection uses of its transport, recording each write."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name: str) -> None:
-        return None
+from tests.helpers import RecordingTransport
 
 
 def connection(*data: bytes, client: bool = False, max_header_bytes: int = 32 * 1024
-               ) -> tuple[HttpConnection, Writer]:
-    writer = Writer()
+               ) -> tuple[HttpConnection, RecordingTransport]:
+    writer = RecordingTransport()
     conn = HttpConnection(client=client, max_header_bytes=max_header_bytes)
     conn.connection_made(writer)  # type: ignore[arg-type]
     for piece in data:
@@ -267,7 +252,7 @@ async def test_reading_pauses_past_the_high_water_mark_and_resumes_when_the_read
     """A client sending faster than the gate takes its events (pipelining, or a body the upstream is slow to
     take) is stopped at the socket, not buffered without bound."""
 
-    class Transport(Writer):
+    class Transport(RecordingTransport):
         def __init__(self) -> None:
             super().__init__()
             self.paused = False

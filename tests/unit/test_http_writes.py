@@ -5,30 +5,11 @@ from __future__ import annotations
 import asyncio
 
 from claude_bottle.gate.http import Data, EndOfMessage, HttpConnection, InformationalResponse, Request, Response
+from tests.helpers import RecordingTransport
 
 
-class Writer:
-    """What HttpConnection uses of its transport, recording each write."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.aborted = False
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name: str) -> None:
-        return None
-
-    def abort(self) -> None:
-        self.aborted = True
-
-
-async def answering(head: bytes) -> tuple[HttpConnection, Writer]:
-    writer = Writer()
+async def answering(head: bytes) -> tuple[HttpConnection, RecordingTransport]:
+    writer = RecordingTransport()
     conn = HttpConnection()
     conn.connection_made(writer)  # type: ignore[arg-type]
     conn.receive_data(head)
