@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -200,7 +201,10 @@ def run_headless(launch: Launch, prompt: str, progress: Progress) -> int:
         for chunk in bottle.logs(stream=True, follow=True, stdout=True, stderr=False):
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
-        status = bottle.wait()
+        # Claude Code has exited, its connections closed: the gate stops while the engine finishes the bottle.
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(run.stop_gate)
+            status = bottle.wait()
         if status.get("StatusCode"):
             sys.stderr.write(bottle.logs(stdout=False, stderr=True).decode("utf-8", "replace"))
         return int(status.get("StatusCode", 1))

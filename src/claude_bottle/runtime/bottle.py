@@ -719,6 +719,13 @@ class Run:
         ready.write_text("the gate listens\n")
         ready.chmod(0o644)
 
+    def stop_gate(self) -> None:
+        """Stop the gate (SIGTERM: what is in flight finishes, every line is written) ahead of ``remove``, which
+        then only keeps its audit: once the bottle's processes are gone, while the engine finishes with it."""
+        if self.gate is not None:
+            with contextlib.suppress(docker.errors.APIError):
+                self.gate.stop(timeout=GATE_STOP_SECONDS)
+
     def remove(self) -> None:
         if self._gate_output is not None:  # a start that ended before the gate was waited for
             self._gate_output.close()
