@@ -65,6 +65,12 @@ async def slow_read(reader: asyncio.StreamReader, size: int) -> bytes:
     return bytes(got)
 
 
+async def write_in_pieces(writer: asyncio.StreamWriter, data: bytes, piece: int = 1 << 20) -> None:
+    for start in range(0, len(data), piece):
+        writer.write(data[start : start + piece])
+        await writer.drain()
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_bytes_pass_both_ways_and_a_half_close_passes_on(loop: str) -> None:
     async def server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -94,12 +100,7 @@ def test_large_transfers_both_ways_to_slow_readers_arrive_intact(loop: str) -> N
     up, down = os.urandom(size), os.urandom(size)
 
     async def server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def send() -> None:
-            for start in range(0, size, 1 << 20):
-                writer.write(down[start : start + (1 << 20)])
-                await writer.drain()
-
-        sending = asyncio.ensure_future(send())
+        sending = asyncio.ensure_future(write_in_pieces(writer, down))
         received = await slow_read(reader, size)
         await sending
         writer.write(hashlib.sha256(received).digest())
@@ -109,12 +110,7 @@ def test_large_transfers_both_ways_to_slow_readers_arrive_intact(loop: str) -> N
     async def main() -> None:
         traffic = Traffic()
         async with relayed(server, traffic) as (reader, writer):
-            async def send() -> None:
-                for start in range(0, size, 1 << 20):
-                    writer.write(up[start : start + (1 << 20)])
-                    await writer.drain()
-
-            sending = asyncio.ensure_future(send())
+            sending = asyncio.ensure_future(write_in_pieces(writer, up))
             received = await slow_read(reader, size)
             await sending
             assert hashlib.sha256(received).digest() == hashlib.sha256(down).digest(), "bytes changed downward"
