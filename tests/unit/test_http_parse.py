@@ -34,6 +34,24 @@ async def events(conn: HttpConnection, n: int) -> list[object]:
     return [await conn.next_event() for _ in range(n)]
 
 
+
+
+async def upstream_answering(answer: bytes, method: bytes = b"GET", closed: bool = False) -> HttpConnection:
+    """An upstream connection that sent a ``method`` request and got ``answer``, then the close with ``closed``."""
+    conn, _ = connection(client=True)
+    await conn.send(Request(method, b"/", [(b"host", b"u")]))
+    await conn.send(EndOfMessage())
+    conn.receive_data(answer)
+    if closed:
+        conn.receive_data(b"")
+    return conn
+
+async def answer_and_reuse(conn: HttpConnection) -> None:
+    """Answer the request read (204) and start the next exchange on the connection."""
+    await conn.send(Response(204, []))
+    await conn.send(EndOfMessage())
+    assert conn.can_reuse()
+
 async def test_a_request_arrives_with_lower_case_names_trimmed_values_and_its_framing() -> None:
     conn, _ = connection(b"POST /v1/messages?beta=true HTTP/1.1\r\nHost: g\r\nX-Thing:  a b \t\r\n"
                          b"Content-Length: 2\r\nExpect: 100-continue\r\n\r\n{}")
@@ -86,9 +104,7 @@ async def test_a_large_body_before_a_pipelined_head_does_not_count_against_the_h
                          b"TP/1.1\r\nHost: x\r\n\r\n", max_header_bytes=1024)
     first, data, end = await events(conn, 3)
     assert isinstance(first, Request) and data == Data(body) and isinstance(end, EndOfMessage)
-    await conn.send(Response(204, []))
-    await conn.send(EndOfMessage())
-    assert conn.can_reuse()
+    await answer_and_reuse(conn)
     second = await conn.next_event()
     assert isinstance(second, Request) and second.target == b"/next"
 
@@ -97,9 +113,7 @@ async def test_an_error_in_a_pipelined_request_waits_behind_the_one_before_it() 
     conn, _ = connection(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\nHost: x\n\n")
     first, end = await events(conn, 2)
     assert isinstance(first, Request) and first.target == b"/a" and isinstance(end, EndOfMessage)
-    await conn.send(Response(204, []))
-    await conn.send(EndOfMessage())
-    assert conn.can_reuse()
+    await answer_and_reuse(conn)
     with pytest.raises(ProtocolError, match="bare LF"):
         await conn.next_event()
 
@@ -109,9 +123,7 @@ async def test_an_upgrade_request_without_a_body_is_an_ordinary_request_and_what
                          b"HTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
     first, end = await events(conn, 2)
     assert isinstance(first, Request) and first.target == b"/a" and isinstance(end, EndOfMessage)
-    await conn.send(Response(204, []))
-    await conn.send(EndOfMessage())
-    assert conn.can_reuse()
+    await answer_and_reuse(conn)
     second = await conn.next_event()
     assert isinstance(second, Request) and second.target == b"/b"
 
@@ -137,9 +149,7 @@ async def test_a_chunked_bodys_trailers_are_dropped_and_do_not_reach_the_next_he
                          b"X-Trailer: 1\r\n\r\nGET / HTTP/1.1\r\nHost: y\r\n\r\n")
     request, data, end = await events(conn, 3)
     assert isinstance(request, Request) and request.chunked and data == Data(b"ab") and isinstance(end, EndOfMessage)
-    await conn.send(Response(204, []))
-    await conn.send(EndOfMessage())
-    assert conn.can_reuse()
+    await answer_and_reuse(conn)
     after = await conn.next_event()
     assert isinstance(after, Request) and after.headers == [(b"host", b"y")]
 
@@ -197,21 +207,14 @@ async def test_the_upstream_side_frames_requests_and_reads_responses() -> None:
 
 
 async def test_a_response_to_head_has_no_body_and_its_connection_is_not_reused() -> None:
-    conn, _ = connection(client=True)
-    await conn.send(Request(b"HEAD", b"/", [(b"host", b"u")]))
-    await conn.send(EndOfMessage())
-    conn.receive_data(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+    conn = await upstream_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", b"HEAD")
     response, end = await events(conn, 2)
     assert isinstance(response, Response) and isinstance(end, EndOfMessage)
     assert not conn.can_reuse()
 
 
 async def test_a_response_ended_by_the_close_is_complete_at_the_close_and_not_reused() -> None:
-    conn, _ = connection(client=True)
-    await conn.send(Request(b"GET", b"/", [(b"host", b"u")]))
-    await conn.send(EndOfMessage())
-    conn.receive_data(b"HTTP/1.1 200 OK\r\n\r\nall of it")
-    conn.receive_data(b"")
+    conn = await upstream_answering(b"HTTP/1.1 200 OK\r\n\r\nall of it", closed=True)
     response, data, end, closed = await events(conn, 4)
     assert isinstance(response, Response) and data == Data(b"all of it")
     assert isinstance(end, EndOfMessage) and isinstance(closed, ConnectionClosed)
@@ -225,22 +228,14 @@ async def test_a_response_ended_by_the_close_is_complete_at_the_close_and_not_re
     (b"HTTP/1.1 200 OK\r\nContent-Le", "middle of a message head"),
 ])
 async def test_what_an_upstream_may_not_answer(data: bytes, words: str) -> None:
-    conn, _ = connection(client=True)
-    await conn.send(Request(b"GET", b"/", [(b"host", b"u")]))
-    await conn.send(EndOfMessage())
-    conn.receive_data(data)
-    conn.receive_data(b"")
+    conn = await upstream_answering(data, closed=True)
     with pytest.raises(ProtocolError, match=words):
         while True:
             await conn.next_event()
 
 
 async def test_a_body_cut_short_ends_in_the_close_for_the_caller_to_judge() -> None:
-    conn, _ = connection(client=True)
-    await conn.send(Request(b"GET", b"/", [(b"host", b"u")]))
-    await conn.send(EndOfMessage())
-    conn.receive_data(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nok")
-    conn.receive_data(b"")
+    conn = await upstream_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nok", closed=True)
     response, data, closed = await events(conn, 3)
     assert isinstance(response, Response) and data == Data(b"ok") and isinstance(closed, ConnectionClosed)
     with pytest.raises(Exception, match="middle of a body"):
