@@ -14,9 +14,7 @@ import os
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-
-import keyring
-import keyring.errors
+from types import ModuleType
 
 from claude_bottle.config import COMMAND_TIMEOUT, CredentialConfig
 from claude_bottle.credentials import Credential, CredentialKind, read_private_file, read_token_file
@@ -38,9 +36,20 @@ def token_file() -> Path:
     return config_dir() / "token"
 
 
+def _keyring() -> ModuleType:
+    """The keyring package, imported on first use: finding its backends costs a start that takes its token
+    from the environment a tenth of a second."""
+    import keyring
+    import keyring.errors
+
+    return keyring
+
+
 def _keyring_get() -> str | None:
+    keyring = _keyring()
     try:
-        return keyring.get_password(SERVICE, ACCOUNT)
+        stored: str | None = keyring.get_password(SERVICE, ACCOUNT)
+        return stored
     except keyring.errors.KeyringError:
         return None  # no usable backend: the file is the fallback
 
@@ -66,6 +75,7 @@ def find(environ: Mapping[str, str] | None = None) -> tuple[Credential, str]:
 
 def store(credential: Credential) -> str:
     """Save the token; returns where. The keyring when one works, else a 0600 file."""
+    keyring = _keyring()
     try:
         keyring.set_password(SERVICE, ACCOUNT, credential.secret)
         return "the OS keyring"
@@ -83,6 +93,7 @@ def store(credential: Credential) -> str:
 
 def remove() -> list[str]:
     """Forget the stored token everywhere; returns the places it was removed from."""
+    keyring = _keyring()
     removed = []
     with contextlib.suppress(keyring.errors.KeyringError):
         if keyring.get_password(SERVICE, ACCOUNT) is not None:
@@ -114,6 +125,7 @@ def _write_private(path: Path, value: str) -> None:
 
 def store_route(name: str, text: str) -> str:
     """Save credential ``name``'s value (checked as the gate will check it); returns where."""
+    keyring = _keyring()
     try:
         check_name(name)
         value = check_secret(text, f"the value given for {name}")
@@ -129,6 +141,7 @@ def store_route(name: str, text: str) -> str:
 
 
 def remove_route(name: str) -> list[str]:
+    keyring = _keyring()
     removed = []
     with contextlib.suppress(keyring.errors.KeyringError):
         if keyring.get_password(SERVICE, route_account(name)) is not None:
@@ -153,6 +166,7 @@ def route_value(credential: CredentialConfig, environ: Mapping[str, str] | None 
         if credential.command:
             return check_secret(_command_output(credential.command, where), f"the output of {credential.command[0]}")
         stored = None
+        keyring = _keyring()
         with contextlib.suppress(keyring.errors.KeyringError):
             stored = keyring.get_password(SERVICE, route_account(credential.name))
         if stored:

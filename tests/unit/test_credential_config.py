@@ -9,6 +9,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import keyring
+import keyring.errors
 import pytest
 
 from claude_bottle import tokens
@@ -74,9 +76,9 @@ def test_mistakes_are_named(body: str, error: str) -> None:
 
 def test_values_come_from_env_command_or_the_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    monkeypatch.setattr(tokens.keyring, "get_password", lambda *a: None)
-    monkeypatch.setattr(tokens.keyring, "set_password", lambda *a: (_ for _ in ()).throw(
-        tokens.keyring.errors.NoKeyringError()))
+    monkeypatch.setattr(keyring, "get_password", lambda *a: None)
+    monkeypatch.setattr(keyring, "set_password", lambda *a: (_ for _ in ()).throw(
+        keyring.errors.NoKeyringError()))
     config = CredentialConfig("github", (("github.com", 443),), Scheme.BASIC, "x-access-token", origin="a.toml")
     assert tokens.route_value(CredentialConfig(**{**config.__dict__, "env": "T"}), {"T": VALUE}) == VALUE
     with pytest.raises(CredentialError, match=r"\$T is not set"):
