@@ -14,6 +14,7 @@ from claude_bottle.gate import control
 from claude_bottle.policy.addresses import AddressGuard
 from claude_bottle.policy.decide import EgressPolicy
 from claude_bottle.policy.hosts import Allowlist, parse_authority
+from claude_bottle.policy.view import policy_toml, policy_view
 
 API = "api.anthropic.com"
 
@@ -84,9 +85,9 @@ def test_a_control_request_must_be_one_json_object(line: bytes) -> None:
 
 
 def test_the_policy_file_is_toml_that_shows_the_policy_in_effect() -> None:
-    view = control.policy_view(policy(("pypi.org", "*.npmjs.org:8443"), learn=True, denied=("x.example",)),
+    view = policy_view(policy(("pypi.org", "*.npmjs.org:8443"), learn=True, denied=("x.example",)),
                                suggest_rules())
-    shown = tomllib.loads(control.policy_toml(view))
+    shown = tomllib.loads(policy_toml(view))
     assert shown == {"learn": True, "allow": ["pypi.org", "*.npmjs.org:8443"], "allow_tcp": [], "deny": ["x.example"],
                      "rules": ["--egress-rule api.github.com allow GET /repos/**"]}
 

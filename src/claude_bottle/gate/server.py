@@ -36,6 +36,7 @@ from claude_bottle.gate.serve import serve_requests
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
 from claude_bottle.policy.decide import EgressPolicy
+from claude_bottle.policy.view import policy_view
 
 UPSTREAM_ADDRESS_TTL = 300.0
 
@@ -114,7 +115,7 @@ class Gate:
             else:
                 record.deny(f"the user {message} while the gate runs", 0)
             self.audit.write(record)
-        return {"message": message, "policy": control.policy_view(policy, self.config.request_policy)}
+        return {"message": message, "policy": policy_view(policy, self.config.request_policy)}
 
     async def stop(self, drain_seconds: float) -> None:
         """Stop accepting; close idle connections now; let busy ones finish up to the deadline."""

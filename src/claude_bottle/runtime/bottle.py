@@ -34,7 +34,6 @@ from claude_bottle import records
 from claude_bottle.config import Resources
 from claude_bottle.credentials import Credential, CredentialKind
 from claude_bottle.errors import BottleError, ConfigError, DockerError, GateError
-from claude_bottle.gate import control
 from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.gate.routes import CredentialRoute, RouteSpec
 from claude_bottle.paths import state_dir, workspace_key
@@ -42,6 +41,7 @@ from claude_bottle.policy.addresses import AddressGuard
 from claude_bottle.policy.decide import EgressPolicy
 from claude_bottle.policy.hosts import Allowlist, InvalidHost
 from claude_bottle.policy.rules import RequestPolicy
+from claude_bottle.policy.view import policy_toml, policy_view
 from claude_bottle.runtime import engine
 from claude_bottle.workspace import GIT, PROTECTED, lstat_inside
 
@@ -203,19 +203,19 @@ def write_policy(run_id: str, view: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o755)
     partial = folder / f".{POLICY_FILE}.{os.getpid()}"
-    partial.write_text(control.policy_toml(view))
+    partial.write_text(policy_toml(view))
     partial.chmod(0o644)
     os.replace(partial, folder / POLICY_FILE)
 
 
 def spec_policy(spec: RunSpec) -> dict[str, Any]:
-    """The policy a run's gate starts with, as ``control.policy_view`` shows it."""
+    """The policy a run's gate starts with, as ``policy_view`` shows it."""
     try:
         policy = EgressPolicy(Allowlist.parse(spec.allow), AddressGuard(), raw_tcp=Allowlist.parse(spec.allow_tcp),
                               learn=spec.learn)
     except InvalidHost as exc:
         raise ConfigError(f"allow: {exc}") from None
-    return control.policy_view(policy, spec.request_policy)
+    return policy_view(policy, spec.request_policy)
 
 
 def control_gate(gate: Container, op: str, entry: str = "") -> dict[str, Any]:
