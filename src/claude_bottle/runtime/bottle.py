@@ -51,6 +51,8 @@ AGENT_LABEL = "claude-bottle.agent"
 WORKSPACE_LABEL = "claude-bottle.workspace"
 EGRESS_LABEL = "claude-bottle.egress"
 EGRESS_NETWORK = "claude-bottle-egress"  # every gate's way out (egress_network)
+POOL_LABEL = "claude-bottle.pool"  # an internal network kept between runs (claim_internal), on Docker
+POOL_KEPT = 2  # internal networks no run uses that are kept for the next runs
 API_PORT = 8080
 PROXY_PORT = 3128
 CONTROL_SOCKET = "/tmp/claude-bottle-control.sock"  # in the gate's own tmpfs: see gate/control.py
@@ -62,8 +64,9 @@ POLICY_FILE = "policy.toml"
 READY_FILE = f"{POLICY_DIR}/ready"
 GATE_READY_SECONDS = 30
 GATE_STOP_SECONDS = 3
-# The host-side name of every internal network's bridge: this prefix and the run's hex, 15 characters (the
-# kernel's limit). A firewall rule on the prefix covers every bottle's bridge (docs/engines.md, "Podman").
+# The host-side name of every internal network's bridge: this prefix and the network's (Podman: the run's)
+# hex, 15 characters (the kernel's limit). A firewall rule on the prefix covers every bottle's bridge
+# (docs/engines.md, "Podman").
 BRIDGE_PREFIX = "bottle-"
 GATE_ALIAS = "gate"  # the gate's name on the internal network, where the engine resolves names there (Docker)
 # Podman: the internal network has no resolver (nor, with it, a gateway address), and the gate is given this
@@ -448,6 +451,75 @@ def egress_network(client: docker.DockerClient) -> Network:
         raise DockerError(f"cannot create the egress network {EGRESS_NETWORK}: {exc.explanation or exc}") from None
 
 
+def claim_internal(client: docker.DockerClient, image: str, labels: dict[str, str]) -> Network:
+    """An internal network for one run, on Docker: one kept from an earlier run that no container is on, or a
+    new one. Making one and removing it cost the engine about a fifth of a second of every run.
+
+    A run holds its network by a claim: a container named after the network, never started, with the run's
+    labels (so removing the run removes it). The engine lets one container have a name, so of two runs
+    claiming at once one gets it; and a network is taken only once, after the claim, no container is found on
+    it, in any state: a run that ended without its claim removed, or a container someone else connected,
+    keeps it out of use. Two runs never share one, which would put one's bottle in the other's reach."""
+    for network in client.networks.list(filters={"label": POOL_LABEL}):
+        claim = _claim(client, network.name, image, labels)
+        if claim is None:
+            continue
+        if not client.containers.list(all=True, filters={"network": network.id}):
+            return network
+        _remove_claim(claim)
+    name = f"claude-bottle-internal-{secrets.token_hex(4)}"
+    if _claim(client, name, image, labels) is None:  # a new name: claimed before anyone can see the network
+        raise DockerError(f"cannot claim the new internal network {name}: a container {name}-claim exists")
+    # An internal bridge still gets the gateway address on the host side, and with it anything the host serves
+    # on that address or on 0.0.0.0 would be in the bottle's reach: the bridge gets no address.
+    options = {"com.docker.network.bridge.inhibit_ipv4": "true",
+               "com.docker.network.bridge.name": BRIDGE_PREFIX + name.rsplit("-", 1)[1]}
+    try:
+        with _uninterrupted():
+            return client.networks.create(name, driver="bridge", internal=True, options=options,
+                                          labels={LABEL: "1", POOL_LABEL: "1"})
+    except docker.errors.APIError as exc:
+        raise DockerError(f"cannot create the internal network: {exc.explanation or exc}") from None
+
+
+def _claim(client: docker.DockerClient, network: str, image: str, labels: dict[str, str]) -> Container | None:
+    """The claim on ``network`` (``claim_internal``); None when another run holds it."""
+    try:
+        with _uninterrupted():
+            return client.containers.create(image, name=f"{network}-claim", labels=labels, network_disabled=True)
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:  # the name is taken: another run's claim
+            return None
+        raise DockerError(f"cannot claim the internal network {network}: {exc.explanation or exc}") from None
+
+
+def _remove_claim(claim: Container) -> None:
+    with contextlib.suppress(docker.errors.NotFound):
+        claim.remove(force=True)
+
+
+def trim_pool(client: docker.DockerClient, image: str, kept: int = POOL_KEPT) -> None:
+    """Remove the kept internal networks beyond ``kept`` that no run uses: each claimed first (with ``image``,
+    any image present), so none is removed under a run that has just taken it."""
+    pooled = client.networks.list(filters={"label": POOL_LABEL})
+    if len(pooled) <= kept:
+        return
+    free = 0
+    for network in pooled:
+        claim = _claim(client, network.name, image, {LABEL: "1"})
+        if claim is None:
+            continue
+        try:
+            if client.containers.list(all=True, filters={"network": network.id}):
+                continue
+            free += 1
+            if free > kept:
+                with contextlib.suppress(docker.errors.NotFound):
+                    network.remove()
+        finally:
+            _remove_claim(claim)
+
+
 def startup_lines(stream: socket.socket, seconds: float) -> str | None:
     """A starting gate's standard error, read from its attached ``stream`` (the engine's multiplexed frames:
     an 8-byte header, then the payload) until the line saying it listens has come (with whatever came in the
@@ -497,20 +569,11 @@ class Run:
         self.gate_listen = GATE_ALIAS  # the gate's name or (Podman) address on the internal network
 
     def _internal_network(self) -> Network:
-        """The run's own network, the bottle's only one: no route out, and its only other member the gate."""
-        # An internal bridge still gets the gateway address on the host side, and with it anything the host
-        # serves on that address or on 0.0.0.0 would be in the bottle's reach: the bridge gets no address.
-        # Podman ignores that option (_podman_internal).
+        """The run's own network, the bottle's only one: no route out, and its only other member the gate.
+        On Docker one kept between runs (``claim_internal``); on Podman made for this run."""
         if self.spec.podman:
             return self._podman_internal(f"claude-bottle-{self.id}-internal")
-        options = {"com.docker.network.bridge.inhibit_ipv4": "true",
-                   "com.docker.network.bridge.name": BRIDGE_PREFIX + self.hex}
-        try:
-            with _uninterrupted():
-                return self.client.networks.create(f"claude-bottle-{self.id}-internal", driver="bridge",
-                                                   internal=True, options=options, labels=self.labels)
-        except docker.errors.APIError as exc:
-            raise DockerError(f"cannot create the internal network: {exc.explanation or exc}") from None
+        return claim_internal(self.client, self.spec.gate_image, self.labels)
 
     def _podman_internal(self, name: str) -> Network:
         """The internal network on Podman, made through its own API: without a resolver. With one (what its
@@ -766,9 +829,10 @@ def keep_audit(gate: Container) -> None:
 
 def remove_run(client: docker.DockerClient, run_id: str) -> None:
     """Remove a run: its bottle (and any other container), then its gate once its audit is kept on the host,
-    then its networks and the files its bottle was given; each kind at once. A bottle that no longer runs has
-    closed its connections to the gate, so then its removal and the gate's stop go together. Safe to call at
-    any point and more than once."""
+    then its claim on its internal network (which stays for a later run) or the network itself, and the
+    files its bottle was given; each kind at once. A bottle that no longer runs has closed its connections to
+    the gate, so then its removal and the gate's stop go together. Safe to call at any point and more than
+    once."""
     run = {"label": f"{RUN_LABEL}={run_id}"}
 
     def remove(resource: Container | Network) -> None:
@@ -780,7 +844,8 @@ def remove_run(client: docker.DockerClient, run_id: str) -> None:
 
     containers = client.containers.list(all=True, filters=run)
     gates = [c for c in containers if c.name.endswith("-gate")]
-    others = [c for c in containers if c not in gates]
+    claims = [c for c in containers if c.name.endswith("-claim")]
+    others = [c for c in containers if c not in gates and c not in claims]
     with ThreadPoolExecutor(4) as pool:
         if any(c.status in ("running", "paused", "restarting") for c in others):
             list(pool.map(remove, others))  # its connections stay open until it is gone
@@ -790,7 +855,11 @@ def remove_run(client: docker.DockerClient, run_id: str) -> None:
         for future in removed:
             future.result()
         list(pool.map(remove, gates))
+        list(pool.map(remove, claims))  # the network is free once nothing of the run is on it
         list(pool.map(remove, client.networks.list(filters=run)))
+    if claims:
+        with contextlib.suppress(DockerError):  # housekeeping: a later run's end trims again
+            trim_pool(client, str(claims[0].attrs.get("Image", "")))
     shutil.rmtree(bottle_files(run_id), ignore_errors=True)
 
 
