@@ -386,11 +386,12 @@ def list_runs(as_json: bool) -> None:
 
 @cli.command(context_settings=CONTEXT)
 @_agent_argument
-@click.option("--all", "stop_all", is_flag=True, help="Stop every bottle.")
+@click.option("--all", "stop_all", is_flag=True,
+              help="Stop every bottle, and remove the internal networks kept for later runs.")
 def stop(agent: str | None, stop_all: bool) -> None:
     """Stop bottles and remove their containers and networks (their Claude state volume stays)."""
     from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import remove_run, runs
+    from claude_bottle.runtime.bottle import remove_run, runs, trim_pool
 
     if not agent and not stop_all:
         raise ConfigError("name an AGENT to stop, or pass --all")
@@ -398,6 +399,8 @@ def stop(agent: str | None, stop_all: bool) -> None:
     stopped = [r["run"] for r in runs(client) if stop_all or r["agent"] == agent]
     for run_id in stopped:
         remove_run(client, run_id)
+    if stop_all and (gates := client.images.list(name="claude-bottle-gate")):
+        trim_pool(client, gates[0].id, kept=0)  # a claim needs an image: any gate image will do
     click.echo(f"stopped {', '.join(stopped)}" if stopped else "nothing to stop")
 
 

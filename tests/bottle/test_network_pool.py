@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +34,8 @@ def pooled(client: docker.DockerClient) -> dict[str, Network]:
 
 
 def on_network(client: docker.DockerClient, network: Network) -> list[str]:
-    return [c.name for c in client.containers.list(all=True, filters={"network": network.id})]
+    """Containers on ``network`` in any state, created ones included (which only a filter by name finds)."""
+    return [c.name for c in client.containers.list(all=True, filters={"network": network.name})]
 
 
 @contextlib.contextmanager
@@ -88,17 +91,21 @@ def test_a_network_anything_is_on_goes_to_no_other_run(
                 assert code != 0, f"right reached {address} of the run on the network it was refused"
     assert leftovers(client, "left") == [] and leftovers(client, "right") == []
 
-    free = pooled(client)
-    assert left.internal.id in free and right.internal.id in free, "a run's network is kept when it ends"
-    assert all(on_network(client, n) == [] for n in free.values())
-    stranger = client.containers.create(gate_image, network=left.internal.name, name=f"stranger-{secrets.token_hex(3)}")
+    free = pooled(client)  # theirs, or as many others that were free: the number kept is the same
+    assert len(free) == POOL_KEPT and all(on_network(client, n) == [] for n in free.values())
+    strangers = [client.containers.create(gate_image, network=n.name, name=f"stranger-{secrets.token_hex(3)}")
+                 for n in free.values()]
     try:
         with run_of("later", workspace, token, upstream) as later:
-            assert later.internal is not None and later.internal.id != left.internal.id
-            assert later.internal.id in free, "a free kept network is taken before a new one is made"
-            assert sorted(on_network(client, later.internal)) == sorted([later.gate.name, later.bottle.name])
+            assert later.internal is not None and later.internal.id not in free, "given a network with a stranger"
     finally:
-        stranger.remove(force=True)
+        for stranger in strangers:
+            stranger.remove(force=True)
+    free = pooled(client)
+    with run_of("later", workspace, token, upstream) as later:
+        assert later.internal is not None and later.internal.id in free, "a new network made while one was free"
+        assert later.gate is not None and later.bottle is not None
+        assert sorted(on_network(client, later.internal)) == sorted([later.gate.name, later.bottle.name])
     assert leftovers(client, "later") == []
 
 
@@ -123,3 +130,17 @@ def test_free_networks_beyond_the_kept_number_are_removed_but_never_a_claimed_on
             for claim in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={labels[RUN_LABEL]}"}):
                 claim.remove(force=True)
         trim_pool(client, gate_image)
+
+
+def test_stop_all_removes_the_kept_networks_with_every_bottle(
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
+) -> None:
+    with run_of("ended", workspace, token, upstream) as ended:
+        assert ended.internal is not None
+    with run_of("running", workspace, token, upstream) as running:
+        assert ended.internal.id in pooled(client)
+        stopped = subprocess.run([sys.executable, "-m", "claude_bottle", "stop", "--all"], capture_output=True,
+                                 text=True, timeout=120)
+        assert stopped.returncode == 0 and running.id in stopped.stdout, stopped.stderr
+        assert pooled(client) == {}, "kept networks outlived stop --all"
+    assert leftovers(client, "running") == []

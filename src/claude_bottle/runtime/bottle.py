@@ -464,7 +464,7 @@ def claim_internal(client: docker.DockerClient, image: str, labels: dict[str, st
         claim = _claim(client, network.name, image, labels)
         if claim is None:
             continue
-        if not client.containers.list(all=True, filters={"network": network.id}):
+        if not on_network(client, network):
             return network
         _remove_claim(claim)
     name = f"claude-bottle-internal-{secrets.token_hex(4)}"
@@ -480,6 +480,12 @@ def claim_internal(client: docker.DockerClient, image: str, labels: dict[str, st
                                           labels={LABEL: "1", POOL_LABEL: "1"})
     except docker.errors.APIError as exc:
         raise DockerError(f"cannot create the internal network: {exc.explanation or exc}") from None
+
+
+def on_network(client: docker.DockerClient, network: Network) -> list[Container]:
+    """The containers on ``network``, in any state. By name too: the engine's filter by id misses a container
+    that is created but was never started, which has joined no network yet but will at its start."""
+    return list(client.containers.list(all=True, filters={"network": [network.name, network.id]}))
 
 
 def _claim(client: docker.DockerClient, network: str, image: str, labels: dict[str, str]) -> Container | None:
@@ -506,11 +512,12 @@ def trim_pool(client: docker.DockerClient, image: str, kept: int = POOL_KEPT) ->
         return
     free = 0
     for network in pooled:
-        claim = _claim(client, network.name, image, {LABEL: "1"})
+        # a run of its own, so a claim left by a trim cut short is listed, and removed by `stop --all`
+        claim = _claim(client, network.name, image, {LABEL: "1", RUN_LABEL: f"trim-{secrets.token_hex(4)}"})
         if claim is None:
             continue
         try:
-            if client.containers.list(all=True, filters={"network": network.id}):
+            if on_network(client, network):
                 continue
             free += 1
             if free > kept:
