@@ -403,6 +403,7 @@ class Bottle:
         self.tag = secrets.token_hex(3)
         self.agent = f"bench-{self.tag}"
         self.net = f"claude-bottle-bench-{self.tag}"
+        self.egress_stub = f"claude-bottle-bench-stub-{self.tag}"  # its name on the egress network
         self.label = f"claude-bottle.bench={self.tag}"
         self.token = "sk-ant-oat01-" + secrets.token_urlsafe(45)[:60]
         cas = sorted(str(p) for p in Path("/usr/local/share/ca-certificates").glob("*.crt"))
@@ -429,6 +430,12 @@ class Bottle:
         self.workspace.chmod(0o777)
         agents = self.tmp / "config" / "claude-bottle" / "agents"
         agents.mkdir(parents=True)
+        # The CLI as installed: pip compiles a package's modules at install, where an editable checkout run
+        # with PYTHONDONTWRITEBYTECODE (as on CI machines) would compile them again at every start.
+        import claude_bottle
+
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(claude_bottle.__file__).parent)],
+                       check=True, timeout=120)
         (agents / f"{self.agent}.toml").write_text("version = 1\n")
         log("images: claude-bottle build (builds only what is missing; the images are normally cached)")
         t0 = time.monotonic()
@@ -446,15 +453,23 @@ class Bottle:
         log(f"   {self.bottle_image} {self.gate_image} ({build_s:.1f} s{', built now' if built else ', cached'})")
         self.docker("network", "create", "--label", self.label, self.net)
         self.started.append("network")
-        self.docker("run", "-d", "--name", f"{self.net}-stub", "--label", self.label, "--network", self.net,
-                    "--hostname", "stub", "--entrypoint", "/opt/gate/bin/python", self.gate_image, "-m",
-                    "claude_bottle", "stub-upstream", "--listen", "stub:8000")
-        end = time.monotonic() + 30
-        while "stub upstream on" not in self.docker("logs", f"{self.net}-stub").stdout + \
-                self.docker("logs", f"{self.net}-stub").stderr:
-            if time.monotonic() > end:
-                raise BenchError("the stub container did not start")
-            time.sleep(0.1)
+        # The stub where users' upstream is, for the gate: behind the egress network every gate joins anyway
+        # (its two network endpoints, as in use); and a second one on a network of its own, which the gate
+        # joins with --upstream-network (a third endpoint) and where `docker run` reaches it.
+        from claude_bottle.runtime import engine
+        from claude_bottle.runtime.bottle import egress_network
+
+        egress = egress_network(engine.connect()).name
+        for name, network, host in ((f"{self.net}-stub", self.net, "stub"),
+                                    (f"{self.net}-egress-stub", egress, self.egress_stub)):
+            self.docker("run", "-d", "--name", name, "--label", self.label, "--network", network,
+                        "--network-alias", host, "--entrypoint", "/opt/gate/bin/python", self.gate_image, "-m",
+                        "claude_bottle", "stub-upstream", "--listen", f"{host}:8000")
+            end = time.monotonic() + 30
+            while "stub upstream on" not in self.docker("logs", name).stdout + self.docker("logs", name).stderr:
+                if time.monotonic() > end:
+                    raise BenchError(f"the stub container {name} did not start")
+                time.sleep(0.1)
 
     def cleanup(self) -> None:
         for flt in (f"label={self.label}", f"label=claude-bottle.agent={self.agent}"):
@@ -526,9 +541,12 @@ class Bottle:
             raise BenchError(f"{argv[:3]} exit {code}: {bytes(out)[-300:]!r} {bytes(err)[-800:]!r}")
         return marks
 
-    def run_p(self) -> dict[str, float]:
-        m = self.timed([*self.cli, "run", self.agent, "-p", "say hi", "--upstream", "http://stub:8000",
-                        "--upstream-network", self.net])
+    def run_p(self, upstream_network: bool = False) -> dict[str, float]:
+        """`run -p` at the stub behind the egress network, or with ``upstream_network`` at the one on a network
+        of its own that the gate joins."""
+        where = ["--upstream", "http://stub:8000", "--upstream-network", self.net] if upstream_network else \
+            ["--upstream", f"http://{self.egress_stub}:8000"]
+        m = self.timed([*self.cli, "run", self.agent, "-p", "say hi", *where])
         m["leftovers_at_exit"] = len(self.leftovers())
         return m
 
@@ -543,20 +561,22 @@ class Bottle:
     def measure(self) -> None:
         reps = self.args.bottle_reps
         log("bottle: warm-up docker run, then the first run -p, then "
-            f"{reps} x (run -p, docker run) alternating")
+            f"{reps} x (run -p, docker run, run -p --upstream-network) alternating")
         self.docker_run()
         self.deadline.check()
         first = self.run_p()
         log(f"   first run -p: {first['exit']:.2f} s")
         runs: list[dict[str, float]] = []
         plain: list[dict[str, float]] = []
+        third: list[dict[str, float]] = []  # the gate on a third network: the upstream's (--upstream-network)
         for i in range(reps):
             self.deadline.check()
             runs.append(self.run_p())
             plain.append(self.docker_run())
+            third.append(self.run_p(upstream_network=True))
             r = runs[-1]
             log(f"   rep {i + 1}: run -p {r['exit']:.2f} s (teardown {r['exit'] - r['last_out']:.2f} s), "
-                f"docker run {plain[-1]['exit']:.2f} s")
+                f"docker run {plain[-1]['exit']:.2f} s, run -p --upstream-network {third[-1]['exit']:.2f} s")
 
         def med(xs: list[float]) -> float:
             return percentile(xs, 50)
@@ -565,12 +585,19 @@ class Bottle:
         teardown = med([r["exit"] - r["last_out"] for r in runs])
         plain_tail = med([p["exit"] - p["last_out"] for p in plain])
         setup = med([r["gate_msg"] for r in runs if "gate_msg" in r] or [float("nan")])
-        self.details["bottle"] = {"first_run_p": first, "run_p": runs, "docker_run": plain}
+        t_wall = med([r["exit"] for r in third])
+        self.details["bottle"] = {"first_run_p": first, "run_p": runs, "docker_run": plain,
+                                  "run_p_upstream_network": third}
         self.entries.append(Entry("run_p_wall", "s", r_wall, "docker run", p_wall, ratio(r_wall, p_wall),
                                   note=f"median of {reps}; `claude-bottle run -p 'say hi'` vs `docker run` of the "
-                                  "bottle image running `claude -p` at the stub"))
+                                  "bottle image running `claude -p` at the stub (the gate reaching it over the "
+                                  "egress network, as it reaches Anthropic)"))
         self.entries.append(Entry("run_p_overhead", "s", r_wall - p_wall, "docker run", p_wall, None, "<= 1.0 s",
                                   r_wall - p_wall <= 1.0, "gate, networks, volume, setup and teardown"))
+        self.entries.append(Entry("run_p_overhead_upstream_network", "s", t_wall - p_wall, "docker run", p_wall,
+                                  note="the same with the stub on a network of its own that the gate joins "
+                                  "(--upstream-network: a third network endpoint for the gate, to start and "
+                                  "to release)"))
         self.entries.append(Entry("run_p_first_start", "s", first["exit"], "run -p median", r_wall,
                                   ratio(first["exit"], r_wall),
                                   note="the first run -p of this benchmark, right after `claude-bottle build` "
@@ -623,7 +650,7 @@ class Bottle:
                 Run.wait_for_gate = timed(t, "wait_gate_ready", wait_for_gate)  # type: ignore[method-assign]
                 Run.release = timed(t, "release", release)  # type: ignore[method-assign]
                 Container.start = timed(t, "start_bottle", start)  # type: ignore[method-assign]
-                launch = Launch(agent, self.workspace, credential, "http://stub:8000", (self.net,))
+                launch = Launch(agent, self.workspace, credential, f"http://{self.egress_stub}:8000")
                 t0 = time.monotonic()
                 with started(launch, lambda line: None) as run:
                     t["until_gate_started"] = time.monotonic() - t0
@@ -661,8 +688,8 @@ class Bottle:
         from claude_bottle.launch import Launch, started
 
         credential, _ = tokens.find()
-        launch = Launch(load_agent(self.agent, self.workspace), self.workspace, credential, "http://stub:8000",
-                        (self.net,))
+        launch = Launch(load_agent(self.agent, self.workspace), self.workspace, credential,
+                        f"http://{self.egress_stub}:8000")
         log("gate idle RSS (a bottle running `sleep`), then the time to remove that run")
         t_exit = None
         with started(launch, lambda line: None) as run:
@@ -870,7 +897,7 @@ def main() -> int:
     args.denied = 100 if q else 500
     args.tunnel_bytes = (200 if q else 1024) * 2**20
     args.tunnel_reps = 1 if q else 3
-    args.bottle_reps = 2 if q else 5
+    args.bottle_reps = 2 if q else 7
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
