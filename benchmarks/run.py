@@ -901,7 +901,7 @@ def main() -> int:
     args.denied = 100 if q else 500
     args.tunnel_bytes = (200 if q else 1024) * 2**20
     args.tunnel_reps = 1 if q else 3
-    args.bottle_reps = 2 if q else 7
+    args.bottle_reps = 2 if q else 11
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
