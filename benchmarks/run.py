@@ -382,14 +382,15 @@ class Loopback:
 # --------------------------------------------------------------------------------------- bottle part
 
 STEP_NOTES = {
-    "until_gate_started": "config, image check, both networks, the gate created, connected and started",
+    "until_gate_started": "config, image check, the internal network claimed and the egress one found, the gate "
+                          "created, connected and started",
     "create_bottle": "the bottle created with its state volume, its trust store and git configuration written",
     "start_bottle": "the bottle container started (its entrypoint then holds Claude Code until the release)",
     "wait_gate_ready": "what is left of the gate's boot once the bottle has started (its CA announced)",
     "release": "the gate's CA appended to the bottle's trust store and the bottle let go",
     "claude_runs": "Claude Code in the bottle, from its release to its exit",
     "teardown_gate_stop": "the gate stopped (SIGTERM, its network endpoints released) for its audit",
-    "teardown": "everything removed: bottle, gate (stop above included), both networks",
+    "teardown": "everything removed: bottle, gate (stop above included), the claim on the internal network",
     "total": "in-process run -p: no CLI start-up",
 }
 
@@ -607,7 +608,7 @@ class Bottle:
                                      "found both images cached (nothing rebuilt)")))
         self.entries.append(Entry("run_p_teardown", "s", teardown, "docker run tail", plain_tail,
                                   ratio(teardown, plain_tail),
-                                  note="Claude's output printed -> CLI exited with containers and networks removed "
+                                  note="Claude's output printed -> CLI exited with the run's containers removed "
                                   f"(leftovers at exit: {max(r['leftovers_at_exit'] for r in runs):.0f})"))
         self.entries.append(Entry("run_p_until_gate_start", "s", setup,
                                   note="CLI start -> 'starting gate' (config, token, image check)"))
@@ -765,7 +766,7 @@ def write_results(doc: dict[str, Any]) -> None:
     lines += [f"- {'PASS' if e['pass'] else 'MISS'}: {e['name']} = {fmt(e['value'])} {e['unit']} "
               f"(target {e['target']})" for e in doc["results"] if e["target"]]
     if doc.get("analysis"):
-        lines += ["", "Analysis of the misses:", ""] + [f"- {a}" for a in doc["analysis"]]
+        lines += ["", "Analysis:", ""] + [f"- {a}" for a in doc["analysis"]]
     lines += ["", "Details:", "", "```json", json.dumps(doc["details"], indent=2), "```", ""]
     (RESULTS / "latest.md").write_text("\n".join(lines))
 
