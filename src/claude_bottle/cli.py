@@ -389,7 +389,8 @@ def list_runs(as_json: bool) -> None:
 @click.option("--all", "stop_all", is_flag=True,
               help="Stop every bottle, and remove the internal networks kept for later runs.")
 def stop(agent: str | None, stop_all: bool) -> None:
-    """Stop bottles and remove their containers and networks (their Claude state volume stays)."""
+    """Stop bottles and remove their containers (their Claude state volume stays); on Docker their internal
+    networks are kept for later runs, until --all."""
     from claude_bottle.runtime import engine
     from claude_bottle.runtime.bottle import remove_run, runs, trim_pool
 
