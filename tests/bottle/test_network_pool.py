@@ -48,6 +48,13 @@ def run_of(name: str, workspace: Path, token: str, upstream: Upstream) -> Iterat
         yield run
 
 
+def release_claims(client: docker.DockerClient, runs: list[dict[str, str]]) -> None:
+    """Remove the claims these runs (their labels) made, as the end of a run does."""
+    for labels in runs:
+        for claim in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={labels[RUN_LABEL]}"}):
+            claim.remove(force=True)
+
+
 def bottle_ip(run: Run) -> str:
     assert run.bottle is not None and run.internal is not None
     run.bottle.reload()
@@ -68,9 +75,7 @@ def test_claims_made_at_once_never_share_a_network(
             assert network.attrs["Internal"] is True
             assert network.attrs["Options"]["com.docker.network.bridge.inhibit_ipv4"] == "true"
     finally:
-        for labels in runs:
-            for claim in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={labels[RUN_LABEL]}"}):
-                claim.remove(force=True)
+        release_claims(client, runs)
         trim_pool(client, gate_image)
 
 
@@ -117,18 +122,14 @@ def test_free_networks_beyond_the_kept_number_are_removed_but_never_a_claimed_on
     try:
         networks = [claim_internal(client, gate_image, labels) for labels in runs]
         held, released = networks[0], networks[1:]
-        for labels in runs[1:]:
-            for claim in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={labels[RUN_LABEL]}"}):
-                claim.remove(force=True)
+        release_claims(client, runs[1:])
         trim_pool(client, gate_image)
         left = pooled(client)
         assert held.id in left, "a claimed network was removed"
         assert len([n for n in released if n.id in left]) <= POOL_KEPT
         assert len([n for n in left.values() if not on_network(client, n) and n.id != held.id]) <= POOL_KEPT
     finally:
-        for labels in runs:
-            for claim in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={labels[RUN_LABEL]}"}):
-                claim.remove(force=True)
+        release_claims(client, runs)
         trim_pool(client, gate_image)
 
 
