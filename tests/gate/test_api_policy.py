@@ -130,6 +130,15 @@ async def test_a_body_over_the_limit_in_chunks_gets_413(make_gate: GateFactory, 
     assert gate.records()[0]["status"] == 413
 
 
+async def test_a_request_without_a_body_goes_up_without_framing_headers(make_gate: GateFactory, stub: StubUpstream
+                                                                         ) -> None:
+    async with make_gate() as gate:
+        response = await exchange(gate.api, b"GET /v1/models HTTP/1.1\r\nHost: g\r\n\r\n", 2)
+    assert parse_head(response)[0] == 200
+    (seen,) = stub.requests
+    assert seen.header("content-length") == [] and seen.header("transfer-encoding") == []
+
+
 @pytest.mark.parametrize("reflected", ["authorization", "x-api-key"])
 async def test_the_upstream_reason_phrase_never_reaches_the_client(
     make_gate: GateFactory, stub: StubUpstream, reflected: str

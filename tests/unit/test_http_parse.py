@@ -192,6 +192,25 @@ async def test_a_body_must_match_its_length_and_a_header_cannot_break_the_head()
         await conn.send(Response(200, [(b"x-injected", b"a\r\nset-cookie: b")]))
 
 
+async def test_a_body_that_arrived_whole_is_taken_at_once_and_one_still_coming_is_left() -> None:
+    conn, _ = connection(b"POST / HTTP/1.1\r\nHost: g\r\nContent-Length: 5\r\n\r\nab")
+    assert isinstance(await conn.read_request(1), Request)
+    assert conn.arrived_body() is None  # three bytes still to come: nothing is taken
+    conn.receive_data(b"cde")
+    assert conn.arrived_body() == b"abcde" and conn.their_state is State.DONE
+    chunked, _ = connection(b"POST / HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n",
+                            b"1\r\nc\r\n0\r\n\r\nGET /next HTTP/1.1\r\nHost: g\r\n\r\n")
+    assert isinstance(await chunked.read_request(1), Request)
+    assert chunked.arrived_body() == b"abc"
+    await answer_and_reuse(chunked)
+    assert (await chunked.read_request(1)).target == b"/next"  # type: ignore[union-attr]
+    cut = await upstream_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nok", closed=True)
+    assert isinstance(await cut.next_event(), Response)
+    assert cut.arrived_body() is None  # cut short: left for the stream to report
+    data, closed = await events(cut, 2)
+    assert data == Data(b"ok") and isinstance(closed, ConnectionClosed)
+
+
 async def test_the_upstream_side_frames_requests_and_reads_responses() -> None:
     conn, writer = connection(client=True)
     await conn.send(Request(b"POST", b"/v1/messages", [(b"host", b"u"), (b"transfer-encoding", b"chunked")]))

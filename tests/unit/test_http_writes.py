@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
-from claude_bottle.gate.http import Data, EndOfMessage, HttpConnection, InformationalResponse, Request, Response
+import pytest
+
+from claude_bottle.gate.http import (
+    Data,
+    EndOfMessage,
+    HttpConnection,
+    InformationalResponse,
+    LocalProtocolError,
+    Request,
+    Response,
+    State,
+)
 from tests.helpers import RecordingTransport
 
 
@@ -25,6 +36,17 @@ async def test_a_response_goes_out_in_one_write_when_it_ends() -> None:
     await conn.send(EndOfMessage())
     assert len(writer.writes) == 1
     assert writer.writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writer.writes[0].endswith(b"\r\n\r\nok")
+
+
+async def test_a_whole_message_goes_out_in_one_write_framed_as_its_head_says() -> None:
+    conn, writer = await answering(b"GET / HTTP/1.1\r\nHost: gate\r\n\r\n")
+    await conn.send_whole(Response(200, [(b"transfer-encoding", b"chunked")]), b"ok")
+    assert writer.writes == [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"]
+    assert conn.our_state is State.DONE
+    for length, words in ((b"3", "less body"), (b"1", "more body")):
+        held, _ = await answering(b"GET / HTTP/1.1\r\nHost: gate\r\n\r\n")
+        with pytest.raises(LocalProtocolError, match=words):
+            await held.send_whole(Response(200, [(b"content-length", length)]), b"ok")
 
 
 async def test_a_streamed_piece_goes_out_before_the_loop_waits_for_the_next() -> None:

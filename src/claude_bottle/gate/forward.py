@@ -14,8 +14,10 @@ What differs between them is only the filters and where the upstream connection 
 Framing is the gate's own: a body read whole goes with its length, a streamed one as the client framed it
 (length or chunked). Hop-by-hop headers never pass either way, ``Expect`` is answered by the gate itself
 (``100 Continue`` once a filter or the forward starts reading the body), and the status line's reason
-phrase is the gate's. Bodies stream both ways as they arrive. Each step runs under ``client_side()`` or
-``upstream_side()`` (gate/failures.py), so every error arrives at the caller already saying whose it was.
+phrase is the gate's. Bodies stream both ways as they arrive; one that arrived whole with its head (a small
+request or response, the common case on the API route) goes as bytes, in one write with its head. Each step
+runs under ``client_side()`` or ``upstream_side()`` (gate/failures.py), so every error arrives at the caller
+already saying whose it was.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class Outbound:
 
     def framing(self) -> Headers:
         if isinstance(self.body, bytes):
+            if not self.body and self.length is None and not self.chunked:
+                return []  # none was sent, none is made up
             return [(b"content-length", str(len(self.body)).encode())]
         if self.chunked:
             return [(b"transfer-encoding", b"chunked")]
@@ -68,11 +72,12 @@ class Outbound:
 
 @dataclass
 class Inbound:
-    """The response as it will go to the client: hop-by-hop headers already removed."""
+    """The response as it will go to the client: hop-by-hop headers already removed. ``body`` is a stream of
+    chunks, or bytes when the whole of it had arrived with the head."""
 
     status: int
     headers: Headers
-    body: AsyncIterator[bytes]
+    body: AsyncIterator[bytes] | bytes
 
 
 RequestFilter = Callable[[Outbound, AuditRecord], Awaitable[None]]
@@ -81,12 +86,14 @@ OriginFactory = Callable[[], contextlib.AbstractAsyncContextManager[HttpConnecti
 
 
 def outbound(conn: HttpConnection, request: Request, target: bytes, idle: float) -> Outbound:
-    """``request`` as it arrived, to go upstream to ``target``, its body to be read from ``conn``."""
+    """``request`` as it arrived, to go upstream to ``target``, its body to be read from ``conn`` (or already
+    there, whole: a small request comes in one piece)."""
+    arrived = None if conn.they_are_waiting_for_100_continue else conn.arrived_body()
     return Outbound(
         method=request.method,
         target=target,
         headers=[(n, v) for n, v in end_to_end(request.headers) if n not in FRAMING_HEADERS],
-        body=client_body(conn, idle),
+        body=client_body(conn, idle) if arrived is None else arrived,
         length=request.content_length,
         chunked=request.chunked,
     )
@@ -123,18 +130,23 @@ async def upstream_body(origin: HttpConnection, idle: float) -> AsyncIterator[by
 async def read_whole(request: Outbound, max_bytes: int) -> bytes:
     """The whole body of ``request``; ``Refused`` 413 (closing the connection, the rest unread) past
     ``max_bytes``, before reading any of it when its Content-Length already says so."""
-    if isinstance(request.body, bytes):
-        return request.body
-    too_large = Refused(413, f"request body larger than {max_bytes} bytes", close=True)
-    if request.length is not None and request.length > max_bytes:
-        raise too_large
+    body = request.body
+    known = len(body) if isinstance(body, bytes) else request.length
+    if known is not None and known > max_bytes:
+        raise _too_large(max_bytes)
+    if isinstance(body, bytes):
+        return body
     chunks, size = [], 0
-    async for chunk in request.body:
+    async for chunk in body:
         size += len(chunk)
         if size > max_bytes:
-            raise too_large
+            raise _too_large(max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _too_large(max_bytes: int) -> Refused:
+    return Refused(413, f"request body larger than {max_bytes} bytes", close=True)
 
 
 async def forward(
@@ -151,32 +163,42 @@ async def forward(
     for request_filter in request_filters:
         await request_filter(request, record)
     async with open_origin() as origin:
-        with upstream_side():
-            await origin.send(Request(request.method, request.target, [*request.headers, *request.framing()]))
+        head = Request(request.method, request.target, [*request.headers, *request.framing()])
         body = request.body
         if isinstance(body, bytes):
             record.bytes_up += len(body)
             with upstream_side():
-                await origin.send(Data(body))
+                await origin.send_whole(head, body)
         else:
+            with upstream_side():
+                await origin.send(head)
             async for chunk in body:
                 record.bytes_up += len(chunk)
                 with upstream_side():
                     await origin.send(Data(chunk))
+            with upstream_side():
+                await origin.send(EndOfMessage())
         with upstream_side():
-            await origin.send(EndOfMessage())
             event = await origin.next_event(idle)
             while isinstance(event, InformationalResponse):  # 100 Continue and the like are hop-by-hop
                 event = await origin.next_event(idle)
         if not isinstance(event, Response):
             raise UpstreamSide(502, "upstream closed without a response")
-        response = Inbound(event.status_code, end_to_end(event.headers), upstream_body(origin, idle))
+        arrived = origin.arrived_body()
+        response = Inbound(event.status_code, end_to_end(event.headers),
+                           upstream_body(origin, idle) if arrived is None else arrived)
         for response_filter in response_filters:
             response_filter(response, record)
+        answer, down = Response(response.status, response.headers), response.body
+        if isinstance(down, bytes):
+            with client_side():
+                await conn.send_whole(answer, down)
+            record.status, record.bytes_down = response.status, len(down)
+            return
         with client_side():
-            await conn.send(Response(response.status, response.headers))
+            await conn.send(answer)
         record.status = response.status
-        async for chunk in response.body:
+        async for chunk in down:
             record.bytes_down += len(chunk)
             with client_side():
                 await conn.send(Data(chunk))

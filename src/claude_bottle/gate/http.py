@@ -655,6 +655,27 @@ class HttpConnection(asyncio.Protocol):
             raise ProtocolError(f"unexpected {type(event).__name__} before a request")
         return event
 
+    def arrived_body(self) -> bytes | None:
+        """The current message's whole body if all of it has arrived (taken, as ``body`` would deliver it),
+        else None, with nothing taken. A small message usually arrives in one read: then no wait, no stream."""
+        events = self._incoming.events
+        chunks = []
+        for event in events:
+            if event is END_OF_MESSAGE:
+                break
+            if type(event) is not Data:
+                return None
+            chunks.append(event.data)
+        else:
+            return None
+        for _ in range(len(chunks) + 1):
+            events.popleft()
+        if not events:
+            self._unread = 0
+        self.they_are_waiting_for_100_continue = False
+        self.their_state = State.DONE if self._keep_alive else State.MUST_CLOSE
+        return b"".join(chunks)
+
     async def body(self, timeout: float | None) -> AsyncIterator[bytes]:
         """The current message's body chunks as they arrive."""
         while True:
@@ -673,24 +694,11 @@ class HttpConnection(asyncio.Protocol):
     async def send(self, event: Request | Response | InformationalResponse | Data | EndOfMessage) -> None:
         """Frame ``event`` and send it (see the class's note on coalescing). Header names in lower case."""
         if isinstance(event, Data):
-            if self.our_state is not State.SEND_BODY:
-                raise LocalProtocolError("body data outside a message")
-            data = event.data
-            if self._framing is _Framing.LENGTH:
-                self._remaining -= len(data)
-                if self._remaining < 0:
-                    raise LocalProtocolError("more body than its Content-Length")
-            if data:
-                self._keep(b"%x\r\n%b\r\n" % (len(data), data) if self._framing is _Framing.CHUNKED else data)
+            if data := self._framed(event.data):
+                self._keep(data)
             await self._drain()  # backpressure: the transport holds what went before
         elif isinstance(event, EndOfMessage):
-            if self.our_state is not State.SEND_BODY:
-                raise LocalProtocolError("end of a message that was not started")
-            if self._framing is _Framing.CHUNKED:
-                self._pending.append(b"0\r\n\r\n")
-            elif self._framing is _Framing.LENGTH and self._remaining:
-                raise LocalProtocolError("less body than its Content-Length")
-            self.our_state = State.DONE if self._keep_alive else State.MUST_CLOSE
+            self._end()
             await self._flush()
         elif isinstance(event, Request):
             self._keep(self._request_head(event))
@@ -711,6 +719,37 @@ class HttpConnection(asyncio.Protocol):
         else:
             self._pending.append(self._informational_head(event))
             await self._flush()
+
+    async def send_whole(self, head: Request | Response, body: bytes) -> None:
+        """A message whose body is all here: ``head``, ``body`` and its end, in one write."""
+        data = self._request_head(head) if isinstance(head, Request) else self._response_head(head)
+        if self.our_state is State.SWITCHED:
+            raise LocalProtocolError("a tunnel's answer has no body to send")
+        self._pending.append(data)
+        if data := self._framed(body):
+            self._pending.append(data)
+        self._end()
+        await self._flush()
+
+    def _framed(self, data: bytes) -> bytes:
+        """Body ``data`` as it goes on the wire, held to the message's framing."""
+        if self.our_state is not State.SEND_BODY:
+            raise LocalProtocolError("body data outside a message")
+        if self._framing is _Framing.LENGTH:
+            self._remaining -= len(data)
+            if self._remaining < 0:
+                raise LocalProtocolError("more body than its Content-Length")
+        return b"%x\r\n%b\r\n" % (len(data), data) if data and self._framing is _Framing.CHUNKED else data
+
+    def _end(self) -> None:
+        """The message's end: what its framing needs (the last chunk), then the state after it."""
+        if self.our_state is not State.SEND_BODY:
+            raise LocalProtocolError("end of a message that was not started")
+        if self._framing is _Framing.CHUNKED:
+            self._pending.append(b"0\r\n\r\n")
+        elif self._framing is _Framing.LENGTH and self._remaining:
+            raise LocalProtocolError("less body than its Content-Length")
+        self.our_state = State.DONE if self._keep_alive else State.MUST_CLOSE
 
     def _keep(self, data: bytes) -> None:
         """Hold ``data`` back with the rest of the message, to go out by the time the event loop next waits."""
@@ -823,9 +862,7 @@ class HttpConnection(asyncio.Protocol):
             (b"x-deny-reason", _header_text(reason).encode()),
             *(headers or []),
         ]
-        await self.send(Response(status, head, phrase.encode()))
-        await self.send(Data(body))
-        await self.send(END_OF_MESSAGE)
+        await self.send_whole(Response(status, head, phrase.encode()), body)
 
     async def refuse(self, status: int, reason: str, timeout: float, message: str | None = None,
                      max_body: int = 1 << 20) -> None:

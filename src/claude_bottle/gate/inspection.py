@@ -93,7 +93,11 @@ def reflection_scan(secret: bytes) -> ResponseFilter:
     def scan(response: Inbound, record: AuditRecord) -> None:
         if any(secret in value for _, value in response.headers):
             raise UpstreamSide(502, refused)
-        response.body = _unreflected(response.body, SecretScanner(secret), refused)
+        if isinstance(response.body, bytes):
+            if secret in response.body:
+                raise UpstreamSide(502, refused)
+        else:
+            response.body = _unreflected(response.body, SecretScanner(secret), refused)
 
     return scan
 
