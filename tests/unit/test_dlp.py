@@ -397,3 +397,19 @@ def test_a_view_finds_the_same_rule_whether_small_or_large(pad: int) -> None:
     scan = scanner()
     scan.check_head(b"/v1/messages?beta=true" + filler, [(b"user-agent", b"claude-cli" + filler)])
     assert scan.feed(b'{"model": "m"}' + filler) == b"" and scan.finish() == b'{"model": "m"}' + filler
+
+
+def test_a_body_read_whole_ends_in_one_final_scan_of_its_last_piece() -> None:
+    """``finish(last)``: the last piece of a body read whole is scanned once, as the stream's end, together
+    with what earlier pieces left held back; a match split across the two is found as when streamed."""
+    token = SAMPLES["github-token"]
+    for body in (token, b'{"content": "' + token + b'"}'):
+        with pytest.raises(DlpMatch):
+            scanner().finish(body)
+    filler = b" " * (scanner().tail + 100)  # some of it is passed on: the match is not all held back
+    for cut in range(1, len(token)):
+        scan = scanner()
+        assert scan.feed(filler + token[:cut]) == filler[: len(filler) + cut - scan.tail]
+        with pytest.raises(DlpMatch):
+            scan.finish(token[cut:])
+    assert scanner().finish(b'{"model": "m"}') == b'{"model": "m"}'

@@ -9,6 +9,8 @@ would carry the credential is never delivered.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from claude_bottle.gate.audit import AuditRecord
@@ -32,6 +34,7 @@ from claude_bottle.gate.inspection import (
     reflection_scans,
 )
 from claude_bottle.gate.upstream import UpstreamPool
+from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.messages import MessagesPolicy
 
 # Replaced by the gate: the upstream's own Host, and identity encoding so the reflection scan sees plain bytes.
@@ -47,6 +50,8 @@ class ApiRoute:
     filters: tuple[RequestFilter, ...]
     response_filters: tuple[ResponseFilter, ...]
     target: str  # the upstream's host:port, for the audit
+    # ApiPolicy.decide, remembered for the few targets a client repeats (bounded: a target may be 32 KiB).
+    decide: Callable[[str, str], Decision]
 
     @classmethod
     def of(cls, config: GateConfig) -> ApiRoute:
@@ -58,7 +63,8 @@ class ApiRoute:
                    set_headers(frozenset(), [(b"host", upstream.authority), config.credential.header(),
                                              (b"accept-encoding", b"identity")]))
         return cls((messages_policy(config.messages_policy, config.limits.max_body_bytes), *filters), filters,
-                   (identity_only, *reflection_scans(config.injected_secrets)), f"{upstream.host}:{upstream.port}")
+                   (identity_only, *reflection_scans(config.injected_secrets)), f"{upstream.host}:{upstream.port}",
+                   functools.lru_cache(maxsize=64)(config.api_policy.decide))
 
 
 async def api_exchange(conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext) -> None:
@@ -68,7 +74,7 @@ async def api_exchange(conn: HttpConnection, request: Request, record: AuditReco
     record.target = route.target
     record.path = target.split("?", 1)[0]
 
-    decision = config.api_policy.decide(method, target)
+    decision = route.decide(method, target)
     if not decision.allow:
         raise Refused(decision.status, decision.reason)
     record.allow(decision.reason)

@@ -271,8 +271,9 @@ class DlpMatcher:
 
 class DlpScanner:
     """Scans one request: ``check_head`` once, then ``feed`` each body chunk in order and ``finish`` at the
-    end of the body. Each raises DlpMatch on a match; after that the request must be refused, or if body
-    bytes already went upstream, that connection reset so the request never completes.
+    end of the body (with the last piece of a body read whole: ``finish(last)``). Each raises DlpMatch on a
+    match; after that the request must be refused, or if body bytes already went upstream, that connection
+    reset so the request never completes.
 
     ``feed`` returns the bytes that may be forwarded now; the last ``tail`` bytes seen are held back until
     the next chunk or ``finish`` (which returns them). A body of any size costs ``tail`` bytes of memory.
@@ -298,11 +299,13 @@ class DlpScanner:
         self._held, self._offset = window[len(window) - keep :], self._offset + len(window) - keep
         return window[: len(window) - keep]
 
-    def finish(self) -> bytes:
-        held, self._held = self._held, b""
-        if held:
-            self._scan(held, "body", self._start(), final=True)
-        return held
+    def finish(self, last: bytes = b"") -> bytes:
+        """The body's end, with its ``last`` bytes if they were not fed (a body read whole: its last piece is
+        then scanned once, not fed and scanned again here). Returns what was held back, and ``last``."""
+        window, self._held = self._held + last, b""
+        if window:
+            self._scan(window, "body", self._start(), final=True)
+        return window
 
     def _start(self) -> int:
         """Where matches may begin in a window: after the margin once the body's first bytes were passed on.

@@ -135,9 +135,11 @@ def data_loss(matcher: DlpMatcher) -> RequestFilter:
         try:
             scanner.check_head(request.target, request.headers)
             if isinstance(request.body, bytes):
-                for start in range(0, len(request.body), SCAN_PIECE):
-                    scanner.feed(request.body[start : start + SCAN_PIECE])
-                scanner.finish()
+                body = request.body
+                last = max(0, len(body) - 1) // SCAN_PIECE * SCAN_PIECE  # where the last piece starts
+                for start in range(0, last, SCAN_PIECE):
+                    scanner.feed(body[start : start + SCAN_PIECE])
+                scanner.finish(body[last:])
         except DlpMatch as match:
             raise Refused.by(match.decision) from None
         if not isinstance(request.body, bytes):
