@@ -590,12 +590,21 @@ class HttpConnection(asyncio.Protocol):
         """The next event, waiting for it if none has arrived: ``timeout`` bounds each wait, ``deadline`` (the
         loop's clock) all of them."""
         events = self._incoming.events
-        while not events:
-            until = deadline
-            if timeout is not None:
-                until = self._loop.time() + timeout
-                until = until if deadline is None else min(deadline, until)
-            await self._wait(until)
+        while True:
+            while not events:
+                until = deadline
+                if timeout is not None:
+                    until = self._loop.time() + timeout
+                    until = until if deadline is None else min(deadline, until)
+                await self._wait(until)
+            event = self._take()
+            if event is not None:
+                return event
+
+    def _take(self) -> Event | None:
+        """The first queued event, with the connection's state moved past it; None for a marker that is not
+        delivered."""
+        events = self._incoming.events
         event = events.popleft()
         if not events:
             self._unread = 0
@@ -612,7 +621,7 @@ class HttpConnection(asyncio.Protocol):
             self.their_state = State.SEND_BODY
         elif event is _NO_REUSE:
             self._keep_alive = False
-            return await self.next_event(timeout, deadline)
+            return None
         elif isinstance(event, _Broken):
             events.appendleft(event)  # every later call raises it too
             self.their_state = State.ERROR
@@ -669,11 +678,7 @@ class HttpConnection(asyncio.Protocol):
         else:
             return None
         for _ in range(len(chunks) + 1):
-            events.popleft()
-        if not events:
-            self._unread = 0
-        self.they_are_waiting_for_100_continue = False
-        self.their_state = State.DONE if self._keep_alive else State.MUST_CLOSE
+            self._take()
         return b"".join(chunks)
 
     async def body(self, timeout: float | None) -> AsyncIterator[bytes]:
