@@ -159,7 +159,8 @@ async def forward(
     response_filters: Sequence[ResponseFilter] = (),
 ) -> None:
     """One exchange: the filters, then the request up (its body as it arrives), the response down chunk by
-    chunk; a body that is all there goes with its head, in one write. Raises ``Refused``, ``ClientSide`` or ``UpstreamSide``; the caller answers (failures.answer)."""
+    chunk; a body that is all there goes with its head, in one write. Raises ``Refused``, ``ClientSide`` or
+    ``UpstreamSide``; the caller answers (failures.answer)."""
     for request_filter in request_filters:
         await request_filter(request, record)
     async with open_origin() as origin:
