@@ -46,6 +46,7 @@ from benchkit import (
     Entry,
     SyncHttp,
     command_line,
+    floor,
     fmt,
     free_port,
     kb_to_mb,
@@ -164,6 +165,9 @@ class Loopback:
         self.nginx = ch.start("nginx", [nginx, "-c", str(conf), "-p", str(conf.parent), "-e", "stderr"])
         wait_port(self.nginx, LOOPBACK, nport, 20)
         self.nginx_addr = (LOOPBACK, nport)
+        # Python's floor for the API latency phase only: it does not stream.
+        self.floors = {name: floor.start(ch, name, lb.stub_port, self.tmp / "token", checks)
+                       for name, checks in (("python floor", False), ("python checks", True))}
         self.egress: dict[str, tuple[Child, tuple[str, int]]] = {}
         if need_egress:
             squid = shutil.which("squid") or "/usr/sbin/squid"
@@ -209,24 +213,37 @@ class Loopback:
 
     def api_latency(self) -> None:
         n = self.args.requests
-        log(f"API latency: {n} sequential small POST /v1/messages per path (direct, gate, nginx), keep-alive")
-        st = phases.api_latency(self.api_paths(), n, self.deadline,
-                                {"gate": self.gate.pid, "nginx": self.nginx.pid})
+        log(f"API latency: {n} sequential small POST /v1/messages per path (direct, gate, nginx, Python's floor "
+            "without and with the gate's checks), keep-alive")
+        floors = {name: addr for name, (_, addr) in self.floors.items()}
+        st = phases.api_latency({**self.api_paths(), **floors}, n, self.deadline,
+                                {"gate": self.gate.pid, "nginx": self.nginx.pid,
+                                 **{name: child.pid for name, (child, _) in self.floors.items()}})
         self.details["api_latency_ms"] = st
+        added = {k: {q: v[q] - st["direct"][q] for q in ("p50", "p99")} for k, v in st.items()}
         for q in ("p50", "p99"):
-            g_add = st["gate"][q] - st["direct"][q]
-            n_add = st["nginx"][q] - st["direct"][q]
+            g_add, n_add = added["gate"][q], added["nginx"][q]
             self.entries.append(Entry(f"api_latency_{q}", "ms", st["gate"][q], "direct", st["direct"][q],
                                       ratio(st["gate"][q], st["direct"][q]), note="gate, total"))
             tgt = "<= 1.5 x nginx" if q == "p50" else None
             self.entries.append(Entry(f"api_added_latency_{q}", "ms", g_add, "nginx", n_add, ratio(g_add, n_add),
                                       tgt, (g_add <= 1.5 * n_add) if tgt else None,
                                       f"{q} over the direct {q}; {n} sequential small non-streaming requests"))
-        g_cpu, n_cpu = st["gate"]["cpu_ms_per_request"], st["nginx"]["cpu_ms_per_request"]
-        self.entries.append(Entry("api_cpu_per_request", "ms", g_cpu, "nginx", n_cpu, ratio(g_cpu, n_cpu),
-                                  note="CPU the proxy spent per request (/proc, all its processes)"))
+        n_add = added["nginx"]["p50"]
+        for name, note in (("python floor", "the least a Python proxy adds (benchkit/floor.py): protocol callbacks, "
+                                            "no checks"),
+                           ("python checks", "the same with the gate's checks called directly: Messages policy, "
+                                             "DLP, reflection scan")):
+            value = added[name]["p50"]
+            self.entries.append(Entry(f"api_added_latency_p50_{name.replace(' ', '_')}", "ms", value, "nginx",
+                                      n_add, ratio(value, n_add), note=note))
+        cpu = {k: v["cpu_ms_per_request"] for k, v in st.items() if "cpu_ms_per_request" in v}
+        self.entries.append(Entry("api_cpu_per_request", "ms", cpu["gate"], "nginx", cpu["nginx"],
+                                  ratio(cpu["gate"], cpu["nginx"]),
+                                  note="CPU the proxy spent per request (/proc, all its processes); Python's "
+                                       f"floor {cpu['python floor']:.3f}, with the checks {cpu['python checks']:.3f}"))
         log("   " + " | ".join(f"{k} p50 {v['p50']:.3f} p99 {v['p99']:.3f} ms" for k, v in st.items())
-            + f" | CPU/request gate {g_cpu:.3f} nginx {n_cpu:.3f} ms")
+            + " | CPU/request " + " ".join(f"{k} {v:.3f}" for k, v in cpu.items()))
 
     # -- SSE per-event delay -----------------------------------------------------------------------
 
@@ -753,8 +770,9 @@ def write_results(doc: dict[str, Any]) -> None:
         "Gate = `claude-bottle gate`; direct = straight to the stub (or sink); nginx = Debian's nginx as a "
         "reverse proxy (proxy_buffering off, keep-alive upstream, Authorization injected); squid = Debian's "
         "squid allowing CONNECT to the sink only; sandbox-runtime = the HTTP proxy of Anthropic's "
-        "`@anthropic-ai/sandbox-runtime` (`srt`) allowing the sink only, opaque tunnels. Added = path - direct. "
-        "MB = 10^6 bytes.", "",
+        "`@anthropic-ai/sandbox-runtime` (`srt`) allowing the sink only, opaque tunnels; Python's floor = the "
+        "cheapest API proxy Python allows (benchkit/floor.py), without and with the gate's checks. Added = path - "
+        "direct. MB = 10^6 bytes.", "",
         "| metric | unit | value | baseline | baseline value | ratio | target | result | note |",
         "| --- | --- | ---: | --- | ---: | ---: | --- | --- | --- |",
     ]
