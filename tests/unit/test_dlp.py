@@ -18,6 +18,7 @@ import pytest
 
 from claude_bottle.gate.dlp import (
     BUILTIN_NAMES,
+    BUILTIN_RULES,
     HELD_SECRET,
     DlpMatch,
     DlpPolicy,
@@ -413,3 +414,52 @@ def test_a_body_read_whole_ends_in_one_final_scan_of_its_last_piece() -> None:
         with pytest.raises(DlpMatch):
             scan.finish(token[cut:])
     assert scanner().finish(b'{"model": "m"}') == b'{"model": "m"}'
+
+
+# --- a rule's regex runs around its anchors only -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keyword", [b"aws_secret_access_key", b"AWS_SECRET_ACCESS_KEY", b"SecretAccessKey",
+                                     b"SeCrEt_AcCeSs_KeY", b"awsSECRETkey", b"aws_sEcReT"])
+@pytest.mark.parametrize("pad", [0, 600, 70_000], ids=["small view", "large view", "past a scan piece"])
+def test_a_case_blind_keyword_is_found_in_any_case(keyword: bytes, pad: int) -> None:
+    """The AWS secret key's rule ignores the keyword's case, so its anchor is found in any case too."""
+    body = b"x" * pad + keyword + b' = "' + rand(40, ALNUM + "/+").encode() + b'"' + b"x" * pad
+    for chunks in ([body], [body[i:i + 16 * 1024] for i in range(0, len(body), 16 * 1024)]):
+        out, match = feed_all(scanner(secrets=()), chunks)
+        assert match is not None and match.rule == "aws-secret-access-key", (keyword, pad)
+        assert len(out) <= pad
+
+
+@pytest.mark.parametrize("label", SAMPLES)
+def test_a_credential_is_found_far_from_another_of_its_anchors(label: str) -> None:
+    """The regex runs around each anchor's every occurrence: a token 40 KB after a harmless occurrence of one
+    of its rule's anchors (and before another) is found."""
+    rule = next(r for r in BUILTIN_RULES if r.name == rule_of(label))
+    decoy = b" " + rule.anchors[0] + b" "
+    body = decoy + b"." * 40_000 + SAMPLES[label] + b"." * 40_000 + decoy
+    _, match = feed_all(scanner(secrets=()), [body])
+    assert match is not None and match.rule == rule.name
+
+
+def test_anchors_everywhere_still_find_the_token() -> None:
+    filler = b"secret, " * 20_000
+    _, match = feed_all(scanner(secrets=()), [filler + SAMPLES["aws-secret-access-key"] + b", " + filler])
+    assert match is not None and match.rule == "aws-secret-access-key"
+    out, match = feed_all(scanner(secrets=()), [filler])
+    assert match is None and out == filler
+
+
+def test_searching_around_the_anchors_finds_what_searching_the_whole_view_finds() -> None:
+    """Views of samples, their near misses, stray anchors and filler, cut at random: a rule finds a match in
+    exactly the views where its regex run over the whole view finds one."""
+    pieces = [*SAMPLES.values(), *(a for r in BUILTIN_RULES for a in r.anchors), b"SECRET_access_KEY = ",
+              b"x" * 40, b"/" * 40, b" ", b"\n", b"." * 3000, b"eyJ" + rand(20).encode() + b"."]
+    for _ in range(400):
+        view = b"".join(RNG.choice(pieces) for _ in range(RNG.randrange(1, 12)))
+        view = view[RNG.randrange(0, 20):]
+        start = RNG.randrange(0, 20)
+        for rule in BUILTIN_RULES:
+            for final in (True, False):
+                whole = any(final or m.end() < len(view) for m in rule.pattern.finditer(view, start))
+                assert rule.search(view, start, final) == whole, (rule.name, final, start, view)

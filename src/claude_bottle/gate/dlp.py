@@ -70,22 +70,49 @@ class DlpMatch(Exception):
 @dataclass(frozen=True)
 class DlpRule:
     """A named pattern. ``anchors``: literals of which every match contains at least one, searched first
-    (fast) so the regex runs only where one occurs; empty means the regex always runs."""
+    (fast) so the regex runs only around them; empty means the regex runs over the whole view. With
+    ``fold_case`` (for a pattern that ignores case) the anchors are lower-case and found in any case."""
 
     name: str
     pattern: re.Pattern[bytes]
     anchors: tuple[bytes, ...] = ()
+    fold_case: bool = False
     width: int = field(init=False)  # the longest match
 
     def __post_init__(self) -> None:
+        if self.fold_case and any(anchor != anchor.lower() for anchor in self.anchors):
+            raise ValueError(f"DLP rule {self.name}: a case-blind rule's anchors are written in lower case")
         object.__setattr__(self, "width", _widths(self.pattern.pattern)[1])
 
     def search(self, view: bytes, start: int, final: bool) -> bool:
         """Whether a match begins at or after ``start``. Before the stream ends, a match that reaches the end
         of ``view`` does not count yet: more bytes may show it is not one (a look-ahead, a longer token)."""
-        if self.anchors and not any(anchor in view for anchor in self.anchors):
-            return False
-        return any(final or match.end() < len(view) for match in self.pattern.finditer(view, start))
+        regions = self._regions(view, start) if self.anchors else [(start, len(view))]
+        # A region is searched in place, so look-behind sees the bytes before it.
+        return any(final or match.end() < len(view)
+                   for low, high in regions for match in self.pattern.finditer(view, low, high))
+
+    def _regions(self, view: bytes, start: int) -> list[tuple[int, int]]:
+        """Where a match can be: it holds an anchor and is at most ``width`` long, so it lies within ``width``
+        bytes of one, and look-around needs at most ``_MARGIN`` more. Overlapping regions are merged, so each
+        match lies whole in one. (A word such as "secret" in ordinary text is an anchor: a region, not a
+        search of the whole view, is what it costs.)"""
+        haystack = view.lower() if self.fold_case else view
+        reach, spans = self.width + _MARGIN, []
+        for anchor in self.anchors:
+            at = haystack.find(anchor)
+            while at != -1:
+                spans.append((max(start, at - reach), min(len(view), at + len(anchor) + reach)))
+                if len(spans) * reach > len(view):  # anchors everywhere: the whole view is one region
+                    return [(start, len(view))]
+                at = haystack.find(anchor, at + 1)
+        merged: list[tuple[int, int]] = []
+        for low, high in sorted(spans):
+            if merged and low <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+            elif low < high:
+                merged.append((low, high))
+        return merged
 
 
 def _widths(pattern: bytes) -> tuple[int, int]:
@@ -93,8 +120,8 @@ def _widths(pattern: bytes) -> tuple[int, int]:
     return int(low), int(high)
 
 
-def _rule(name: str, pattern: bytes, *anchors: bytes) -> DlpRule:
-    return DlpRule(name, re.compile(pattern), anchors)
+def _rule(name: str, pattern: bytes, *anchors: bytes, fold_case: bool = False) -> DlpRule:
+    return DlpRule(name, re.compile(pattern), anchors, fold_case)
 
 
 _ALNUM = rb"A-Za-z0-9"
@@ -108,7 +135,7 @@ BUILTIN_RULES: tuple[DlpRule, ...] = (
           b"AKIA", b"ASIA", b"ABIA", b"ACCA"),
     _rule("aws-secret-access-key",
           rb"(?i:secret_?access_?key|aws_?secret(?:_?key)?)[\"']?\s{0,4}[:=]\s{0,4}[\"']?"
-          rb"[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])", b"ecret", b"ECRET"),
+          rb"[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])", b"secret", fold_case=True),
     _rule("npm-token", rb"(?<![" + _ALNUM + rb"_])npm_[" + _ALNUM + rb"]{36}(?![" + _ALNUM + rb"_])", b"npm_"),
     _rule("pypi-token", rb"pypi-Ag(?:EIcHlwaS5vcmc|ENdGVzdC5weXBpLm9yZw)[A-Za-z0-9_-]{40}",
           b"pypi-AgEIcHlwaS5vcmc", b"pypi-AgENdGVzdC5weXBpLm9yZw"),
@@ -245,8 +272,12 @@ class DlpMatcher:
     def __init__(self, rules: Sequence[DlpRule], needles: Sequence[tuple[bytes, str]]) -> None:
         self.rules = tuple(rules)
         self.needles = tuple(needles)
-        literals = dict.fromkeys([n for n, _ in needles] + [a for rule in rules for a in rule.anchors])
+        literals = dict.fromkeys([n for n, _ in needles]
+                                 + [a for rule in rules if not rule.fold_case for a in rule.anchors])
         self._any_literal = re.compile(b"|".join(map(re.escape, literals))) if literals else None
+        # Searched for in the case-folded view: a case-blind group would slow the whole alternation down.
+        folded = dict.fromkeys(a for rule in rules if rule.fold_case for a in rule.anchors)
+        self._any_folded = re.compile(b"|".join(map(re.escape, folded))) if folded else None
         self._unanchored = tuple(rule for rule in rules if not rule.anchors)
         longest = max([len(n) for n, _ in needles] + [rule.width for rule in rules] + [1])
         # Escaped bytes take three times their room; the margin keeps look-behind and look-ahead context.
@@ -257,7 +288,8 @@ class DlpMatcher:
 
     def search(self, view: bytes, where: str, start: int, final: bool) -> None:
         """Raise DlpMatch for the first needle, then rule, that matches ``view`` (see ``DlpRule.search``)."""
-        if len(view) > _SMALL_VIEW or (self._any_literal is not None and self._any_literal.search(view)):
+        if (len(view) > _SMALL_VIEW or (self._any_literal is not None and self._any_literal.search(view))
+                or (self._any_folded is not None and self._any_folded.search(view.lower()))):
             for needle, encoding in self.needles:
                 if needle in view:
                     raise DlpMatch(HELD_SECRET, where, encoding)
