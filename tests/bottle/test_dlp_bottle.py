@@ -4,8 +4,8 @@ gate holds and no credential of a known format, wherever it hides it.
 The host (``collect``, tests/bottle/https_servers.py) is allowed and inspected with no method rules, so DLP
 alone stands between the bottle and it; it takes any request and logs every byte it read, so a canary that
 got through shows there. The canaries: the Anthropic credential the gate holds (the bottle never has it; an
-agent that came by it, say reflected by a server, sends it on) and a GitHub token made here, as the bottle
-would find one in the workspace. Each attack must get the gate's 403 naming the DLP rule, never the value; the
+agent that came by it, say reflected by a server, sends it on), a GitHub token made here, as the bottle
+would find one in the workspace, and an AWS secret key after its keyword in mixed case. Each attack must get the gate's 403 naming the DLP rule, never the value; the
 collector must never see the canary; the audit must name the rule and never hold the value. A clean request
 of the same shapes must pass, so each attack can fail.
 """
@@ -92,6 +92,11 @@ def github_token() -> str:
     return "ghp_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(36))
 
 
+def aws_secret_key_in_mixed_case() -> str:
+    """An AWS secret key after its keyword spelled in a case no credentials file uses: the rule ignores case."""
+    return "AwS_SeCrEt_AcCeSs_KeY=" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(40))
+
+
 def b64(value: str) -> str:
     return base64.b64encode(value.encode()).decode()
 
@@ -128,6 +133,8 @@ CANARIES = {
     "the held credential": (lambda bottle: bottle.credential, "held-secret"),
     "the held credential in base64": (lambda bottle: b64(bottle.credential), "held-secret"),
     "a GitHub token": (lambda bottle: github_token(), "github-token"),
+    "an AWS secret key, its keyword in mixed case": (lambda bottle: aws_secret_key_in_mixed_case(),
+                                                     "aws-secret-access-key"),
 }
 
 
