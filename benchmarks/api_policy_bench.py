@@ -128,11 +128,11 @@ def end_to_end(paths: dict[str, tuple[str, int]], samples: dict[str, bytes], n: 
 def unjudged_gate_main(upstream: str, token_file: str) -> None:
     """The gate with the body policy off (run as a subprocess): bodies stream as they did before the policy."""
     from claude_bottle.credentials import read_token_file
-    from claude_bottle.gate import config as gc
+    from claude_bottle.gate import settings as gc
     from claude_bottle.gate.audit import AuditLog
     from claude_bottle.gate.server import serve
 
-    config = gc.GateConfig(api_listen=gc.Endpoint(LOOPBACK, 0), proxy_listen=gc.Endpoint(LOOPBACK, 0),
+    config = gc.GateSettings(api_listen=gc.Endpoint(LOOPBACK, 0), proxy_listen=gc.Endpoint(LOOPBACK, 0),
                            credential=read_token_file(token_file), upstream=gc.parse_upstream(upstream),
                            messages_policy=MessagesPolicy(paths=frozenset()))
     serve(config, AuditLog(None))

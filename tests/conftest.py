@@ -14,7 +14,7 @@ import pytest
 import uvloop
 
 from claude_bottle.credentials import Credential
-from claude_bottle.gate import config as gc
+from claude_bottle.gate import settings as gc
 from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.context import LeafIssuer
 from claude_bottle.gate.resolver import Resolver
@@ -95,7 +95,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
     ) -> AsyncIterator[RunningGate]:
         token = token or make_token()
         request_policy = gc.parse_egress_rules(egress_rules, no_inspect)
-        config = gc.GateConfig(
+        config = gc.GateSettings(
             api_listen=gc.Endpoint("127.0.0.1", api_port),
             proxy_listen=gc.Endpoint("127.0.0.1", proxy_port),
             credential=Credential.parse(token, "test token"),

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from claude_bottle.gate.config import Endpoint
+from claude_bottle.gate.settings import Endpoint
 
 
 def tar_archive(files: dict[str, bytes], uid: int = 0, gid: int = 0, mode: int = 0o600) -> bytes:

@@ -125,14 +125,14 @@ def gate(
     """
     from pathlib import Path
 
-    from claude_bottle.gate import config as gc
+    from claude_bottle.gate import settings as gc
     from claude_bottle.gate.audit import AuditLog
     from claude_bottle.gate.server import serve
 
     request_policy = gc.parse_egress_rules(egress_rule, no_inspect)
     route_specs = gc.parse_routes(credential_route, request_policy)
     credential, routes = gc.read_secrets(token_file, route_specs)
-    config = gc.GateConfig(
+    config = gc.GateSettings(
         api_listen=gc.parse_listen(api_listen, "--api-listen"),
         proxy_listen=gc.parse_listen(proxy_listen, "--proxy-listen"),
         upstream=gc.parse_upstream(upstream),
@@ -174,7 +174,7 @@ def stub_upstream(listen: str, text: str | None, log: bool, tls_file: str | None
     import asyncio
     import ssl
 
-    from claude_bottle.gate.config import parse_listen
+    from claude_bottle.gate.settings import parse_listen
     from claude_bottle.stub import DEFAULT_TEXT, serve
 
     endpoint = parse_listen(listen, "--listen")
@@ -209,7 +209,7 @@ def _launch(agent_name: str | None, workspace: str | None, upstream: str | None,
             upstream_network: tuple[str, ...], runtime: str | None = None, learn: bool = False) -> Launch:
     from claude_bottle import tokens
     from claude_bottle.config import load_agent
-    from claude_bottle.gate.config import parse_upstream
+    from claude_bottle.gate.settings import parse_upstream
     from claude_bottle.launch import Launch, workspace_of
 
     path = workspace_of(workspace)

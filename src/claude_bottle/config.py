@@ -23,7 +23,6 @@ from urllib.parse import urlsplit
 
 from claude_bottle import trust
 from claude_bottle.errors import ConfigError
-from claude_bottle.gate.config import DEFAULT_UPSTREAM, parse_upstream
 from claude_bottle.gate.dlp import DlpPolicy, DlpRule, InvalidDlpRule, parse_builtin_name, parse_dlp_rule
 from claude_bottle.gate.routes import (
     InvalidRoute,
@@ -34,6 +33,7 @@ from claude_bottle.gate.routes import (
     check_username,
     parse_bound_host,
 )
+from claude_bottle.gate.settings import DEFAULT_UPSTREAM, parse_upstream
 from claude_bottle.paths import config_dir, state_dir
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, InvalidHost, Target, normalize_host, parse_pattern, parse_port

@@ -32,8 +32,8 @@ from claude_bottle.config import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA
-from claude_bottle.gate.config import Limits
 from claude_bottle.gate.routes import CredentialRoute, new_sentinel
+from claude_bottle.gate.settings import Limits
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
 from claude_bottle.persistence import Plants, make_repository, share
 from claude_bottle.policy.hosts import Allowlist, parse_pattern

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import trustme
 
-from claude_bottle.gate.config import Endpoint
 from claude_bottle.gate.resolver import StaticResolver
+from claude_bottle.gate.settings import Endpoint
 from claude_bottle.stub import DEFAULT_TEXT, TOOL_SEARCH, StubUpstream
 from tests.conftest import GateFactory, RunningGate
 from tests.e2e.test_claude_code import run_claude

@@ -16,7 +16,7 @@ from pathlib import Path
 import h11
 import pytest
 
-from claude_bottle.gate.config import Endpoint
+from claude_bottle.gate.settings import Endpoint
 from claude_bottle.stub import DEFAULT_TEXT, StubUpstream
 from tests.conftest import GateFactory
 from tests.helpers import make_token

@@ -17,7 +17,7 @@ import pytest
 import trustme
 
 from claude_bottle.errors import ConfigError
-from claude_bottle.gate import config as gc
+from claude_bottle.gate import settings as gc
 from claude_bottle.gate.resolver import StaticResolver
 from claude_bottle.gate.routes import CredentialRoute, RouteSpec, Scheme, new_sentinel, parse_route_flag
 from claude_bottle.stub import StubUpstream

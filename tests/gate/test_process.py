@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from claude_bottle.gate.ca import announced_ca
-from claude_bottle.gate.config import Endpoint
+from claude_bottle.gate.settings import Endpoint
 from claude_bottle.stub import StubUpstream
 from tests.helpers import exchange, make_token, messages_request, parse_head, read_head
 

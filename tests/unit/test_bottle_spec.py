@@ -128,7 +128,7 @@ def test_the_agents_server_tools_and_mcp_hosts_reach_the_gate_command(tmp_path: 
 
 
 def test_the_agents_egress_rules_and_dlp_reach_the_gate_command(tmp_path: Path) -> None:
-    from claude_bottle.gate.config import parse_dlp, parse_egress_rules
+    from claude_bottle.gate.settings import parse_dlp, parse_egress_rules
 
     agent = parse_agent("a", tomllib.loads(
         'version = 1\npresets = ["npm-read"]\n[[egress]]\nhost = "api.example.com"\nallow = ["GET /v1/**"]\n'

@@ -28,7 +28,7 @@ from claude_bottle.gate import ca as ca_module
 from claude_bottle.gate import server
 from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.ca import LEAF_RENEW_AFTER, HostNotPermitted, InvalidHost, RunCA, announced_ca, server_context
-from claude_bottle.gate.config import Endpoint, GateConfig, Upstream, parse_allowlist
+from claude_bottle.gate.settings import Endpoint, GateSettings, Upstream, parse_allowlist
 from claude_bottle.policy.hosts import Allowlist
 from tests.helpers import connect_via, make_token
 
@@ -299,7 +299,7 @@ async def test_nothing_the_gate_writes_holds_the_ca_key(tmp_path: Path, monkeypa
     monkeypatch.setattr(ca_module, "server_context", spy)
     monkeypatch.chdir(tmp_path)
     secret = make_token()
-    config = GateConfig(api_listen=Endpoint("127.0.0.1", 0), proxy_listen=Endpoint("127.0.0.1", 0),
+    config = GateSettings(api_listen=Endpoint("127.0.0.1", 0), proxy_listen=Endpoint("127.0.0.1", 0),
                         credential=Credential.parse(secret, "test"), upstream=Upstream("http", "127.0.0.9", 9, ""),
                         allowlist=parse_allowlist(["*.example.com", "127.0.0.2:443"]))
     audit, said, ready = io.StringIO(), [], asyncio.Event()

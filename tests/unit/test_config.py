@@ -10,9 +10,10 @@ import pytest
 
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError
-from claude_bottle.gate.config import (
+from claude_bottle.gate.http import HOP_BY_HOP, end_to_end
+from claude_bottle.gate.settings import (
     Endpoint,
-    GateConfig,
+    GateSettings,
     Upstream,
     parse_allowlist,
     parse_api_paths,
@@ -20,7 +21,6 @@ from claude_bottle.gate.config import (
     parse_networks,
     parse_upstream,
 )
-from claude_bottle.gate.http import HOP_BY_HOP, end_to_end
 from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS
 from claude_bottle.policy.hosts import HostPattern
 
@@ -240,7 +240,7 @@ def test_hop_by_hop_set() -> None:
 
 
 def test_egress_rules_and_no_inspect_become_the_request_policy_and_join_the_allowlist() -> None:
-    from claude_bottle.gate.config import parse_egress_rules
+    from claude_bottle.gate.settings import parse_egress_rules
     from claude_bottle.policy.hosts import Target
 
     policy = parse_egress_rules(["api.github.com allow GET /repos/**", "api.github.com deny POST /gists",
@@ -260,7 +260,7 @@ def test_egress_rules_and_no_inspect_become_the_request_policy_and_join_the_allo
     ([], ["*"], "--no-inspect '*': allow pattern '*' matches every host"),
 ])
 def test_egress_flag_errors_name_the_flag(rules: list[str], opaque: list[str], words: str) -> None:
-    from claude_bottle.gate.config import parse_egress_rules
+    from claude_bottle.gate.settings import parse_egress_rules
 
     with pytest.raises(ConfigError) as caught:
         parse_egress_rules(rules, opaque)
@@ -268,7 +268,7 @@ def test_egress_flag_errors_name_the_flag(rules: list[str], opaque: list[str], w
 
 
 def test_dlp_flags() -> None:
-    from claude_bottle.gate.config import parse_dlp
+    from claude_bottle.gate.settings import parse_dlp
 
     policy = parse_dlp(["internal-token itk_[a-z0-9]{32}"], ["jwt"])
     assert policy.disabled == {"jwt"} and [r.name for r in policy.extra] == ["internal-token"]
@@ -279,7 +279,7 @@ def test_dlp_flags() -> None:
 
 
 def test_the_gate_command_parses_its_rule_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The flags reach GateConfig: the run is replaced by a recorder of the config it is given."""
+    """The flags reach GateSettings: the run is replaced by a recorder of the config it is given."""
     from click.testing import CliRunner
 
     from claude_bottle.cli import cli
@@ -311,7 +311,7 @@ def test_the_gate_command_parses_its_rule_flags(monkeypatch: pytest.MonkeyPatch,
 
 def test_one_upstream_tls_context_per_gate(tmp_path: Path) -> None:
     """Loading the system trust store takes tens of milliseconds of the gate's start: it is done once."""
-    config = GateConfig(Endpoint("127.0.0.1", 0), Endpoint("127.0.0.1", 0),
+    config = GateSettings(Endpoint("127.0.0.1", 0), Endpoint("127.0.0.1", 0),
                         Credential.parse("sk-ant-oat01-" + "A" * 60, "test"), Upstream("https", "api.example", 443, ""))
     context = config.ssl_context()
     assert config.ssl_context() is context
@@ -321,7 +321,7 @@ def test_one_upstream_tls_context_per_gate(tmp_path: Path) -> None:
 def test_an_extra_ca_that_cannot_be_loaded_is_a_config_error(tmp_path: Path) -> None:
     bad = tmp_path / "ca.pem"
     bad.write_text("not a certificate\n")
-    config = GateConfig(Endpoint("127.0.0.1", 0), Endpoint("127.0.0.1", 0),
+    config = GateSettings(Endpoint("127.0.0.1", 0), Endpoint("127.0.0.1", 0),
                         Credential.parse("sk-ant-oat01-" + "A" * 60, "test"), Upstream("https", "api.example", 443, ""),
                         extra_ca_files=(bad,))
     with pytest.raises(ConfigError, match="--extra-ca"):

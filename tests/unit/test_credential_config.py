@@ -17,7 +17,7 @@ from claude_bottle import tokens
 from claude_bottle.config import AgentConfig, CredentialConfig, parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, CredentialError
-from claude_bottle.gate import config as gc
+from claude_bottle.gate import settings as gc
 from claude_bottle.gate.routes import Scheme, parse_route_flag
 from claude_bottle.launch import Launch, run_spec
 from claude_bottle.runtime.bottle import Run, gate_command, gate_input, git_credentials

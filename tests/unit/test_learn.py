@@ -93,7 +93,7 @@ def test_the_policy_file_is_toml_that_shows_the_policy_in_effect() -> None:
 
 
 def suggest_rules() -> Any:
-    from claude_bottle.gate.config import parse_egress_rules
+    from claude_bottle.gate.settings import parse_egress_rules
     return parse_egress_rules(["api.github.com allow GET /repos/**"], [])
 
 

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from claude_bottle.gate.audit import AuditRecord
-from claude_bottle.gate.config import GateConfig
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import (
@@ -33,6 +32,7 @@ from claude_bottle.gate.inspection import (
     identity_only,
     reflection_scans,
 )
+from claude_bottle.gate.settings import GateSettings
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.messages import MessagesPolicy
@@ -54,7 +54,7 @@ class ApiRoute:
     decide: Callable[[str, str], Decision]
 
     @classmethod
-    def of(cls, config: GateConfig) -> ApiRoute:
+    def of(cls, config: GateSettings) -> ApiRoute:
         upstream = config.upstream
         # DLP sees the request with the client's credentials gone (the bottle's placeholder is an sk-ant-
         # token) and before the real one is added.

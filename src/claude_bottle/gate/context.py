@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from claude_bottle.gate.audit import AuditLog
-from claude_bottle.gate.config import GateConfig
 from claude_bottle.gate.resolver import Resolver
+from claude_bottle.gate.settings import GateSettings
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.decide import EgressPolicy
 
@@ -25,7 +25,7 @@ class LeafIssuer(Protocol):
 
 @dataclass
 class GateContext:
-    config: GateConfig
+    config: GateSettings
     audit: AuditLog
     resolver: Resolver
     egress: EgressPolicy

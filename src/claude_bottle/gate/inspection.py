@@ -128,7 +128,7 @@ def request_rules(policy: RequestPolicy, target: Target) -> RequestFilter:
 
 def data_loss(matcher: DlpMatcher) -> RequestFilter:
     """Refuse a request that carries a value the gate holds or a credential a DLP rule matches (``matcher``:
-    the gate's, ``GateConfig.dlp_matcher``), in its target, headers or body."""
+    the gate's, ``GateSettings.dlp_matcher``), in its target, headers or body."""
 
     async def scan(request: Outbound, record: AuditRecord) -> None:
         scanner = matcher.scanner()

@@ -27,12 +27,12 @@ from claude_bottle.gate import control
 from claude_bottle.gate.api import ApiRoute, api_exchange
 from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
-from claude_bottle.gate.config import Endpoint, GateConfig
 from claude_bottle.gate.context import GateContext, LeafIssuer
 from claude_bottle.gate.http import HttpConnection, State, serve_http
 from claude_bottle.gate.proxy import proxy_exchange
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
 from claude_bottle.gate.serve import serve_requests
+from claude_bottle.gate.settings import Endpoint, GateSettings
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
 from claude_bottle.policy.decide import EgressPolicy
@@ -45,7 +45,7 @@ class Gate:
     """Serves from ``start()`` (or entering ``async with``) until ``stop()``. The bound addresses are in
     ``api_address`` and ``proxy_address`` (useful with port 0)."""
 
-    def __init__(self, config: GateConfig, audit: AuditLog, resolver: Resolver | None = None,
+    def __init__(self, config: GateSettings, audit: AuditLog, resolver: Resolver | None = None,
                  ca: LeafIssuer | None = None) -> None:
         self.config = config
         self.ca = ca
@@ -188,7 +188,7 @@ class Gate:
                 await conn.close()
 
 
-def run_ca(config: GateConfig) -> RunCA:
+def run_ca(config: GateSettings) -> RunCA:
     """This gate's CA (``claude_bottle.gate.ca``): limited to the names of ``--allow`` (tunnels that may carry
     any TCP are never terminated), or in learn mode to every name; never the upstream's."""
     return RunCA.generate(config.allowlist.patterns, (config.upstream.host,), every_name=config.learn)
@@ -219,7 +219,7 @@ def raise_open_files_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def serve(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] | None = None,
+def serve(config: GateSettings, audit: AuditLog, announce: Callable[[str], None] | None = None,
           ca_cert_out: Path | None = None) -> None:
     """``run`` the gate on its event loop, uvloop's: the one place the gate's loop is chosen. libuv's loop
     and transports cost less CPU than asyncio's pure-Python ones on every request and SSE event, and its TLS
@@ -228,7 +228,7 @@ def serve(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] |
         runner.run(run(config, audit, announce=announce, ca_cert_out=ca_cert_out))
 
 
-async def run(config: GateConfig, audit: AuditLog, announce: Callable[[str], None] | None = None,
+async def run(config: GateSettings, audit: AuditLog, announce: Callable[[str], None] | None = None,
               ca_cert_out: Path | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate`` (through ``serve``).
 

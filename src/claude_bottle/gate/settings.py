@@ -79,7 +79,7 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class GateConfig:
+class GateSettings:
     api_listen: Endpoint
     proxy_listen: Endpoint
     credential: Credential
