@@ -639,7 +639,7 @@ class Bottle:
         from docker.models.containers import Container
 
         from claude_bottle import tokens
-        from claude_bottle.config import load_agent
+        from claude_bottle.agent.load import load_agent
         from claude_bottle.launch import Launch, claude_command, started
         from claude_bottle.runtime import bottle as bottle_module
         from claude_bottle.runtime.bottle import Run
@@ -703,7 +703,7 @@ class Bottle:
         # A kept-alive bottle (sleep) through the product's own API, as the tests do: the gate idles.
         self._use_bench_environment()
         from claude_bottle import tokens
-        from claude_bottle.config import load_agent
+        from claude_bottle.agent.load import load_agent
         from claude_bottle.launch import Launch, started
 
         credential, _ = tokens.find()

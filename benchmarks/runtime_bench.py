@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from claude_bottle.config import AgentConfig
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.errors import BottleError
 from claude_bottle.runtime import engine
 from claude_bottle.verify import _scratch_workspace, bottle_on, in_bottle, stand_ins

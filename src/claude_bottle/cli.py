@@ -21,7 +21,7 @@ from claude_bottle.errors import EXIT_FAILURE, BottleError, ConfigError
 if TYPE_CHECKING:  # the gate image runs this module without the Docker SDK: import the bottle side lazily
     from docker.models.containers import Container
 
-    from claude_bottle.config import AgentConfig
+    from claude_bottle.agent.schema import AgentConfig
     from claude_bottle.launch import Launch
     from claude_bottle.records import RunRecord
 
@@ -197,7 +197,7 @@ def _progress(message: str) -> None:
 
 def _with_runtime(agent: AgentConfig, runtime: str | None) -> AgentConfig:
     """The agent, with --runtime (checked like the config key) in place of its own runtime."""
-    from claude_bottle.config import check_runtime_name
+    from claude_bottle.agent.schema import check_runtime_name
 
     if runtime is None:
         return agent
@@ -208,7 +208,7 @@ def _with_runtime(agent: AgentConfig, runtime: str | None) -> AgentConfig:
 def _launch(agent_name: str | None, workspace: str | None, upstream: str | None,
             upstream_network: tuple[str, ...], runtime: str | None = None, learn: bool = False) -> Launch:
     from claude_bottle import tokens
-    from claude_bottle.config import load_agent
+    from claude_bottle.agent.load import load_agent
     from claude_bottle.gate.settings import parse_upstream
     from claude_bottle.launch import Launch, workspace_of
 
@@ -283,7 +283,7 @@ def run(agent: str | None, prompt: str, workspace: str | None, upstream: str | N
 @_workspace_option
 def build(agent: str | None, workspace: str | None) -> None:
     """Build the bottle and gate images (only what changed), showing progress."""
-    from claude_bottle.config import load_agent
+    from claude_bottle.agent.load import load_agent
     from claude_bottle.launch import build_images, workspace_of
     from claude_bottle.runtime import engine
 
@@ -303,7 +303,7 @@ def trust_(directory: str | None, yes: bool) -> None:
     project file, and the changes count as reviewed.
     """
     from claude_bottle import trust
-    from claude_bottle.config import project_summary, read_project_file
+    from claude_bottle.agent.project import project_summary, read_project_file
     from claude_bottle.launch import workspace_of
     from claude_bottle.workspace import printable
 
@@ -512,7 +512,8 @@ def _agent_allowlist(name: str) -> tuple[str, ...]:
     is no such file yet."""
     from pathlib import Path
 
-    from claude_bottle.config import agents_dir, load_agent
+    from claude_bottle.agent.load import load_agent
+    from claude_bottle.paths import agents_dir
 
     if not (agents_dir() / f"{name}.toml").exists():
         return ()
@@ -521,9 +522,10 @@ def _agent_allowlist(name: str) -> tuple[str, ...]:
 
 
 def _agent_file(name: str) -> pathlib.Path:
-    from claude_bottle.config import _NAME, agents_dir
+    from claude_bottle.agent.load import AGENT_NAME
+    from claude_bottle.paths import agents_dir
 
-    if not _NAME.fullmatch(name):
+    if not AGENT_NAME.fullmatch(name):
         raise ConfigError(f"agent name {name!r}: use lower-case letters, digits, '-' and '_' (up to 40)")
     return agents_dir() / f"{name}.toml"
 
@@ -541,7 +543,7 @@ def _rewrite_agent(name: str, before: str, after: str, yes: bool) -> None:
     import tomllib
 
     from claude_bottle import suggest
-    from claude_bottle.config import parse_agent
+    from claude_bottle.agent.schema import parse_agent
 
     path = _agent_file(name)
     try:
@@ -701,7 +703,7 @@ def verify(agent: str | None, as_json: bool, runtime: str | None) -> None:
     from pathlib import Path
 
     from claude_bottle import verify as verification
-    from claude_bottle.config import load_agent
+    from claude_bottle.agent.load import load_agent
 
     config = _with_runtime(load_agent(agent, Path.cwd()), runtime)
     outcomes = verification.verify(config, _progress)
@@ -713,7 +715,7 @@ def verify(agent: str | None, as_json: bool, runtime: str | None) -> None:
 def doctor() -> None:
     """Check the container engine (Docker or Podman), its OCI runtimes, the token and the images."""
     from claude_bottle import tokens
-    from claude_bottle.config import AgentConfig
+    from claude_bottle.agent.schema import AgentConfig
     from claude_bottle.launch import build_inputs
     from claude_bottle.runtime import engine, images
 

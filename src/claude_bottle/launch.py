@@ -19,7 +19,8 @@ from types import FrameType
 import docker
 
 from claude_bottle import trust, workspace
-from claude_bottle.config import AgentConfig, check_mounts
+from claude_bottle.agent.mounts import check_mounts
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
@@ -162,7 +163,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
     with on_stop_signals(interrupt):
         agent = launch.agent
         trust.check(launch.workspace)
-        check_mounts(agent, launch.workspace)
+        check_mounts(agent.mounts, launch.workspace)
         user = bottle_user(os.getuid(), os.getgid(), launch.workspace)
         found = workspace.protected_paths(launch.workspace)
         protective_mounts(launch.workspace, found[0])  # a .git that cannot be mounted safely fails here

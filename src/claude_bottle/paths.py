@@ -4,7 +4,7 @@
 - config: what the user writes (agents, the token file, approvals of project files).
 - state: what claude-bottle records (finished runs' audit, per-workspace records).
 
-Nothing under either is ever mounted into a bottle (see ``claude_bottle.config`` for the mount checks).
+Nothing under either is ever mounted into a bottle (see ``claude_bottle.agent.mounts`` for the mount checks).
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ def config_dir() -> Path:
 
 def state_dir() -> Path:
     return Path(platformdirs.user_state_dir(APP))
+
+
+def agents_dir() -> Path:
+    """The user's agent files, ``NAME.toml`` each."""
+    return config_dir() / "agents"
 
 
 def workspace_key(workspace: Path) -> str:

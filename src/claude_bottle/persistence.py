@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from claude_bottle import records, trust
-from claude_bottle.config import load_agent, read_project_file
+from claude_bottle.agent.load import load_agent
+from claude_bottle.agent.project import read_project_file
 from claude_bottle.errors import ConfigError
 from claude_bottle.probe import Outcome
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
-from claude_bottle.config import COMMAND_TIMEOUT, CredentialConfig
+from claude_bottle.agent.credential_config import COMMAND_TIMEOUT, CredentialConfig
 from claude_bottle.credentials import Credential, CredentialKind, read_private_file, read_token_file
 from claude_bottle.errors import CredentialError
 from claude_bottle.gate.routes import CredentialRoute, InvalidRoute, check_name, check_secret, new_sentinel

@@ -28,7 +28,7 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
-from claude_bottle.config import AgentConfig
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA

@@ -19,7 +19,7 @@ import docker.errors
 import pytest
 
 from claude_bottle import tokens
-from claude_bottle.config import AgentConfig, parse_agent
+from claude_bottle.agent.schema import AgentConfig, parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
 from claude_bottle.launch import Launch, build_images, started

@@ -21,7 +21,7 @@ import docker
 import pexpect
 import pytest
 
-from claude_bottle.config import load_agent
+from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import GateError
 from claude_bottle.launch import Launch, started

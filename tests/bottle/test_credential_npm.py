@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import docker
 import pytest
 
-from claude_bottle.config import AgentConfig
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.launch import build_images
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle

@@ -17,7 +17,8 @@ import docker
 import pytest
 
 from claude_bottle import tokens
-from claude_bottle.config import AgentConfig, load_agent
+from claude_bottle.agent.load import load_agent
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.verify import in_bottle as inside

@@ -24,7 +24,7 @@ from typing import Any
 import docker
 import pytest
 
-from claude_bottle.config import AgentConfig
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import Run

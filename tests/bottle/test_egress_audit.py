@@ -29,7 +29,7 @@ import pexpect
 import pytest
 from docker.models.containers import Container
 
-from claude_bottle.config import load_agent
+from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, claude_command, docker_cli, started
 from claude_bottle.runtime import bottle as bottle_module

@@ -31,7 +31,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from docker.models.containers import Container
 
-from claude_bottle.config import AgentConfig, load_agent
+from claude_bottle.agent.load import load_agent
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.gate import ca as ca_module
 from claude_bottle.gate.ca import RunCA

@@ -11,7 +11,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from claude_bottle.config import AgentConfig, load_agent
+from claude_bottle.agent.load import load_agent
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime import engine

@@ -16,7 +16,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from claude_bottle.config import AgentConfig
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.launch import build_inputs
 from claude_bottle.runtime import images
 

@@ -31,7 +31,8 @@ import docker
 import pytest
 from docker.models.containers import Container
 
-from claude_bottle.config import READ_PRESETS, AgentConfig
+from claude_bottle.agent.presets import READ_PRESETS
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.launch import build_images
 from claude_bottle.policy.hosts import Allowlist

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 import docker
 import pytest
 
-from claude_bottle.config import READ_PRESETS, AgentConfig
+from claude_bottle.agent.presets import READ_PRESETS
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.launch import build_images
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle

@@ -23,9 +23,10 @@ import pytest
 from docker.models.containers import Container
 
 from claude_bottle import records
-from claude_bottle.config import agents_dir, load_agent
+from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, started
+from claude_bottle.paths import agents_dir
 from claude_bottle.runtime.bottle import API_PORT, CONTROL_SOCKET, PROXY_PORT, Run, control_gate
 from claude_bottle.verify import in_bottle, stub_container
 from tests.bottle.conftest import TEST_LABEL, Upstream, write_agent

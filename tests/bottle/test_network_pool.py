@@ -19,7 +19,7 @@ import docker
 import pytest
 from docker.models.networks import Network
 
-from claude_bottle.config import load_agent
+from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import POOL_KEPT, POOL_LABEL, RUN_LABEL, Run, claim_internal, trim_pool

@@ -15,7 +15,7 @@ from typing import Any
 import docker
 import pytest
 
-from claude_bottle.config import load_agent
+from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
 from claude_bottle.launch import Launch, started

@@ -27,7 +27,8 @@ import docker
 import docker.errors
 import pytest
 
-from claude_bottle.config import AgentConfig, load_agent
+from claude_bottle.agent.load import load_agent
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.runtime.bottle import BRIDGE_PREFIX, WORKSPACE_LABEL, Run

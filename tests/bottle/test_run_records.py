@@ -14,7 +14,7 @@ import docker
 import pytest
 
 from claude_bottle import records
-from claude_bottle.config import load_agent
+from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, started
 from claude_bottle.paths import state_dir

@@ -15,10 +15,11 @@ from pathlib import Path
 import docker
 import pytest
 
-from claude_bottle import config as config_module
 from claude_bottle import persistence, records, trust
 from claude_bottle import verify as verify_module
-from claude_bottle.config import AgentConfig, read_project_file
+from claude_bottle.agent import project as project_module
+from claude_bottle.agent.project import read_project_file
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.policy.hosts import parse_pattern
@@ -202,7 +203,7 @@ def test_a_host_that_trusts_what_bottles_write_fails_verify(
     monkeypatch.setattr(verify_module, "state_volume", per_agent)
     monkeypatch.setattr(bottle_module, "claude_state_mounts",
                         lambda volume: {volume: {"bind": f"{bottle_module.HOME}/.claude", "mode": "rw"}})
-    monkeypatch.setattr(config_module, "PROJECT_FORBIDDEN", {})
+    monkeypatch.setattr(project_module, "PROJECT_FORBIDDEN", {})
     monkeypatch.setattr(trust, "approved_digest", lambda workspace: getattr(read_project_file(workspace), "digest",
                                                                             None))
     monkeypatch.setattr(trust, "check", lambda workspace: None)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import docker
 import pytest
 
-from claude_bottle.config import AgentConfig, CredentialConfig
+from claude_bottle.agent.credential_config import CredentialConfig
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.gate.routes import Scheme
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import bottle as bottle_module

@@ -18,7 +18,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from claude_bottle.config import load_agent
+from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import Run

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from claude_bottle import trust
-from claude_bottle.config import PRESETS, AgentConfig, load_agent, parse_agent, read_project_file
+from claude_bottle.agent.load import load_agent
+from claude_bottle.agent.presets import PRESETS
+from claude_bottle.agent.project import read_project_file
+from claude_bottle.agent.schema import AgentConfig, parse_agent
 from claude_bottle.errors import ConfigError
 
 FULL = """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from claude_bottle.config import AgentConfig, parse_agent
+from claude_bottle.agent.schema import AgentConfig, parse_agent
 from claude_bottle.credentials import Credential, CredentialKind
 from claude_bottle.errors import ConfigError
 from claude_bottle.launch import Launch, claude_command, run_spec

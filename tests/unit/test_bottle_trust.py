@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from claude_bottle.config import parse_agent
+from claude_bottle.agent.schema import parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA

@@ -14,7 +14,8 @@ import keyring.errors
 import pytest
 
 from claude_bottle import tokens
-from claude_bottle.config import AgentConfig, CredentialConfig, parse_agent
+from claude_bottle.agent.credential_config import CredentialConfig
+from claude_bottle.agent.schema import AgentConfig, parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, CredentialError
 from claude_bottle.gate import settings as gc

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from claude_bottle.config import AgentConfig
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.launch import HOST_CA_VARIABLE, build_inputs
 from claude_bottle.runtime.images import (

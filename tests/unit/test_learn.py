@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from claude_bottle import logview, suggest
-from claude_bottle.config import parse_agent
+from claude_bottle.agent.schema import parse_agent
 from claude_bottle.gate import control
 from claude_bottle.policy.addresses import AddressGuard
 from claude_bottle.policy.decide import EgressPolicy

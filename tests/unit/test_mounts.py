@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from claude_bottle import config
-from claude_bottle.config import AgentConfig, check_mounts, engine_paths, parse_agent
+from claude_bottle.agent import mounts
+from claude_bottle.agent.mounts import check_mounts, engine_paths
+from claude_bottle.agent.schema import AgentConfig, parse_agent
 from claude_bottle.errors import ConfigError
 
 
@@ -38,7 +39,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     engine = socket.socket(socket.AF_UNIX)
     engine.bind(str(home / "run/docker.sock"))
     os.mkfifo(home / "pipe")
-    monkeypatch.setattr(config, "engine_paths", lambda: (home / "run/docker.sock", home / ".docker"))
+    monkeypatch.setattr(mounts, "engine_paths", lambda: (home / "run/docker.sock", home / ".docker"))
     yield home
     engine.close()
 
@@ -88,11 +89,11 @@ def test_real_files_and_folders_are_mounted_as_written(home: Path) -> None:
 def test_a_mount_may_not_reach_the_workspace(home: Path, workspace: str, relation: str) -> None:
     agent = agent_with("~/data")
     if relation == "lies under":
-        check_mounts(agent, home / "elsewhere")
+        check_mounts(agent.mounts, home / "elsewhere")
         agent = agent_with("~/data/sub")
         workspace = "data"
     with pytest.raises(ConfigError) as caught:
-        check_mounts(agent, home / workspace)
+        check_mounts(agent.mounts, home / workspace)
     assert str(caught.value).startswith(f"agent.toml: mounts[0].source: {home}/data")
     assert f"{relation} the workspace {home / workspace}, which the bottle has at /workspace already" \
         in str(caught.value)

@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from claude_bottle import trust
+from claude_bottle.agent.load import load_agent
+from claude_bottle.agent.project import PROJECT_FORBIDDEN, read_project_file
 from claude_bottle.cli import cli
-from claude_bottle.config import PROJECT_FORBIDDEN, load_agent, read_project_file
 from claude_bottle.errors import ConfigError
 
 ALLOWED = """version = 1

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from claude_bottle import probe
-from claude_bottle.config import AgentConfig
+from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.probe import Outcome
 from claude_bottle.verify import (

@@ -31,7 +31,7 @@ from docker.models.networks import Network
 from docker.types import LogConfig, Mount
 
 from claude_bottle import records
-from claude_bottle.config import Resources
+from claude_bottle.agent.schema import Resources
 from claude_bottle.credentials import Credential, CredentialKind
 from claude_bottle.errors import BottleError, ConfigError, DockerError, GateError
 from claude_bottle.gate.dlp import DlpPolicy

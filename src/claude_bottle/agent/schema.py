@@ -1,0 +1,316 @@
+"""An agent's settings: ``AgentConfig`` and the parsing of an agent's TOML table into it. Each value is
+checked as it is read; the first problem is a ConfigError naming the file and the key."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from claude_bottle.agent.credential_config import CredentialConfig, check_bound_hosts, parse_credentials
+from claude_bottle.agent.fields import Fields
+from claude_bottle.agent.mounts import Mount, parse_mounts
+from claude_bottle.agent.presets import PRESETS, READ_PRESETS
+from claude_bottle.errors import ConfigError
+from claude_bottle.gate.dlp import DlpPolicy, DlpRule, InvalidDlpRule, parse_builtin_name, parse_dlp_rule
+from claude_bottle.gate.settings import DEFAULT_UPSTREAM, parse_upstream
+from claude_bottle.policy.addresses import parse_network
+from claude_bottle.policy.hosts import InvalidHost, normalize_host, parse_pattern, parse_port
+from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
+from claude_bottle.policy.rules import HostRules, InvalidRule, RequestPolicy, Verdict, parse_rule
+from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION, LATEST
+
+CONFIG_VERSION = 1
+DEFAULT_AGENT = "default"
+_RUNTIME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_MEMORY = re.compile(r"\d+[kmg]?", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """A stdio server (``command``) runs inside the bottle; a remote one (``url``) is reached through the
+    gate, and ``allow_entry`` (its host, with the port when not the scheme's default) joins the allowlist."""
+
+    name: str
+    command: tuple[str, ...] = ()
+    url: str = ""
+    allow_entry: str = ""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """A bottle's limits: memory (Docker's notation, e.g. 4g), CPUs and processes."""
+
+    memory: str = "4g"
+    cpus: float = 2.0
+    pids: int = 1024
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """One agent, validated: what its bottle may reach and hold, and how the bottle is built and run. The
+    defaults are the built-in agent's (``claude-bottle start`` with neither an agent nor a project file)."""
+
+    name: str = DEFAULT_AGENT
+    allow: tuple[str, ...] = ()
+    allow_tcp: tuple[str, ...] = ()  # HOST:PORT whose tunnels may carry any TCP, not only TLS (e.g. SSH)
+    allow_private: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    resources: Resources = Resources()
+    claude_version: str = DEFAULT_CLAUDE_CODE_VERSION
+    claude_args: tuple[str, ...] = ()
+    model: str = ""
+    extra_ca_certificates: tuple[Path, ...] = ()
+    extra_packages: tuple[str, ...] = ()
+    mcp_servers: tuple[McpServer, ...] = ()
+    server_tools: tuple[str, ...] = ()  # [api] server_tools: provider-side tool families the gate lets through
+    egress: RequestPolicy = RequestPolicy()  # [[egress]] entries and the read-only presets' entries
+    dlp: DlpPolicy = DlpPolicy()  # [dlp]: extra rules, built-in rules turned off
+    upstream: str = DEFAULT_UPSTREAM
+    credentials: tuple[CredentialConfig, ...] = ()  # [credentials.NAME]: routes beyond Anthropic
+    runtime: str = ""  # the bottle's OCI runtime (e.g. runsc for gVisor); empty: the engine's default
+    sources: tuple[str, ...] = ()  # the files this came from, for messages
+
+    @property
+    def egress_allowlist(self) -> tuple[str, ...]:
+        """The allowlist the gate enforces: listed hosts, the hosts of ``[[egress]]`` entries, of remote MCP
+        servers and of credential routes."""
+        remote = tuple(s.allow_entry for s in self.mcp_servers if s.allow_entry)
+        egress = tuple(str(pattern) for pattern in self.egress.patterns)
+        bound = tuple(f"{host}:{port}" for c in self.credentials for host, port in c.hosts)
+        return tuple(dict.fromkeys(self.allow + egress + remote + bound))
+
+
+def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
+    """The agent ``name`` from its parsed TOML ``data``; ``source`` (the file) is named in every error."""
+    top = Fields(data, source)
+    top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
+                    "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp",
+                    "credentials", "runtime"})
+    if data.get("version") != CONFIG_VERSION:
+        raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
+
+    allow = list(top.strings("allow"))
+    read_entries: list[tuple[str, HostRules]] = []
+    for preset in top.strings("presets"):
+        if preset in READ_PRESETS:
+            read_entries.extend((f"presets: {preset}", entry) for entry in READ_PRESETS[preset])
+        elif preset in PRESETS:
+            allow.extend(PRESETS[preset])
+        else:
+            raise top.fail("presets", f"unknown preset {preset!r} (known: {', '.join([*PRESETS, *READ_PRESETS])})")
+    _check_patterns(top, "allow", allow)
+    allow_tcp = top.strings("allow_tcp")
+    _check_patterns(top, "allow_tcp", allow_tcp)
+    allow_private = top.strings("allow_private")
+    for cidr in allow_private:
+        try:
+            parse_network(cidr)
+        except ValueError as exc:
+            raise top.fail("allow_private", str(exc)) from None
+
+    env = top.table("env")
+    for key, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or not isinstance(value, str):
+            raise top.fail(f"env.{key}", "variables need a NAME of letters, digits and '_' and a string value")
+
+    upstream = top.string("upstream", DEFAULT_UPSTREAM)
+    try:
+        parse_upstream(upstream)
+    except ConfigError as exc:
+        raise top.fail("upstream", str(exc)) from None
+
+    credentials = parse_credentials(Fields(top.table("credentials"), source, "credentials."))
+    read_entries.extend((f"credentials.{c.name}", entry) for c, entry in credentials if entry is not None)
+    claude = Fields(top.table("claude"), source, "claude.")
+    claude.check_keys({"version", "args", "model"})
+    version = claude.string("version", DEFAULT_CLAUDE_CODE_VERSION)
+    if version != LATEST and not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise claude.fail("version", f"{version!r} is not a Claude Code version such as {DEFAULT_CLAUDE_CODE_VERSION} "
+                                     f"or {LATEST!r} (the newest release, resolved at build time)")
+    runtime = top.string("runtime")
+    if runtime:
+        check_runtime_name(runtime, top.fail)
+
+    agent = AgentConfig(
+        name=name,
+        allow=tuple(dict.fromkeys(allow)),
+        allow_tcp=tuple(dict.fromkeys(allow_tcp)),
+        allow_private=allow_private,
+        env=dict(env),
+        mounts=parse_mounts(data.get("mounts", []), top),
+        resources=_resources(Fields(top.table("resources"), source, "resources.")),
+        claude_version=version,
+        claude_args=claude.strings("args"),
+        model=claude.string("model"),
+        extra_ca_certificates=tuple(_existing(Path(p).expanduser(), top, "extra_ca_certificates")
+                                    for p in top.strings("extra_ca_certificates")),
+        extra_packages=top.strings("extra_packages"),
+        mcp_servers=_mcp(Fields(top.table("mcp"), source, "mcp.")),
+        server_tools=_api(Fields(top.table("api"), source, "api.")),
+        egress=_egress(data.get("egress", []), top, read_entries),
+        dlp=_dlp(Fields(top.table("dlp"), source, "dlp.")),
+        upstream=upstream,
+        credentials=tuple(c for c, _ in credentials),
+        runtime=runtime,
+        sources=(source,),
+    )
+    check_bound_hosts(agent.credentials, agent.egress, agent.allow_tcp)
+    return agent
+
+
+def _check_patterns(fields: Fields, key: str, patterns: list[str] | tuple[str, ...]) -> None:
+    """Host patterns as the allowlist reads them; the first bad one is an error naming ``key``."""
+    for pattern in patterns:
+        try:
+            parse_pattern(pattern)
+        except InvalidHost as exc:
+            raise fields.fail(key, str(exc)) from None
+
+
+def check_runtime_name(runtime: str, fail: Callable[[str, str], ConfigError]) -> str:
+    """An OCI runtime's name as engines register it (runsc, runc, crun, kata-runtime)."""
+    if not _RUNTIME.fullmatch(runtime):
+        raise fail("runtime", f"{runtime!r} is not an OCI runtime name such as runsc (gVisor) or runc")
+    return runtime
+
+
+def _existing(path: Path, fields: Fields, key: str) -> Path:
+    if not path.exists():
+        raise fields.fail(key, f"{path} does not exist")
+    return path
+
+
+
+def _resources(fields: Fields) -> Resources:
+    fields.check_keys({"memory", "cpus", "pids"})
+    default = Resources()
+    memory = fields.string("memory", default.memory)
+    if not _MEMORY.fullmatch(memory):
+        raise fields.fail("memory", f"{memory!r} must be a size such as 4g or 512m")
+    cpus, pids = fields.data.get("cpus", default.cpus), fields.data.get("pids", default.pids)
+    if not isinstance(cpus, int | float) or isinstance(cpus, bool) or not 0 < cpus <= 256:
+        raise fields.fail("cpus", "must be a number of CPUs such as 2 or 0.5")
+    if not isinstance(pids, int) or isinstance(pids, bool) or not 16 <= pids <= 1_000_000:
+        raise fields.fail("pids", "must be a whole number of processes, at least 16")
+    return Resources(memory=memory, cpus=float(cpus), pids=pids)
+
+
+def _mcp(fields: Fields) -> tuple[McpServer, ...]:
+    fields.check_keys({"servers"})
+    servers = []
+    for name, entry in fields.table("servers").items():
+        server = Fields(entry if isinstance(entry, dict) else {}, fields.source, f"mcp.servers.{name}.")
+        server.check_keys({"command", "url"})
+        command, url = server.strings("command"), server.string("url")
+        if bool(command) == bool(url):
+            raise server.fail("command", "give either command = [...] (stdio, runs in the bottle) or url = ...")
+        servers.append(McpServer(name, command, url, _mcp_allow_entry(url, server) if url else ""))
+    return tuple(servers)
+
+
+def _mcp_allow_entry(url: str, server: Fields) -> str:
+    """The allowlist entry for a remote MCP server: its host, and its port unless the scheme's default."""
+    example = "write it like https://mcp.example.com/mcp"
+    try:
+        parts = urlsplit(url)
+        port_text = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+    except ValueError as exc:
+        raise server.fail("url", f"{url!r} is not a URL ({exc}); {example}") from None
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise server.fail("url", f"{url!r} is not an http(s) URL; {example}")
+    if "@" in parts.netloc:
+        raise server.fail("url", f"{url!r} carries credentials (user@ or user:password@): they would go through "
+                                 "the gate in plain sight and into the allowlist; remove them")
+    if "*" in parts.netloc:
+        raise server.fail("url", f"{url!r}: a wildcard is not a host to connect to; {example}")
+    if parts.fragment:
+        raise server.fail("url", f"{url!r}: a fragment (#...) has no meaning here; remove it")
+    try:
+        host, ip = normalize_host(parts.hostname)
+        port = parse_port(port_text, "the") if port_text else None
+    except InvalidHost as exc:
+        raise server.fail("url", f"{url!r}: {exc}; {example}") from None
+    default = 443 if parts.scheme == "https" else 80
+    shown = f"[{host}]" if ip is not None and ip.version == 6 else host
+    entry = shown if port in (None, default) else f"{shown}:{port}"
+    try:
+        parse_pattern(entry)
+    except InvalidHost as exc:
+        raise server.fail("url", f"{url!r}: {exc}") from None
+    return entry
+
+
+def _api(fields: Fields) -> tuple[str, ...]:
+    """``[api] server_tools``: provider-side tool families the agent opts in to (see docs/api-policy.md)."""
+    fields.check_keys({"server_tools"})
+    tools = fields.strings("server_tools")
+    for tool in tools:
+        try:
+            parse_server_tool(tool)
+        except InvalidServerTool as exc:
+            raise fields.fail("server_tools", str(exc)) from None
+    return tuple(dict.fromkeys(tools))
+
+
+def _egress(value: Any, top: Fields, presets: list[tuple[str, HostRules]]) -> RequestPolicy:
+    """``[[egress]]`` entries, after the read-only presets' ones. One entry per host pattern."""
+    example = '[[egress]] host = "api.github.com" allow = ["GET /repos/**"]'
+    if not isinstance(value, list):
+        raise top.fail("egress", f"must be a list of tables: {example}")
+    entries = list(presets)
+    for i, item in enumerate(value):
+        fields = Fields(item if isinstance(item, dict) else {}, top.source, f"egress[{i}].")
+        if not isinstance(item, dict):
+            raise top.fail(f"egress[{i}]", f"must be a table: {example}")
+        fields.check_keys({"host", "allow", "deny", "inspect"})
+        host, inspect = fields.string("host"), fields.data.get("inspect", True)
+        if not host:
+            raise fields.fail("host", "is required: a host pattern as in allow, such as api.github.com")
+        if not isinstance(inspect, bool):
+            raise fields.fail("inspect", "must be true or false")
+        try:
+            pattern = parse_pattern(host)
+        except InvalidHost as exc:
+            raise fields.fail("host", str(exc)) from None
+        rules = {}
+        for verdict in Verdict:
+            try:
+                rules[verdict] = tuple(parse_rule(verdict, text) for text in fields.strings(verdict))
+            except InvalidRule as exc:
+                raise fields.fail(verdict, str(exc)) from None
+        if not inspect and (rules[Verdict.ALLOW] or rules[Verdict.DENY]):
+            raise fields.fail("inspect", "false, yet the entry has allow or deny rules, which need the gate to see "
+                                         "the requests; drop the rules or inspect = false")
+        entries.append((f"egress[{i}]", HostRules(pattern, rules[Verdict.ALLOW], rules[Verdict.DENY], inspect)))
+    seen: dict[object, str] = {}
+    for origin, entry in entries:
+        if entry.host in seen:
+            raise top.fail(origin, f"{entry.host} has an entry already ({seen[entry.host]}); keep one (to change a "
+                                   "preset's rules, copy them from docs/agents.md into [[egress]] instead)")
+        seen[entry.host] = origin
+    return RequestPolicy(tuple(entry for _, entry in entries))
+
+
+def _dlp(fields: Fields) -> DlpPolicy:
+    """``[dlp]``: ``disable`` (built-in rule names) and ``[dlp.rules]`` (name = regex), see docs/inspection.md."""
+    fields.check_keys({"disable", "rules"})
+    disabled = set()
+    for name in fields.strings("disable"):
+        try:
+            disabled.add(parse_builtin_name(name))
+        except InvalidDlpRule as exc:
+            raise fields.fail("disable", str(exc)) from None
+    extra: list[DlpRule] = []
+    for name, regex in fields.table("rules").items():
+        if not isinstance(regex, str):
+            raise fields.fail(f"rules.{name}", "must be a regular expression in a string")
+        try:
+            extra.append(parse_dlp_rule(name, regex))
+        except InvalidDlpRule as exc:
+            raise fields.fail(f"rules.{name}", str(exc)) from None
+    return DlpPolicy(tuple(extra), frozenset(disabled))
