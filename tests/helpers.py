@@ -28,7 +28,7 @@ def tar_archive(files: dict[str, bytes], uid: int = 0, gid: int = 0, mode: int =
 
 
 class RecordingTransport:
-    """What gate/http.py's HttpConnection uses of its transport, recording each write."""
+    """What gate/connection.py's HttpConnection uses of its transport, recording each write."""
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []

@@ -38,17 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from claude_bottle.gate.http import (
-    Data,
-    EndOfMessage,
-    Headers,
-    HttpConnection,
-    LocalProtocolError,
-    PeerGone,
-    ProtocolError,
-    Response,
-    serve_http,
-)
+from claude_bottle.gate.connection import HttpConnection, PeerGone, serve_http
+from claude_bottle.gate.http1 import Data, EndOfMessage, Headers, LocalProtocolError, ProtocolError, Response
+from claude_bottle.gate.refusals import answer_or_reset
 
 DEFAULT_TEXT = "Hello from the stub upstream."
 SSE_HEADERS: Headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -241,7 +233,7 @@ class StubUpstream:
                     break
         except ProtocolError as exc:  # answered, as real servers do: a probe can tell it got here
             with contextlib.suppress(PeerGone, LocalProtocolError):
-                await conn.fail(exc.status, f"stub: {exc}")
+                await answer_or_reset(conn, exc.status, f"stub: {exc}")
         except (PeerGone, asyncio.CancelledError):
             pass
         finally:

@@ -10,7 +10,7 @@ import pytest
 
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError
-from claude_bottle.gate.http import HOP_BY_HOP, end_to_end
+from claude_bottle.gate.http1 import HOP_BY_HOP, end_to_end
 from claude_bottle.gate.settings import (
     Endpoint,
     GateSettings,

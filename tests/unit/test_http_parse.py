@@ -1,4 +1,4 @@
-"""gate/http.py's reading and framing on llhttp: what the gate adds to the parser, byte by byte."""
+"""gate/http1.py and gate/connection.py's reading and framing on llhttp: what the gate adds to the parser, byte by byte."""
 
 from __future__ import annotations
 
@@ -6,17 +6,18 @@ import asyncio
 
 import pytest
 
-from claude_bottle.gate.http import (
+from claude_bottle.gate.connection import HttpConnection
+from claude_bottle.gate.http1 import (
     ConnectionClosed,
     Data,
     EndOfMessage,
-    HttpConnection,
     LocalProtocolError,
     ProtocolError,
     Request,
     Response,
     State,
 )
+from claude_bottle.gate.refusals import send_refusal
 from tests.helpers import RecordingTransport
 
 
@@ -138,7 +139,7 @@ async def test_the_bytes_after_a_connect_are_the_tunnels_or_after_a_refusal_the_
     conn, _ = connection(b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\nGET / HTTP/1.1\r\nHost: g\r\n\r\n")
     assert isinstance(await conn.next_event(), Request)
     assert isinstance(await conn.next_event(), EndOfMessage)
-    await conn.send_simple(403, "refused")
+    await send_refusal(conn, 403, "refused")
     assert conn.can_reuse()
     after = await conn.next_event()
     assert isinstance(after, Request) and after.method == b"GET"

@@ -1,4 +1,4 @@
-"""gate/http.py's coalesced writes: a message in one write, a streamed piece out before the loop waits."""
+"""gate/connection.py's coalesced writes: a message in one write, a streamed piece out before the loop waits."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from claude_bottle.gate.http import (
+from claude_bottle.gate.connection import HttpConnection
+from claude_bottle.gate.http1 import (
     Data,
     EndOfMessage,
-    HttpConnection,
     InformationalResponse,
     LocalProtocolError,
     Request,

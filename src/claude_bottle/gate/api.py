@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import (
@@ -25,7 +26,7 @@ from claude_bottle.gate.forward import (
     read_whole,
     set_headers,
 )
-from claude_bottle.gate.http import HttpConnection, Request
+from claude_bottle.gate.http1 import Request
 from claude_bottle.gate.inspection import (
     CLIENT_CREDENTIAL_HEADERS,
     data_loss,

@@ -1,20 +1,11 @@
-"""Whose fault an exchange's end was, and what the client is told: translated once per side, mapped once.
+"""Whose fault an exchange's end was: the failures, translated once per side.
 
 Every step the gate takes on a connection runs under ``client_side()`` or ``upstream_side()``, which turn
-what the connection raised (gate/http.py's ``ProtocolError``, ``PeerGone``, ``TimeoutError``; ``OSError``,
-TLS and DNS errors) into a ``ClientSide`` or an ``UpstreamSide`` failure with its status and reason. A
-filter that judges a request raises ``Refused``. ``answer`` is the one place that turns any of them into an
-audit outcome and what the client receives:
-
-- ``Refused``: a decision (deny) with its own status, 403 for a rule; answered, the connection kept unless
-  the refusal says to close it. Every refusal says the same thing on both listeners: its reason in
-  ``X-Deny-Reason`` (and, on the proxy listener, as the status phrase, which is what a client sees of a
-  refused CONNECT), and a short body (``explanation``) that says a policy refused it, not the network, and
-  what the user can do. A reason names the destination and the rule, never a secret.
-- ``ClientSide``: 400/413/431/505 for a broken request, 408 for a client that stopped sending, nothing for
-  a client that went away; the connection closes.
-- ``UpstreamSide``: 502 for a broken, refused or unreadable upstream, 504 for one that stopped answering;
-  a reset instead once the response has started, so a cut response never looks complete.
+what the connection raised (gate/http1.py's ``ProtocolError``, gate/connection.py's ``PeerGone``,
+``TimeoutError``; ``OSError``, TLS and DNS errors) into a ``ClientSide`` or an ``UpstreamSide`` failure with
+its status and reason. A filter that judges a request raises ``Refused``. All three are an
+``ExchangeStopped``; gate/refusals.py's ``answer`` is the one place that turns any of them into an audit
+outcome and what the client receives.
 """
 
 from __future__ import annotations
@@ -25,15 +16,15 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TypeVar
 
-from claude_bottle.gate.audit import AuditRecord
-from claude_bottle.gate.http import HttpConnection, LocalProtocolError, PeerGone, ProtocolError, State
+from claude_bottle.gate.connection import PeerGone
+from claude_bottle.gate.http1 import ProtocolError
 from claude_bottle.gate.resolver import ResolveError
 from claude_bottle.policy.decide import Decision
 
 E = TypeVar("E", bound=BaseException)
 
 
-class Failure(Exception):
+class ExchangeStopped(Exception):
     """An exchange that cannot go on: ``status`` for the client (0: none can be sent) and a reason."""
 
     def __init__(self, status: int, reason: str) -> None:
@@ -42,7 +33,7 @@ class Failure(Exception):
         self.reason = reason
 
 
-class Refused(Failure):
+class Refused(ExchangeStopped):
     """A policy refused the request. ``close``: the rest of the request is not read, the connection ends.
     ``rule``: the configured rule that refused it, for the audit (None: no rule, the policy itself)."""
 
@@ -75,11 +66,11 @@ def explanation(refusal: Refused) -> str:
             f"In a bottle, the policy in effect is in {POLICY_FILE}.")
 
 
-class ClientSide(Failure):
+class ClientSide(ExchangeStopped):
     """The client broke the exchange: bad HTTP, silence, or leaving."""
 
 
-class UpstreamSide(Failure):
+class UpstreamSide(ExchangeStopped):
     """The upstream broke the exchange: no connection, bad HTTP, silence, a TLS or DNS failure."""
 
 
@@ -124,8 +115,8 @@ def _cause(exc: BaseException, kind: type[E]) -> E | None:
     return None
 
 
-# What a connection step can raise; everything else (a Failure already, or a fault of the gate's own) passes.
-_CONNECTION_ERRORS = (ProtocolError, PeerGone, TimeoutError, OSError, ResolveError)
+# What a connection step can raise; everything else (an ExchangeStopped already, or a fault of the gate's own) passes.
+CONNECTION_ERRORS = (ProtocolError, PeerGone, TimeoutError, OSError, ResolveError)
 
 
 class _Side:
@@ -134,7 +125,7 @@ class _Side:
 
     __slots__ = ("_translate",)
 
-    def __init__(self, translate: Callable[[BaseException], Failure]) -> None:
+    def __init__(self, translate: Callable[[BaseException], ExchangeStopped]) -> None:
         self._translate = translate
 
     def __enter__(self) -> None:
@@ -142,7 +133,7 @@ class _Side:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
                  ) -> None:
-        if exc is not None and isinstance(exc, _CONNECTION_ERRORS):
+        if exc is not None and isinstance(exc, CONNECTION_ERRORS):
             raise self._translate(exc) from None
 
 
@@ -158,23 +149,3 @@ def client_side() -> contextlib.AbstractContextManager[None]:
 def upstream_side() -> contextlib.AbstractContextManager[None]:
     """Run steps on the upstream's connection: their errors become ``UpstreamSide``."""
     return _UPSTREAM_SIDE
-
-
-async def answer(conn: HttpConnection, record: AuditRecord, failure: Failure, idle_timeout: float) -> bool:
-    """Record ``failure`` and tell the client, as far as it can still be told. True if the connection can
-    serve another request."""
-    if isinstance(failure, Refused):
-        record.deny(failure.reason, failure.status)
-        record.rule = failure.rule
-    else:
-        record.fail(failure.reason, failure.status)
-    with contextlib.suppress(*_CONNECTION_ERRORS, LocalProtocolError):
-        if isinstance(failure, Refused) and not failure.close and conn.our_state is State.SEND_RESPONSE:
-            await conn.refuse(failure.status, failure.reason, idle_timeout, explanation(failure))
-            return True
-        if failure.status:
-            await conn.fail(failure.status, failure.reason,
-                            explanation(failure) if isinstance(failure, Refused) else failure.reason)
-        else:
-            conn.abort()
-    return False

@@ -27,13 +27,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.failures import Refused, UpstreamSide, client_side, upstream_side
-from claude_bottle.gate.http import (
+from claude_bottle.gate.http1 import (
     END_OF_MESSAGE,
     Data,
     EndOfMessage,
     Headers,
-    HttpConnection,
     InformationalResponse,
     Request,
     Response,

@@ -27,7 +27,7 @@ from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.dlp import DlpMatch, DlpMatcher, DlpScanner
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, set_headers
-from claude_bottle.gate.http import header_values
+from claude_bottle.gate.http1 import header_values
 from claude_bottle.gate.routes import CredentialRoute, route_for
 from claude_bottle.gate.scan import SecretReflected, SecretScanner
 from claude_bottle.policy.hosts import Target
@@ -36,7 +36,7 @@ from claude_bottle.policy.rules import RequestPolicy
 # A body read whole is scanned in pieces of this size, as a streamed one is, so the copies a scan makes (the
 # view with its escapes decoded, the case-folded one) stay small; the cost per MB is the same for any size.
 SCAN_PIECE = 64 * 1024
-# Every way a client can present a credential. Names arrive lower-cased from gate/http.py, once per occurrence.
+# Every way a client can present a credential. Names arrive lower-cased from gate/http1.py, once per occurrence.
 CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie",
                                        b"private-token", b"x-auth-token"})
 

@@ -21,10 +21,11 @@ from urllib.parse import urlsplit
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.ca import HostNotPermitted
+from claude_bottle.gate.connection import READ_SIZE, HttpConnection
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused, upstream_side
 from claude_bottle.gate.forward import forward, outbound, set_headers
-from claude_bottle.gate.http import READ_SIZE, HttpConnection, ProtocolError, Request, Response, State, header_values
+from claude_bottle.gate.http1 import ProtocolError, Request, Response, State, header_values
 from claude_bottle.gate.inspection import answered, inspected
 from claude_bottle.gate.routes import route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
@@ -82,7 +83,7 @@ def check_host_header(request: Request, target: Target) -> None:
     gate decides on the URL, and a different Host would reach another site behind the same address."""
     hosts = header_values(request.headers, b"host")
     if not hosts:
-        return  # HTTP/1.1 requires Host (gate/http.py); the gate sends the URL's authority as Host
+        return  # HTTP/1.1 requires Host (gate/http1.py); the gate sends the URL's authority as Host
     if len(hosts) > 1:
         raise ProtocolError("more than one Host header")
     try:

@@ -2,7 +2,7 @@
 
 A connection is served request by request; each request gets exactly one audit record, written when the
 exchange ends, whatever way it ends. Whatever ends an exchange early is answered and audited in one place
-(gate/failures.py ``answer``); only a refusal may keep the connection. Each listener serves at most
+(gate/refusals.py ``answer``); only a refusal may keep the connection. Each listener serves at most
 ``max_connections`` clients at once; one more is answered 503 and closed.
 """
 
@@ -27,11 +27,13 @@ from claude_bottle.gate import control
 from claude_bottle.gate.api import ApiRoute, api_exchange
 from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
+from claude_bottle.gate.connection import HttpConnection, serve_http
 from claude_bottle.gate.context import GateContext, LeafIssuer
-from claude_bottle.gate.http import HttpConnection, State, serve_http
+from claude_bottle.gate.http1 import State
 from claude_bottle.gate.proxy import proxy_exchange
+from claude_bottle.gate.refusals import refuse_unread
+from claude_bottle.gate.request_loop import serve_requests
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
-from claude_bottle.gate.serve import serve_requests
 from claude_bottle.gate.settings import Endpoint, GateSettings
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
@@ -166,7 +168,7 @@ class Gate:
             record = AuditRecord(listener, conn.peer, "-", "-")
             record.deny(f"too many connections to the {listener} listener (limit {limit})", 503)
             self.audit.write(record)
-            await conn.refuse_unread(503, record.reason)
+            await refuse_unread(conn, 503, record.reason)
             return
         conn.json_errors = listener == "api"
         self._connections[task] = conn

@@ -26,12 +26,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import forward, outbound, set_headers
-from claude_bottle.gate.http import HttpConnection, Request, State, header_values
+from claude_bottle.gate.http1 import Request, State, header_values
 from claude_bottle.gate.inspection import answered, inspected
-from claude_bottle.gate.serve import Exchange, serve_requests
+from claude_bottle.gate.request_loop import Exchange, serve_requests
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
 from claude_bottle.gate.upstream import STREAM_LIMIT, dial_http
 from claude_bottle.policy.addresses import IPAddress
@@ -49,7 +50,7 @@ def authority(target: Target, default_port: int) -> str:
 
 def host_problem(request: Request, target: Target) -> str | None:
     """Why a request inside the tunnel to ``target`` names another site, or None. Origin form only; the
-    Host header (required on HTTP/1.1: gate/http.py enforces it) must name the tunnel's host and port (443 if none)."""
+    Host header (required on HTTP/1.1: gate/http1.py enforces it) must name the tunnel's host and port (443 if none)."""
     if not request.target.startswith(b"/"):
         return "requests inside a tunnel must use an origin-form target (/path)"
     hosts = header_values(request.headers, b"host")

@@ -9,8 +9,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from claude_bottle.gate.connection import HttpConnection, open_http
 from claude_bottle.gate.failures import UpstreamSide, upstream_failure
-from claude_bottle.gate.http import HttpConnection, open_http
 from claude_bottle.policy.addresses import IPAddress
 
 STREAM_LIMIT = 256 * 1024  # asyncio stream buffer: larger reads, fewer wake-ups on tunnels

@@ -1,0 +1,513 @@
+"""One HTTP/1.1 connection as an asyncio protocol: the I/O around the parser (gate/http1.py), its timers and
+its flow control, for both sides of every exchange (and the stub upstream).
+
+What arrives is parsed as it arrives and a reader waiting in ``next_event`` is woken only when an event is
+ready; reading pauses while too much waits unread, and writing waits while the transport holds too much. A
+peer that closes or resets raises ``PeerGone``, one that goes silent ``TimeoutError``, one that breaks the
+protocol ``ProtocolError``. The refusals the gate sends on a connection are gate/refusals.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import struct
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from claude_bottle.gate.http1 import (
+    CONNECTION_CLOSED,
+    END_OF_MESSAGE,
+    MAX_HEADER_BYTES,
+    NO_REUSE,
+    Broken,
+    ConnectionClosed,
+    Data,
+    EndOfMessage,
+    Event,
+    Framing,
+    InformationalResponse,
+    LocalProtocolError,
+    MessageParser,
+    ProtocolError,
+    Request,
+    Response,
+    State,
+    message_head,
+    phrase,
+)
+
+READ_SIZE = 64 * 1024
+
+
+class PeerGone(Exception):
+    """The peer closed or reset the connection."""
+
+
+
+# Bytes received and parsed but not yet taken by the connection's reader, above which the connection stops
+# reading from its socket until they are taken (a client pipelining faster than the gate forwards).
+READ_HIGH_WATER = 256 * 1024
+
+
+class HttpConnection(asyncio.Protocol):
+    """One HTTP/1.1 connection, as a server (the default) or, with ``client``, as a client: read messages and
+    body chunks, send messages. It is the transport's protocol: what arrives is parsed as it arrives, and a
+    reader waiting in ``next_event`` is woken only when an event is ready.
+
+    Writes are coalesced: the head and body pieces of a message still being sent wait in ``_pending`` and go
+    out in one write when the message ends, or at the latest when the event loop next waits (a callback
+    scheduled with the first piece), so a streamed body is never held back. Anything else goes at once.
+
+    After a CONNECT is answered 2xx, what the client sends is no longer HTTP: ``trailing_data`` holds what came
+    before the answer, and ``tunnel_reader`` what comes after, for the tunnel's first-flight check and relay."""
+
+    def __init__(self, *, client: bool = False, max_header_bytes: int = MAX_HEADER_BYTES) -> None:
+        self.client = client
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
+        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # likewise
+        self.peer = "unknown"
+        self._incoming = MessageParser(client, max_header_bytes)
+        self.our_state = State.IDLE
+        self.their_state = State.IDLE
+        self.json_errors = False  # refusals as Anthropic API error bodies (the API listener) instead of text
+        self.they_are_waiting_for_100_continue = False
+        self._pending: list[bytes] = []  # bytes of the message being sent, not yet written
+        self._framing = Framing.LENGTH
+        self._remaining = 0  # body bytes still owed under a Content-Length
+        self._keep_alive = True
+        self._request_method = b""  # (server) the request being answered
+        self._their_version = b""  # (server) its HTTP version; empty before one arrived
+        self._waiter: asyncio.Future[None] | None = None  # the reader, waiting for an event
+        self._deadline: float | None = None  # when that wait times out
+        self._timer: asyncio.TimerHandle | None = None
+        self._unread = 0  # bytes received since the event queue was last empty
+        self._reading_paused = False
+        self._writing_paused = False  # the transport's buffer is over its high-water mark
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._lost = False
+        self._eof = False  # the peer closed its side
+        self._closed: asyncio.Future[None] | None = None
+        self._tunnel: asyncio.StreamReader | None = None
+
+    # -- the transport's protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
+        self._closed = self._loop.create_future()
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unknown"
+
+    def data_received(self, data: bytes) -> None:
+        if self._tunnel is not None:
+            self._tunnel.feed_data(data)
+            return
+        self._incoming.receive(data)
+        self._unread += len(data)
+        if self._unread > READ_HIGH_WATER and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if self._tunnel is not None:
+            self._tunnel.feed_eof()
+        else:
+            self._incoming.receive_eof()
+            self._wake()
+        # Keep the transport open for the answer (a half-closed client still reads); TLS cannot half-close.
+        return self.transport.get_extra_info("sslcontext") is None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = self._eof = True
+        if self._tunnel is not None:
+            self._tunnel.feed_eof()
+        else:
+            self._incoming.receive_eof()
+            self._wake()
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_exception(PeerGone(str(exc) if exc else "connection lost"))
+        self._drain_waiters.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and self._incoming.events:
+            waiter.set_result(None)
+
+    # -- receiving
+
+    def receive_data(self, data: bytes) -> None:
+        """Parse ``data`` as if it had arrived (b"" for the peer's end); ``next_event`` delivers what it holds."""
+        if data:
+            self._incoming.receive(data)
+        else:
+            self._incoming.receive_eof()
+
+    async def _wait(self, deadline: float | None) -> None:
+        """Until an event is queued; TimeoutError at ``deadline`` (the loop's clock). One timer serves every
+        wait: it is armed once and, when it fires before the current deadline, armed again for it."""
+        loop = self._loop
+        if self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        self._waiter = waiter = loop.create_future()
+        self._deadline = deadline
+        if deadline is not None and (self._timer is None or deadline < self._timer.when()):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(deadline, self._expire)
+        try:
+            await waiter
+        finally:
+            self._waiter = self._deadline = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        waiter, deadline = self._waiter, self._deadline
+        if waiter is None or deadline is None or waiter.done():
+            return
+        loop = self._loop
+        if loop.time() >= deadline:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._timer = loop.call_at(deadline, self._expire)
+
+    async def next_event(self, timeout: float | None = None, deadline: float | None = None) -> Event:
+        """The next event, waiting for it if none has arrived: ``timeout`` bounds each wait, ``deadline`` (the
+        loop's clock) all of them."""
+        events = self._incoming.events
+        while True:
+            while not events:
+                until = deadline
+                if timeout is not None:
+                    until = self._loop.time() + timeout
+                    until = until if deadline is None else min(deadline, until)
+                await self._wait(until)
+            event = self._take()
+            if event is not None:
+                return event
+
+    def _take(self) -> Event | None:
+        """The first queued event, with the connection's state moved past it; None for a marker that is not
+        delivered."""
+        events = self._incoming.events
+        event = events.popleft()
+        if not events:
+            self._unread = 0
+        if isinstance(event, Data):
+            self.they_are_waiting_for_100_continue = False
+        elif event is END_OF_MESSAGE:
+            self.their_state = State.DONE if self._keep_alive else State.MUST_CLOSE
+        elif isinstance(event, Request):
+            self.their_state, self.our_state = State.SEND_BODY, State.SEND_RESPONSE
+            self._request_method, self._their_version = event.method, event.http_version
+            self._keep_alive = event.keep_alive
+            self.they_are_waiting_for_100_continue = event.expects_continue
+        elif isinstance(event, Response):
+            self.their_state = State.SEND_BODY
+        elif event is NO_REUSE:
+            self._keep_alive = False
+            return None
+        elif isinstance(event, Broken):
+            events.appendleft(event)  # every later call raises it too
+            self.their_state = State.ERROR
+            raise event.error
+        elif event is CONNECTION_CLOSED:
+            self.their_state = State.CLOSED
+            events.appendleft(event)
+        return event  # type: ignore[return-value]
+
+    @property
+    def head_started(self) -> bool:
+        """Some bytes of the next request head have arrived."""
+        return self._incoming.head_started
+
+    @property
+    def trailing_data(self) -> bytes:
+        """The bytes that came after a CONNECT head, before it was answered: the tunnel's, once answered 2xx."""
+        return self._incoming.trailing
+
+    @property
+    def tunnel_reader(self) -> asyncio.StreamReader:
+        """After a CONNECT was answered 2xx: the bytes that arrive from then on (see ``trailing_data``)."""
+        if self._tunnel is None:
+            raise LocalProtocolError("no tunnel: the connection has not switched")
+        return self._tunnel
+
+    @property
+    def usable(self) -> bool:
+        """Neither side has closed the connection (a kept-alive one may be used again)."""
+        return not self._eof and not self.transport.is_closing()
+
+    async def read_request(self, timeout: float | None) -> Request | None:
+        """The next request head, or None when the client closed cleanly between requests. ``timeout``
+        bounds the whole head, however its bytes trickle in."""
+        deadline = None if timeout is None else self._loop.time() + timeout
+        event = await self.next_event(deadline=deadline)
+        if isinstance(event, ConnectionClosed):
+            return None
+        if not isinstance(event, Request):
+            raise ProtocolError(f"unexpected {type(event).__name__} before a request")
+        return event
+
+    def arrived_body(self) -> bytes | None:
+        """The current message's whole body if all of it has arrived (taken, as ``body`` would deliver it),
+        else None, with nothing taken. A small message usually arrives in one read: then no wait, no stream."""
+        events = self._incoming.events
+        chunks = []
+        for event in events:
+            if event is END_OF_MESSAGE:
+                break
+            if type(event) is not Data:
+                return None
+            chunks.append(event.data)
+        else:
+            return None
+        for _ in range(len(chunks) + 1):
+            self._take()
+        return b"".join(chunks)
+
+    async def body(self, timeout: float | None) -> AsyncIterator[bytes]:
+        """The current message's body chunks as they arrive."""
+        while True:
+            event = await self.next_event(timeout)
+            if isinstance(event, Data):
+                yield event.data
+            elif event is END_OF_MESSAGE:
+                return
+            elif event is CONNECTION_CLOSED:
+                raise PeerGone("connection closed in the middle of a body")
+            else:
+                raise ProtocolError(f"unexpected {type(event).__name__} in a body")
+
+    # -- sending
+
+    async def send(self, event: Request | Response | InformationalResponse | Data | EndOfMessage) -> None:
+        """Frame ``event`` and send it (see the class's note on coalescing). Header names in lower case."""
+        if isinstance(event, Data):
+            if data := self._framed(event.data):
+                self._keep(data)
+            await self._drain()  # backpressure: the transport holds what went before
+        elif isinstance(event, EndOfMessage):
+            self._end()
+            await self._flush()
+        elif isinstance(event, Request):
+            self._keep(self._request_head(event))
+        elif isinstance(event, Response):
+            head = self._response_head(event)
+            if self.our_state is State.SWITCHED:  # what follows is not HTTP: the answer goes now
+                self._pending.append(head)
+                self._tunnel = asyncio.StreamReader(limit=READ_HIGH_WATER)
+                self._tunnel.set_transport(self.transport)
+                if self._eof:
+                    self._tunnel.feed_eof()
+                if self._reading_paused:
+                    self._reading_paused = False
+                    self.transport.resume_reading()
+                await self._flush()
+            else:
+                self._keep(head)
+        else:
+            self._pending.append(self._informational_head(event))
+            await self._flush()
+
+    async def send_whole(self, head: Request | Response, body: bytes) -> None:
+        """A message whose body is all here: ``head``, ``body`` and its end, in one write."""
+        data = self._request_head(head) if isinstance(head, Request) else self._response_head(head)
+        if self.our_state is State.SWITCHED:
+            raise LocalProtocolError("a tunnel's answer has no body to send")
+        self._pending.append(data)
+        if data := self._framed(body):
+            self._pending.append(data)
+        self._end()
+        await self._flush()
+
+    def _framed(self, data: bytes) -> bytes:
+        """Body ``data`` as it goes on the wire, held to the message's framing."""
+        if self.our_state is not State.SEND_BODY:
+            raise LocalProtocolError("body data outside a message")
+        if self._framing is Framing.LENGTH:
+            self._remaining -= len(data)
+            if self._remaining < 0:
+                raise LocalProtocolError("more body than its Content-Length")
+        return b"%x\r\n%b\r\n" % (len(data), data) if data and self._framing is Framing.CHUNKED else data
+
+    def _end(self) -> None:
+        """The message's end: what its framing needs (the last chunk), then the state after it."""
+        if self.our_state is not State.SEND_BODY:
+            raise LocalProtocolError("end of a message that was not started")
+        if self._framing is Framing.CHUNKED:
+            self._pending.append(b"0\r\n\r\n")
+        elif self._framing is Framing.LENGTH and self._remaining:
+            raise LocalProtocolError("less body than its Content-Length")
+        self.our_state = State.DONE if self._keep_alive else State.MUST_CLOSE
+
+    def _keep(self, data: bytes) -> None:
+        """Hold ``data`` back with the rest of the message, to go out by the time the event loop next waits."""
+        if not self._pending:
+            self._loop.call_soon(self.write_pending)
+        self._pending.append(data)
+
+    def _request_head(self, request: Request) -> bytes:
+        if not self.client or self.our_state is not State.IDLE:
+            raise LocalProtocolError("a request on a server connection, or before the last exchange ended")
+        self._framing, self._remaining = Framing.LENGTH, 0
+        for name, value in request.headers:
+            name = name.lower()
+            if name == b"content-length":
+                self._remaining = int(value)
+            elif name == b"transfer-encoding":
+                self._framing = Framing.CHUNKED
+            elif name == b"connection" and b"close" in value.lower():
+                self._keep_alive = False
+        self._incoming.head_request = request.method == b"HEAD"
+        self.our_state = State.SEND_BODY
+        return message_head(request.method + b" " + request.target + b" HTTP/1.1\r\n", request.headers)
+
+    def _response_head(self, response: Response) -> bytes:
+        if self.client or self.our_state not in (State.IDLE, State.SEND_RESPONSE):
+            raise LocalProtocolError("a response on a client connection, or a second one for a request")
+        status, method, headers = response.status_code, self._request_method, response.headers
+        length: int | None = None
+        chunked = close = False
+        for name, value in headers:
+            name = name.lower()
+            if name == b"content-length":
+                if length is not None and int(value) != length:
+                    raise LocalProtocolError("conflicting Content-Length headers")
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = True
+            elif name == b"connection" and b"close" in value.lower():
+                close = True
+        if status in (204, 304) or (method == b"CONNECT" and 200 <= status < 300):
+            self._framing, self._remaining = Framing.LENGTH, 0
+        elif chunked or length is None:
+            # A body of unknown length: chunked for an HTTP/1.1 peer; for an HTTP/1.0 one (or no valid
+            # request at all), no framing header and the connection's end closes the body.
+            headers = [(n, v) for n, v in headers if n.lower() not in (b"content-length", b"transfer-encoding")]
+            if self._their_version == b"1.1":
+                headers.append((b"transfer-encoding", b"chunked"))
+                self._framing = Framing.CHUNKED
+            else:
+                self._framing = Framing.UNTIL_CLOSE
+                if method != b"HEAD":
+                    self._keep_alive = False
+        else:
+            self._framing, self._remaining = Framing.LENGTH, length
+        if method == b"HEAD":
+            self._framing, self._remaining = Framing.LENGTH, 0
+        if close:
+            self._keep_alive = False
+        elif not self._keep_alive:
+            headers = [*headers, (b"connection", b"close")]
+        reason = response.reason or phrase(status)
+        self.our_state = State.SWITCHED if method == b"CONNECT" and 200 <= status < 300 else State.SEND_BODY
+        return message_head(b"HTTP/1.1 %d %s\r\n" % (status, reason), headers)
+
+    def _informational_head(self, response: InformationalResponse) -> bytes:
+        if self.client or self.our_state is not State.SEND_RESPONSE or not 100 <= response.status_code < 200:
+            raise LocalProtocolError("an interim response outside a request, or with a final status")
+        self.they_are_waiting_for_100_continue = False
+        status = response.status_code
+        return message_head(b"HTTP/1.1 %d %s\r\n" % (status, response.reason or phrase(status)), response.headers)
+
+    async def _flush(self) -> None:
+        self.write_pending()
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """Wait while the transport holds more than its high-water mark; PeerGone once the peer is gone."""
+        if self._lost:
+            raise PeerGone("connection lost")
+        if self._writing_paused:
+            waiter = self._loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    def write_pending(self) -> None:
+        """Hand what ``send`` has kept back to the transport, in one write."""
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self.transport.is_closing():
+                self.transport.write(data)
+
+    def can_reuse(self) -> bool:
+        """Both sides finished the exchange and keep-alive holds: ready for the next one."""
+        if self.our_state is State.DONE and self.their_state is State.DONE:
+            self.our_state = self.their_state = State.IDLE
+            self._request_method = b""
+            self._incoming.head_request = False
+            if self._incoming.switching:  # a refused CONNECT: what followed it is the next request
+                self._incoming.resume()
+            return True
+        return False
+
+    async def close(self) -> None:
+        """Close once what was written has gone, and wait for the transport to let go."""
+        self.write_pending()
+        self.transport.close()
+        if self._closed is not None:
+            await asyncio.shield(self._closed)
+
+    def abort(self) -> None:
+        """Reset the connection (RST, what was not sent yet discarded): a client sees a broken response, never
+        a truncated one that looks whole; an upstream sees a request that never completes."""
+        self.write_pending()  # what was sent before the reset, as if written at once
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
+
+
+async def serve_http(handle: Callable[[HttpConnection], Coroutine[Any, Any, None]], host: str, port: int,
+                     tls: ssl.SSLContext | None = None, max_header_bytes: int = MAX_HEADER_BYTES) -> asyncio.Server:
+    """A server whose every connection is an ``HttpConnection`` served by ``handle``, in a task of its own
+    that the connection holds (as ``asyncio.start_server`` does for streams)."""
+    return await asyncio.get_running_loop().create_server(
+        lambda: _Served(handle, max_header_bytes), host, port, ssl=tls)
+
+
+class _Served(HttpConnection):
+    """A server's connection: ``handle`` starts on it as soon as the connection is made."""
+
+    def __init__(self, handle: Callable[[HttpConnection], Coroutine[Any, Any, None]], max_header_bytes: int
+                 ) -> None:
+        super().__init__(max_header_bytes=max_header_bytes)
+        self._handle = handle
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.task = asyncio.get_running_loop().create_task(self._handle(self))
+
+
+async def open_http(host: str, port: int, tls: ssl.SSLContext | None = None, server_name: str | None = None
+                    ) -> HttpConnection:
+    """A client ``HttpConnection`` to ``host``:``port`` (with TLS for ``server_name`` if ``tls`` is given)."""
+    conn = HttpConnection(client=True)  # made here: with TLS, uvloop may hand back its own protocol instead
+    await asyncio.get_running_loop().create_connection(lambda: conn, host, port, ssl=tls, server_hostname=server_name)
+    return conn
+
