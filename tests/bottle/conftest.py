@@ -9,7 +9,7 @@ import os
 import re
 import secrets
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from claude_bottle.runtime import engine
 from claude_bottle.runtime.bottle import WORKSPACE_LABEL, Run
 from claude_bottle.verify import stub_container
 from tests.helpers import make_token
+from tests.prerequisites import missing
 
 TEST_LABEL = "claude-bottle.test"
 
@@ -37,9 +38,7 @@ def client() -> docker.DockerClient:
     try:
         return engine.connect()
     except DockerError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(str(exc))
-        pytest.skip(f"no Docker engine: {exc} (scripts/test installs and starts one)")
+        missing(f"no Docker engine: {exc}", "scripts/test installs and starts one")
 
 
 def claude_version() -> str:
@@ -48,9 +47,34 @@ def claude_version() -> str:
     return os.environ.get("CLAUDE_BOTTLE_TEST_CLAUDE_VERSION") or AgentConfig().claude_version
 
 
+def build_test_images(client: docker.DockerClient, packages: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The tests' (bottle image, gate image) on ``client``'s engine, built where missing: Claude Code
+    ``claude_version()``, and ``packages`` (Debian's) added to the bottle image."""
+    agent = AgentConfig(claude_version=claude_version(), extra_packages=packages)
+    return build_images(client, agent, lambda line: None)
+
+
+ImagesFor = Callable[..., tuple[str, str]]
+
+
 @pytest.fixture(scope="session")
-def built_images(client: docker.DockerClient) -> tuple[str, str]:
-    return build_images(client, AgentConfig(claude_version=claude_version()), lambda line: None)
+def images_for(client: docker.DockerClient) -> ImagesFor:
+    """``images_for(*packages)``: the tests' images with ``packages`` in the bottle image (none: the default
+    images), built once a session for each set; every bottle test gets its images here."""
+    built: dict[tuple[str, ...], tuple[str, str]] = {}
+
+    def images(*packages: str) -> tuple[str, str]:
+        if packages not in built:
+            built[packages] = build_test_images(client, packages)
+        return built[packages]
+
+    return images
+
+
+@pytest.fixture(scope="session")
+def built_images(images_for: ImagesFor) -> tuple[str, str]:
+    """The default (bottle image, gate image): ``images_for()``."""
+    return images_for()
 
 
 @dataclass
@@ -176,9 +200,7 @@ def podman_client(socket: str, name: str, setup: str) -> docker.DockerClient:
         client = docker.DockerClient(base_url=socket, timeout=120)
         client.ping()
     except docker.errors.DockerException as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"no {name} service at {socket}: {exc}")
-        pytest.skip(f"no {name} service at {socket} ({setup} starts one): {exc}")
+        missing(f"no {name} service at {socket}: {exc}", f"{setup} starts one")
     return client
 
 

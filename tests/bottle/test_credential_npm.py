@@ -17,11 +17,9 @@ from dataclasses import dataclass
 import docker
 import pytest
 
-from claude_bottle.agent.schema import AgentConfig
-from claude_bottle.launch import build_images
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle
-from tests.bottle.conftest import Upstream, bottle_against
+from tests.bottle.conftest import ImagesFor, Upstream, bottle_against
 from tests.bottle.https_servers import NPM, PORTS, Package, Servers, https_servers, npm_files
 from tests.bottle.test_inspection_registries import PACKAGES
 
@@ -33,8 +31,8 @@ TOKEN_VARIABLE = f"npm_config_//{NPM}:{PORTS[NPM]}/:_authToken"  # npm's per-reg
 
 
 @pytest.fixture(scope="module")
-def images(client: docker.DockerClient) -> tuple[str, str]:
-    return build_images(client, AgentConfig(extra_packages=PACKAGES), lambda line: None)
+def images(images_for: ImagesFor) -> tuple[str, str]:
+    return images_for(*PACKAGES)
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,10 @@ import pytest
 
 from claude_bottle import tokens
 from claude_bottle.agent.load import load_agent
-from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
-from claude_bottle.launch import Launch, build_images, started
+from claude_bottle.launch import Launch, started
 from claude_bottle.verify import in_bottle as inside
-from tests.bottle.conftest import TEST_LABEL, Upstream, leftovers, write_agent
+from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, leftovers, write_agent
 from tests.bottle.git_server import PACKAGE, git_server
 
 pytestmark = pytest.mark.docker
@@ -42,11 +41,11 @@ def search(value: str) -> str:
 
 def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
         client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, images_for: ImagesFor) -> None:
     real = "real-git-token-" + secrets.token_hex(20)
     attacker = "attacker-token-" + secrets.token_hex(20)
     monkeypatch.setenv("TEST_GIT_TOKEN", real)
-    server_image = build_images(client, AgentConfig(extra_packages=SERVER_IMAGE_PACKAGES), lambda line: None)[0]
+    server_image = images_for(*SERVER_IMAGE_PACKAGES)[0]
     with git_server(client, server_image, upstream.network, (BOUND, OTHER), f"x-access-token:{real}",
                     ("team/app.git", "attacker/loot.git"), {TEST_LABEL: "1"}) as server:
         ca_file = tmp_path / "git-ca.pem"

@@ -36,6 +36,7 @@ from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.runtime.bottle import AGENT_LABEL
 from claude_bottle.stub import DEFAULT_TEXT
 from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent
+from tests.prerequisites import require
 
 pytestmark = pytest.mark.docker
 DOC = Path(__file__).resolve().parents[2] / "docs" / "refused-destinations.md"
@@ -61,13 +62,9 @@ def forget_state_volumes() -> None:
 @pytest.fixture(scope="session")
 def capture_tools() -> None:
     """tcpdump and nsenter, as root; missing, the tests are skipped visibly, and under CI they fail."""
-    missing = [tool for tool in ("tcpdump", "nsenter") if shutil.which(tool) is None]
-    problem = (f"{' and '.join(missing)} not installed (scripts/docker-engine installs tcpdump when run as root)"
-               if missing else "entering a container's network namespace needs root" if os.geteuid() else "")
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem)
-        pytest.skip(problem)
+    absent = [tool for tool in ("tcpdump", "nsenter") if shutil.which(tool) is None]
+    require(not absent, f"{' and '.join(absent)} not installed", "scripts/docker-engine installs tcpdump when run as root")
+    require(os.geteuid() == 0, "entering a container's network namespace needs root")
 
 
 @contextlib.contextmanager

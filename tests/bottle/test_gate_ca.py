@@ -32,16 +32,15 @@ from cryptography.x509.oid import NameOID
 from docker.models.containers import Container
 
 from claude_bottle.agent.load import load_agent
-from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.gate import ca as ca_module
 from claude_bottle.gate.ca import RunCA
-from claude_bottle.launch import Launch, build_images, started
+from claude_bottle.launch import Launch, started
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.runtime.bottle import CONTROL_SOCKET, SYSTEM_BUNDLE, Run
 from claude_bottle.verify import in_bottle as inside
-from tests.bottle.conftest import TEST_LABEL, Upstream, leftovers, write_agent
+from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, leftovers, write_agent
 from tests.bottle.https_servers import leaf_pem
 from tests.helpers import tar_archive
 
@@ -105,9 +104,9 @@ req.end();
 
 
 @pytest.fixture(scope="module")
-def images(client: docker.DockerClient) -> tuple[str, str]:
+def images(images_for: ImagesFor) -> tuple[str, str]:
     """The bottle image with python3 and node, which it lacks by default."""
-    return build_images(client, AgentConfig(extra_packages=PACKAGES), lambda line: None)
+    return images_for(*PACKAGES)
 
 
 @pytest.fixture(scope="module")

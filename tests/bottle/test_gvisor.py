@@ -3,7 +3,6 @@ and every verify attack stays blocked there. Needs runsc registered with the eng
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from claude_bottle.runtime import engine
 from claude_bottle.stub import DEFAULT_TEXT
 from claude_bottle.verify import attack, in_bottle, verification
 from tests.bottle.conftest import Upstream, leftovers, write_agent
+from tests.prerequisites import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.gvisor]
 CLI = [sys.executable, "-m", "claude_bottle"]
@@ -26,11 +26,8 @@ CLI = [sys.executable, "-m", "claude_bottle"]
 
 @pytest.fixture(scope="module")
 def runsc(client: docker.DockerClient) -> str:
-    if "runsc" not in engine.describe(client).runtimes:
-        message = "the engine has no runsc runtime (scripts/gvisor installs and registers gVisor)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require("runsc" in engine.describe(client).runtimes, "the engine has no runsc runtime",
+            "scripts/gvisor installs and registers gVisor")
     return "runsc"
 
 

@@ -32,13 +32,11 @@ import pytest
 from docker.models.containers import Container
 
 from claude_bottle.agent.presets import READ_PRESETS
-from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.gate.ca import RunCA
-from claude_bottle.launch import build_images
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle
-from tests.bottle.conftest import TEST_LABEL, Upstream, bottle_against, gate_audit
+from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, bottle_against, gate_audit
 from tests.bottle.https_servers import leaf_pem
 from tests.bottle.test_gate_ca import PACKAGES as PYTHON_PACKAGES  # its bottle image has python3: built once
 from tests.helpers import tar_archive
@@ -173,9 +171,9 @@ class GitServer:
 
 
 @pytest.fixture(scope="module")
-def git_server(client: docker.DockerClient, upstream: Upstream,
+def git_server(client: docker.DockerClient, upstream: Upstream, images_for: ImagesFor,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[GitServer]:
-    image, _ = build_images(client, AgentConfig(extra_packages=PYTHON_PACKAGES), lambda line: None)
+    image, _ = images_for(*PYTHON_PACKAGES)
     names = (OPEN, READ, PINNED)
     ca = RunCA.generate(Allowlist.parse(list(names)).patterns)
     ca_file = tmp_path_factory.mktemp("ca") / "git-server-ca.pem"

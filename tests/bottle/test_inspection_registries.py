@@ -18,11 +18,9 @@ import docker
 import pytest
 
 from claude_bottle.agent.presets import READ_PRESETS
-from claude_bottle.agent.schema import AgentConfig
-from claude_bottle.launch import build_images
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle
-from tests.bottle.conftest import Upstream, bottle_against, gate_audit
+from tests.bottle.conftest import ImagesFor, Upstream, bottle_against, gate_audit
 from tests.bottle.https_servers import NPM, PORTS, PYPI, Package, Servers, https_servers, npm_files, pypi_files
 
 pytestmark = pytest.mark.docker
@@ -44,8 +42,8 @@ def agent_toml(subnet: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def images(client: docker.DockerClient) -> tuple[str, str]:
-    return build_images(client, AgentConfig(extra_packages=PACKAGES), lambda line: None)
+def images(images_for: ImagesFor) -> tuple[str, str]:
+    return images_for(*PACKAGES)
 
 
 @pytest.fixture(scope="module")

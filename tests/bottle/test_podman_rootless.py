@@ -28,13 +28,12 @@ import docker.errors
 import pytest
 
 from claude_bottle.agent.load import load_agent
-from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
-from claude_bottle.launch import Launch, build_images, started
+from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import BRIDGE_PREFIX, WORKSPACE_LABEL, Run
 from claude_bottle.verify import SLIRP_HOST, stub_container
 from claude_bottle.verify import in_bottle as inside
-from tests.bottle.conftest import TEST_LABEL, Upstream, claude_version, leftovers, podman_client, write_agent
+from tests.bottle.conftest import TEST_LABEL, Upstream, build_test_images, leftovers, podman_client, write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman, pytest.mark.rootless]
 CLI = [sys.executable, "-m", "claude_bottle"]
@@ -69,7 +68,7 @@ def stub(rootless: docker.DockerClient) -> Iterator[Upstream]:
     are built first (with this engine's builder), as a first start would."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DOCKER_HOST", SOCKET)
-        _, gate_image = build_images(rootless, AgentConfig(claude_version=claude_version()), lambda line: None)
+        _, gate_image = build_test_images(rootless)
     name = f"claude-bottle-test-{secrets.token_hex(3)}"
     network = rootless.networks.create(name, driver="bridge", labels={TEST_LABEL: "1"})
     containers = []

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.prerequisites import require
+
 ROOT = Path(__file__).resolve().parents[2]
-CLAUDE_VERSION = "2.1.190"
 
 
 @pytest.fixture(scope="session")
@@ -17,9 +18,5 @@ def claude_binary() -> Path:
     """
     path = Path(os.environ.get("CLAUDE_BOTTLE_TEST_CLAUDE") or ROOT / ".cache/claude-code/node_modules/.bin/claude")
     path = path.absolute()  # Claude Code runs in each test's own folder
-    if not path.exists():
-        message = f"real Claude Code not installed at {path}: run scripts/test (it installs it with npm)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require(path.exists(), f"real Claude Code not installed at {path}", "scripts/test installs it with npm")
     return path

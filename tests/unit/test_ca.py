@@ -31,6 +31,7 @@ from claude_bottle.gate.ca import LEAF_RENEW_AFTER, HostNotPermitted, InvalidHos
 from claude_bottle.gate.settings import Endpoint, GateSettings, Upstream, parse_allowlist
 from claude_bottle.policy.hosts import Allowlist
 from tests.helpers import connect_via, make_token
+from tests.prerequisites import require
 
 
 def run_ca(*patterns: str, upstream: str = "api.anthropic.com", **kwargs: object) -> RunCA:
@@ -107,8 +108,7 @@ def test_another_run_s_ca_does_not_vouch_for_this_one_s_leaves() -> None:
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
 def test_ip_hosts_get_an_address_certificate(host: str) -> None:
-    if host == "::1" and not socket.has_ipv6:
-        pytest.skip("no IPv6 on this machine")
+    require(host != "::1" or socket.has_ipv6, "no IPv6 on this machine")
     ca = run_ca(f"[{host}]:8443" if ":" in host else f"{host}:8443")
     with tls_server(ca.context_for(host), host) as address:
         assert handshake(address, host, client_context(ca))[0] == b"ok"
