@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from claude_bottle.records import current
+
 COLUMNS = (("TIME", 12), ("DECISION", 10), ("METHOD", 7), ("HOST", 32), ("PATH", 28), ("RULE", 20))
 _COLOURS = {"allow": "32", "would_deny": "33", "deny": "31", "error": "35"}
 
@@ -46,11 +48,10 @@ def row(entry: dict[str, Any], colour: bool) -> str:
 def offer(entry: dict[str, Any], agent: str) -> str | None:
     """For a destination refused because the allowlist lacks it, the command that allows it while the bottle
     runs (None for any other line)."""
-    reason = str(entry.get("reason", ""))
-    if entry.get("listener") != "proxy" or entry.get("decision") != "deny" or \
-            not reason.endswith("is not in the allowlist"):
+    entry = current(entry)
+    if entry.get("listener") != "proxy" or entry.get("decision") != "deny" or not entry.get("unlisted"):
         return None
-    target = reason.removesuffix(" is not in the allowlist")
+    target = str(entry.get("target", ""))
     host, _, port = target.rpartition(":")
     where = host if port in ("443", "80") else target
     return f"  -> to allow it now: claude-bottle allow {agent} {printable(where)} (add --save to keep it)"

@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from claude_bottle.errors import ConfigError
 from claude_bottle.paths import state_dir, workspace_key
@@ -149,3 +150,21 @@ def audit_lines(record: RunRecord) -> Iterator[str]:
             with path.open(encoding="utf-8") as f:
                 for line in f:
                     yield line.rstrip("\n")
+
+
+def current(entry: dict[str, Any]) -> dict[str, Any]:
+    """An audit line with the fields the current gate writes. Lines from earlier gates (a run kept on the host
+    from before) said two facts in their reason only: that a tunnel carried raw TCP, and that a refused target
+    was in no allowlist. For such a line (without ``tunnel`` or ``unlisted``) those fields are filled in from
+    the reason's fixed wording of that time; a line from a current gate is returned as it is, and its reason
+    is never read."""
+    upgrade: dict[str, Any] = {}
+    reason = entry.get("reason")
+    if not isinstance(reason, str):
+        return entry
+    if entry.get("method") == "CONNECT" and "tunnel" not in entry and "; raw TCP allowed" in reason:
+        upgrade["tunnel"] = "raw_tcp"
+    if "unlisted" not in entry and entry.get("decision") == "deny" and \
+            reason.endswith(" is not in the allowlist"):
+        upgrade["unlisted"] = True
+    return {**entry, **upgrade} if upgrade else entry

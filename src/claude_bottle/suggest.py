@@ -23,6 +23,7 @@ from urllib.parse import unquote
 from claude_bottle.logview import printable
 from claude_bottle.policy.decide import allow_entry
 from claude_bottle.policy.hosts import Allowlist, InvalidHost, Target, parse_authority
+from claude_bottle.records import current
 
 MAX_PATHS = 8  # distinct paths per method and host before they are grouped by their first segment
 _PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9\-._~!$&'()+,;=:@]+")
@@ -80,7 +81,7 @@ def rule_path(path: str) -> str:
 def suggest(lines: Iterable[dict[str, Any]]) -> Suggestion:
     """What the proxy's audit ``lines`` (parsed JSON) say the run needed."""
     found = Suggestion()
-    for line in lines:
+    for line in map(current, lines):
         if line.get("listener") != "proxy" or line.get("target", "-") == "-":
             continue
         try:
@@ -98,7 +99,7 @@ def suggest(lines: Iterable[dict[str, Any]]) -> Suggestion:
             destination.would_deny += 1
         else:
             destination.allowed += 1
-        destination.raw_tcp |= "; raw TCP allowed" in str(line.get("reason", ""))
+        destination.raw_tcp |= line.get("tunnel") == "raw_tcp"
         method, path = str(line.get("method", "")), line.get("path")
         if method != "CONNECT" and isinstance(path, str) and path.startswith("/"):
             destination.requests.add((method, path))

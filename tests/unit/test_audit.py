@@ -168,3 +168,28 @@ def test_fail_keeps_sent_status(status_before: int, status_arg: int, status_afte
     assert record.decision == "error"
     assert record.status == status_after
     assert record.reason == "example.com:443 matches allow pattern example.com; then upstream reset the connection"
+
+
+def test_unlisted_tunnel_and_side_only_when_set_after_the_decision_fields() -> None:
+    stream = io.StringIO()
+    log = AuditLog(stream)
+    log.write(_record(rule="[dlp] x", would_deny=True, unlisted=True, tunnel="raw_tcp", side="upstream"))
+    log.write(_record())
+    full, plain = _lines(stream)
+    assert list(full) == [*FIELDS[:8], "rule", "would_deny", "unlisted", "tunnel", "side", *FIELDS[8:]]
+    assert (full["unlisted"], full["tunnel"], full["side"]) == (True, "raw_tcp", "upstream")
+    assert list(plain) == FIELDS
+
+
+def test_a_record_takes_decisions_and_keeps_its_reasons_in_order() -> None:
+    from claude_bottle.policy.decide import Decision
+    record = _record()
+    record.decided(Decision(True, "learned", learned=True, unlisted=True))
+    record.passed(Decision(True, "address ok"))
+    record.passed(Decision(True, "rule ok", rule="[[egress]] x allow GET /"))
+    record.note("closed idle tunnel")
+    assert (record.decision, record.reason, record.rule, record.would_deny, record.unlisted) == (
+        "allow", "learned; address ok; rule ok; closed idle tunnel", "[[egress]] x allow GET /", True, True)
+    record.fail("upstream stopped responding", 504, "upstream")
+    assert (record.decision, record.status, record.side) == ("error", 504, "upstream")
+    assert record.reason.endswith("; then upstream stopped responding")

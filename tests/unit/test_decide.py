@@ -57,7 +57,8 @@ def test_decide_target_exact_reasons() -> None:
         True, "a.github.com:443 matches allow pattern *.github.com"
     )
     assert policy.decide_target(parse_authority("evil.com:443")) == Decision(
-        False, "evil.com:443 is not in the allowlist", hint="run `claude-bottle allow evil.com` on the host"
+        False, "evil.com:443 is not in the allowlist", unlisted=True,
+        hint="run `claude-bottle allow evil.com` on the host"
     )
 
 

@@ -28,10 +28,10 @@ def policy(allow: tuple[str, ...] = (), learn: bool = False, denied: tuple[str, 
 
 def test_learn_mode_allows_what_the_allowlist_lacks_as_a_learned_decision() -> None:
     decision = policy(learn=True).decide_target(parse_authority("example.com:443"))
-    assert decision.allow and decision.learned
+    assert decision.allow and decision.learned and decision.unlisted
     assert decision.reason == "learn mode: example.com:443 is not in the allowlist (would deny)"
     listed = policy(("example.com",), learn=True).decide_target(parse_authority("example.com:443"))
-    assert listed.allow and not listed.learned
+    assert listed.allow and not listed.learned and not listed.unlisted
 
 
 @pytest.mark.parametrize("target", [f"{API}:443", f"{API}:8443"])
@@ -100,14 +100,15 @@ def suggest_rules() -> Any:
 # ---- suggestions from an audit ---------------------------------------------------------------------------
 
 def line(target: str, method: str = "CONNECT", path: str | None = None, decision: str = "allow",
-         would_deny: bool = False, status: int = 200, listener: str = "proxy", reason: str = "r") -> dict[str, Any]:
+         would_deny: bool = False, status: int = 200, listener: str = "proxy", reason: str = "r",
+         **fields: Any) -> dict[str, Any]:
     entry: dict[str, Any] = {"listener": listener, "method": method, "target": target, "decision": decision,
                              "status": status, "reason": reason}
     if path is not None:
         entry["path"] = path
     if would_deny:
         entry["would_deny"] = True
-    return entry
+    return entry | fields
 
 
 AUDIT = [
@@ -182,12 +183,18 @@ def test_a_row_marks_learned_lines_colours_only_when_asked_and_escapes_control_c
 
 
 def test_follow_offers_the_command_that_allows_a_refused_destination() -> None:
-    refused = line("x.example:443", decision="deny", status=403, reason="x.example:443 is not in the allowlist")
+    refused = line("x.example:443", decision="deny", status=403, unlisted=True)
     assert logview.offer(refused, "dev") == ("  -> to allow it now: claude-bottle allow dev x.example "
                                              "(add --save to keep it)")
-    other = line("x.example:8443", decision="deny", status=403, reason="x.example:8443 is not in the allowlist")
+    other = line("x.example:8443", decision="deny", status=403, unlisted=True)
     assert "claude-bottle allow dev x.example:8443 " in (logview.offer(other, "dev") or "")
-    assert logview.offer(line("x.example:443"), "dev") is None
+    assert logview.offer(line("x.example:443", unlisted=True), "dev") is None  # learn mode let it through
+    assert logview.offer(line("10.0.0.1:443", decision="deny", reason="10.0.0.1 is private"), "dev") is None
+
+
+def test_a_line_from_an_earlier_gate_offers_from_its_reason_which_then_carried_the_fact() -> None:
+    old = line("x.example:8443", decision="deny", status=403, reason="x.example:8443 is not in the allowlist")
+    assert "claude-bottle allow dev x.example:8443 " in (logview.offer(old, "dev") or "")
     assert logview.offer(line("10.0.0.1:443", decision="deny", reason="10.0.0.1 is private"), "dev") is None
 
 
@@ -241,12 +248,24 @@ def test_a_refusal_reason_the_bottle_shaped_cannot_leave_its_comment() -> None:
     assert tomllib.loads(text) == {} and "\x1b" not in text
 
 
-def test_a_raw_tcp_destination_is_suggested_in_allow_tcp_and_never_appended_as_a_table() -> None:
-    audit = [line("git.example.com:22", reason="git.example.com:22 matches allow-tcp pattern git.example.com:22; "
-                                              "192.0.2.1 is a global address; raw TCP allowed"),
-             line("pypi.org:443", would_deny=True)]
+@pytest.mark.parametrize("tunnel", [
+    {"tunnel": "raw_tcp"},
+    # a line from an earlier gate, before the tunnel's mode had a field: its reason said it
+    {"reason": "git.example.com:22 matches allow-tcp pattern git.example.com:22; 192.0.2.1 is a global address; "
+               "raw TCP allowed"},
+], ids=["field", "earlier-gate"])
+def test_a_raw_tcp_destination_is_suggested_in_allow_tcp_and_never_appended_as_a_table(tunnel: dict[str, str]
+                                                                                       ) -> None:
+    audit = [line("git.example.com:22", **tunnel), line("pypi.org:443", would_deny=True)]
     found = suggest.suggest(audit)
     text = suggest.render(found, "run r")
     agent = parse_agent("a", tomllib.loads("version = 1\n" + text), "a.toml")
     assert agent.allow_tcp == ("git.example.com:22",) and agent.egress_allowlist == ("pypi.org",)
     assert "git.example.com" not in suggest.additions(found, Allowlist(), "run r")
+
+
+def test_a_current_line_is_read_by_its_fields_whatever_its_reason_says() -> None:
+    opaque = line("git.example.com:22", reason="x; raw TCP allowed", tunnel="opaque")
+    assert not suggest.suggest([opaque]).destinations["git.example.com:22"].raw_tcp
+    from claude_bottle.records import current
+    assert current(opaque) is opaque

@@ -77,8 +77,8 @@ async def api_exchange(conn: HttpConnection, request: Request, record: AuditReco
 
     decision = route.decide(method, target)
     if not decision.allow:
-        raise Refused(decision.status, decision.reason)
-    record.allow(decision.reason)
+        raise Refused.by(decision)
+    record.decided(decision)
 
     messages = method == "POST" and record.path in config.messages_policy.paths
     idle = config.limits.idle_timeout
@@ -95,7 +95,7 @@ def messages_policy(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:
         verdict = policy.decide(request.body)
         if not verdict.allow:
             raise Refused(verdict.status, verdict.reason)
-        record.allow(f"{record.reason}; {verdict.reason}")
+        record.passed(verdict)
 
     return judge
 

@@ -1,13 +1,32 @@
-"""One JSON line per gate decision, with fixed field names (see docs/gate.md)."""
+"""One JSON line per gate decision, with fixed field names (see docs/gate.md's audit section).
+
+The record is assembled here and rendered here, from fields: what a reader needs to know (the decision, the
+rule, ``would_deny``, ``unlisted``, a tunnel's mode, a failure's side) is a field of its own, and the reason
+is words for people, built from the decisions' reasons and never parsed back (``policy suggest`` and ``logs``
+read fields only).
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Final, Literal, TextIO
+
+from claude_bottle.policy.decide import Decision
 
 REDACTED = "[redacted]"
+
+# A tunnel's mode (the ``tunnel`` field), set when the gate answers a CONNECT with 200.
+OPAQUE: Final = "opaque"  # TLS relayed unread, its ClientHello checked
+RAW_TCP: Final = "raw_tcp"  # any bytes relayed unread: raw TCP is allowed to the target
+TERMINATED: Final = "terminated"  # TLS terminated by the gate, each request inside audited on a line of its own
+TunnelMode = Literal["opaque", "raw_tcp", "terminated"]
+
+# Whose side a failure was on (the ``side`` field of an ``error`` line); none: a fault of the gate's own.
+CLIENT: Final = "client"
+UPSTREAM: Final = "upstream"
+Side = Literal["client", "upstream"]
 
 
 @dataclass
@@ -24,21 +43,46 @@ class AuditRecord:
     path: str | None = None
     rule: str | None = None  # the configured rule that decided (an [[egress]] rule, a [dlp] rule), if one did
     would_deny: bool = False  # let through by learn mode only: a gate without it would have refused this
+    unlisted: bool = False  # the target is in no allowlist (refused for that, or let through by learn mode)
+    tunnel: TunnelMode | None = None  # a CONNECT answered 200: how its bytes were carried
+    side: Side | None = None  # an error: whose side failed (None: the gate's own fault, or no error)
     bytes_up: int = 0  # client -> upstream, body or tunnel bytes
     bytes_down: int = 0  # upstream -> client
     started: float = field(default_factory=time.time)
 
+    def decided(self, decision: Decision) -> None:
+        """The first verdict on the request: allowed or refused, with its reason, rule and whether learn mode
+        or a missing allowlist entry made it."""
+        self.decision = "allow" if decision.allow else "deny"
+        self.reason = decision.reason
+        self.rule = decision.rule or None
+        self.would_deny = decision.learned
+        self.unlisted = decision.unlisted
+
+    def passed(self, decision: Decision) -> None:
+        """A further check allowed the request: its reason follows the earlier ones; its rule, if it named
+        one, is the rule that decided."""
+        self.decision = "allow"
+        self.reason = f"{self.reason}; {decision.reason}" if self.reason else decision.reason
+        if decision.rule:
+            self.rule = decision.rule
+
+    def note(self, what: str) -> None:
+        """Add what came of an allowed exchange (how a tunnel was carried, how it ended) to the reason."""
+        self.reason = f"{self.reason}; {what}" if self.reason else what
+
     def allow(self, reason: str) -> None:
         self.decision, self.reason = "allow", reason
 
-    def deny(self, reason: str, status: int) -> None:
-        self.decision, self.reason, self.status = "deny", reason, status
+    def deny(self, reason: str, status: int, rule: str | None = None, unlisted: bool = False) -> None:
+        self.decision, self.reason, self.status, self.rule, self.unlisted = "deny", reason, status, rule, unlisted
 
-    def fail(self, reason: str, status: int) -> None:
-        """Allowed (or not yet decided, e.g. while a body is read), then failed. A status already sent to the
-        client stays: it is what the client saw."""
+    def fail(self, reason: str, status: int, side: Side | None = None) -> None:
+        """Allowed (or not yet decided, e.g. while a body is read), then failed on ``side``. A status already
+        sent to the client stays: it is what the client saw."""
         self.decision, self.reason = "error", f"{self.reason}; then {reason}" if self.reason else reason
         self.status = self.status or status
+        self.side = side
 
 
 class AuditLog:
@@ -66,6 +110,12 @@ class AuditLog:
             fields["rule"] = record.rule
         if record.would_deny:
             fields["would_deny"] = True
+        if record.unlisted:
+            fields["unlisted"] = True
+        if record.tunnel is not None:
+            fields["tunnel"] = record.tunnel
+        if record.side is not None:
+            fields["side"] = record.side
         fields["bytes_up"], fields["bytes_down"] = record.bytes_up, record.bytes_down
         fields["duration_ms"] = round((time.time() - started) * 1000, 1)
         line = json.dumps(fields, ensure_ascii=False)

@@ -38,16 +38,18 @@ class Refused(ExchangeStopped):
     ``rule``: the configured rule that refused it, for the audit (None: no rule, the policy itself)."""
 
     def __init__(self, status: int, reason: str, close: bool = False, rule: str | None = None,
-                 hint: str = "") -> None:
+                 hint: str = "", unlisted: bool = False) -> None:
         super().__init__(status, reason)
         self.close = close
         self.rule = rule
         self.hint = hint
+        self.unlisted = unlisted  # the target is in no allowlist (the audit's ``unlisted``)
 
     @classmethod
     def by(cls, decision: Decision) -> Refused:
         """The refusal a policy's ``decision`` says, naming its rule if one decided."""
-        return cls(decision.status, decision.reason, rule=decision.rule or None, hint=decision.hint)
+        return cls(decision.status, decision.reason, rule=decision.rule or None, hint=decision.hint,
+                   unlisted=decision.unlisted)
 
 
 POLICY_FILE = "/etc/claude-bottle/policy.toml"  # in a bottle: the policy in effect, read-only

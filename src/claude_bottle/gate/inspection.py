@@ -68,8 +68,7 @@ def own_credential(route: CredentialRoute) -> RequestFilter:
 
     async def inject(request: Outbound, record: AuditRecord) -> None:
         await add(request, record)
-        record.allow(f"{record.reason}; credential route {route.spec.name}: the client's credentials replaced "
-                     "by the route's own")
+        record.note(f"credential route {route.spec.name}: the client's credentials replaced by the route's own")
 
     return inject
 
@@ -120,8 +119,7 @@ def request_rules(policy: RequestPolicy, target: Target) -> RequestFilter:
         decision = policy.decide(request.method.decode("ascii"), target.host, target.port, request.path)
         if not decision.allow:
             raise Refused.by(decision)
-        record.allow(f"{record.reason}; {decision.reason}")
-        record.rule = decision.rule or None
+        record.passed(decision)
 
     return judge
 

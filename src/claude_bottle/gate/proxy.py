@@ -19,7 +19,7 @@ import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
-from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.audit import OPAQUE, RAW_TCP, TERMINATED, AuditRecord
 from claude_bottle.gate.ca import HostNotPermitted
 from claude_bottle.gate.connection import READ_SIZE, HttpConnection
 from claude_bottle.gate.context import GateContext
@@ -117,7 +117,7 @@ async def vetted_addresses(target: Target, record: AuditRecord, ctx: GateContext
         (allowed if decision.allow else refusals).append((address, decision))
     if not allowed:
         raise Refused.by(refusals[0][1])
-    record.allow(f"{record.reason}; {allowed[0][1].reason}")
+    record.passed(allowed[0][1])
     return [address for address, _ in allowed]
 
 
@@ -138,8 +138,7 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
     decision = ctx.egress.decide_tunnel(target) if method == "CONNECT" else ctx.egress.decide_target(target)
     if not decision.allow:
         raise Refused.by(decision)
-    record.allow(decision.reason)
-    record.would_deny = decision.learned
+    record.decided(decision)
     route = route_for(ctx.config.routes, target)
     if route is not None and method != "CONNECT":
         raise Refused(403, f"{target} is bound to credential route {route.spec.name}, which is reached over TLS "
@@ -207,7 +206,7 @@ def terminating(target: Target, ctx: GateContext, record: AuditRecord) -> ssl.SS
         return ctx.ca.context_for(target.host)
     except HostNotPermitted:
         opaque("outside the names of the gate's CA")
-        record.reason += "; not inspected: outside the names of the gate's CA, fixed at its start"
+        record.note("not inspected: outside the names of the gate's CA, fixed at its start")
         return None
     except ValueError as exc:
         raise Refused(403, f"cannot inspect {target}: {exc}") from None
@@ -260,8 +259,10 @@ async def _tunnel(
         await conn.send(Response(200, [], b"Connection established"))
         record.status = 200
         early = conn.trailing_data
-        if ctx.egress.raw_allowed(target):
-            record.reason += "; raw TCP allowed"
+        raw = ctx.egress.raw_allowed(target)
+        record.tunnel = RAW_TCP if raw else TERMINATED if client_tls is not None else OPAQUE
+        if raw:
+            record.note("raw TCP allowed")
         else:
             early, verdict = await first_flight(conn.tunnel_reader, bytes(early), target,
                                                 ctx.config.limits.first_flight_timeout)
@@ -269,7 +270,7 @@ async def _tunnel(
                 record.deny(f"{record.reason}; then refused: {verdict.reason}", 200)  # nothing went upstream
                 conn.abort()
                 return
-            record.reason += f"; {verdict.reason}"
+            record.passed(verdict)
         if origin is not None and client_tls is not None:
             await terminate(conn, early, target, origin, record, ctx, client_tls)
             return
@@ -282,7 +283,7 @@ async def _tunnel(
             await relay((conn.tunnel_reader, conn.transport), (upstream[0], upstream[1].transport), traffic,
                         ctx.config.limits.idle_timeout)
         except TunnelIdle:
-            record.reason += "; closed idle tunnel"
+            record.note("closed idle tunnel")
         except OSError:
             pass  # a reset on either side ends the tunnel
         finally:

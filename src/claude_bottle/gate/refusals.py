@@ -19,9 +19,16 @@ import contextlib
 import json
 from http import HTTPStatus
 
-from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.audit import CLIENT, UPSTREAM, AuditRecord, Side
 from claude_bottle.gate.connection import HttpConnection
-from claude_bottle.gate.failures import CONNECTION_ERRORS, ExchangeStopped, Refused, explanation
+from claude_bottle.gate.failures import (
+    CONNECTION_ERRORS,
+    ClientSide,
+    ExchangeStopped,
+    Refused,
+    UpstreamSide,
+    explanation,
+)
 from claude_bottle.gate.http1 import Headers, LocalProtocolError, Response, State
 
 # The Anthropic API's error types, for refusals on the API listener (Claude Code shows their message).
@@ -35,14 +42,22 @@ def _header_text(text: str) -> str:
     return "".join(c if " " <= c <= "~" else "?" for c in text).strip()
 
 
+def side_of(stop: ExchangeStopped) -> Side | None:
+    """Whose side ``stop`` was on, for the audit's ``side`` (None: neither's, the gate's own)."""
+    if isinstance(stop, ClientSide):
+        return CLIENT
+    if isinstance(stop, UpstreamSide):
+        return UPSTREAM
+    return None
+
+
 async def answer(conn: HttpConnection, record: AuditRecord, stop: ExchangeStopped, idle_timeout: float) -> bool:
     """Record ``stop`` and tell the client, as far as it can still be told. True if the connection can
     serve another request."""
     if isinstance(stop, Refused):
-        record.deny(stop.reason, stop.status)
-        record.rule = stop.rule
+        record.deny(stop.reason, stop.status, stop.rule, stop.unlisted)
     else:
-        record.fail(stop.reason, stop.status)
+        record.fail(stop.reason, stop.status, side_of(stop))
     with contextlib.suppress(*CONNECTION_ERRORS, LocalProtocolError):
         if isinstance(stop, Refused) and not stop.close and conn.our_state is State.SEND_RESPONSE:
             await refuse_request(conn, stop.status, stop.reason, idle_timeout, explanation(stop))

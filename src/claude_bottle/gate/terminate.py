@@ -25,7 +25,7 @@ import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.audit import CLIENT, AuditRecord
 from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused
@@ -36,6 +36,7 @@ from claude_bottle.gate.request_loop import Exchange, serve_requests
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
 from claude_bottle.gate.upstream import STREAM_LIMIT, dial_http
 from claude_bottle.policy.addresses import IPAddress
+from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import InvalidHost, Target, normalize_host, parse_port, split_host_port
 
 HANDSHAKE_TIMEOUT = 10.0
@@ -117,7 +118,7 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
             transport, _ = await loop.connect_accepted_socket(lambda: tls_conn, inner, ssl=client_tls,
                                                               ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, TimeoutError) as exc:
-            record.fail(f"TLS handshake with the client failed: {_tls_reason(exc)}", 200)
+            record.fail(f"TLS handshake with the client failed: {_tls_reason(exc)}", 200, CLIENT)
             inner.close()
             return
         tls_conn.peer = conn.peer
@@ -146,11 +147,11 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
             await relay((conn.tunnel_reader, conn.transport), (pair_reader, pair_writer.transport), traffic,
                         backstop)
         except TunnelIdle:
-            record.reason += "; closed idle tunnel"
+            record.note("closed idle tunnel")
         except OSError:
             pass  # a reset on either side ends the tunnel
 
-    record.reason += "; TLS terminated by the gate, each request audited"
+    record.note("TLS terminated by the gate, each request audited")
     try:
         async with asyncio.TaskGroup() as tasks:
             relayed = tasks.create_task(carry())
@@ -177,8 +178,8 @@ def _exchange(target: Target, origin: KeptOrigin, learned: bool = False) -> Exch
         problem = host_problem(request, target)
         if problem is not None:
             raise Refused(421, problem)
-        record.allow(f"inspected request in a tunnel to {target}{' (learn mode: would deny)' if learned else ''}")
-        record.would_deny = learned
+        record.decided(Decision(True, f"inspected request in a tunnel to {target}"
+                                      f"{' (learn mode: would deny)' if learned else ''}", learned=learned))
         await forward(conn, outbound(conn, request, request.target, idle), origin.use, record, idle,
                       [set_headers(frozenset({b"host"}), [(b"host", authority(target, 443).encode())]),
                        *inspected(target, ctx)], answered(target, ctx))

@@ -17,6 +17,7 @@ class Decision:
     status: int = 403  # the HTTP status of a refusal
     rule: str = ""  # the configured rule that decided, for the audit's ``rule`` field; "" when none did
     learned: bool = False  # allowed only because the gate runs in learn mode: a strict gate would refuse it
+    unlisted: bool = False  # the target is in no allowlist: refused for that, or let through by learn mode
     hint: str = ""  # on refusal: what the user can do to allow it ("run ... on the host"); "" when nothing simple
 
 
@@ -58,8 +59,9 @@ class EgressPolicy:
         if raw is not None:
             return Decision(True, f"{target} matches allow-tcp pattern {raw}")
         if self.learn:
-            return Decision(True, f"learn mode: {target} is not in the allowlist (would deny)", learned=True)
-        return Decision(False, f"{target} is not in the allowlist",
+            return Decision(True, f"learn mode: {target} is not in the allowlist (would deny)", learned=True,
+                            unlisted=True)
+        return Decision(False, f"{target} is not in the allowlist", unlisted=True,
                         hint=f"run `claude-bottle allow {allow_entry(target)}` on the host")
 
     def decide_tunnel(self, target: Target) -> Decision:
