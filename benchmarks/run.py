@@ -805,7 +805,7 @@ def versions(args: argparse.Namespace) -> dict[str, str | None]:
     out["node"] = tool_version(["node", "--version"])
     out["docker"] = tool_version(["docker", "version", "-f", "{{.Server.Version}}"])
     with contextlib.suppress(Exception):
-        from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION
+        from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION
         out["claude-code"] = DEFAULT_CLAUDE_CODE_VERSION
     return out
 

@@ -21,6 +21,7 @@ import docker
 from claude_bottle import trust, workspace
 from claude_bottle.agent.mounts import check_mounts
 from claude_bottle.agent.schema import AgentConfig
+from claude_bottle.claude_code import LATEST
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
@@ -66,7 +67,7 @@ def build_images(client: docker.DockerClient, agent: AgentConfig, progress: Prog
     inputs = build_inputs(agent)
     version = images.resolve_claude_version(inputs.claude_code_version, inputs.extra_ca_files)
     if version != inputs.claude_code_version:
-        progress(f"Claude Code {images.LATEST}: {version}")
+        progress(f"Claude Code {LATEST}: {version}")
         inputs = dataclasses.replace(inputs, claude_code_version=version)
     return images.build(client, images.bottle_spec(inputs), progress), \
         images.build(client, images.gate_spec(inputs), progress)

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from claude_bottle.agent.schema import AgentConfig
+from claude_bottle.claude_code import LATEST
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.launch import HOST_CA_VARIABLE, build_inputs
 from claude_bottle.runtime.images import (
-    LATEST,
     BuildInputs,
     bottle_spec,
     build_failure,

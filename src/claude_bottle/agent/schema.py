@@ -14,6 +14,7 @@ from claude_bottle.agent.credential_config import CredentialConfig, check_bound_
 from claude_bottle.agent.fields import Fields
 from claude_bottle.agent.mounts import Mount, parse_mounts
 from claude_bottle.agent.presets import PRESETS, READ_PRESETS
+from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.dlp import DlpPolicy, DlpRule, InvalidDlpRule, parse_builtin_name, parse_dlp_rule
 from claude_bottle.gate.settings import DEFAULT_UPSTREAM, parse_upstream
@@ -21,7 +22,6 @@ from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import InvalidHost, normalize_host, parse_pattern, parse_port
 from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
 from claude_bottle.policy.rules import HostRules, InvalidRule, RequestPolicy, Verdict, parse_rule
-from claude_bottle.runtime.images import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 
 CONFIG_VERSION = 1
 DEFAULT_AGENT = "default"

@@ -26,13 +26,12 @@ import docker
 import docker.errors
 
 import claude_bottle
+from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 from claude_bottle.errors import ConfigError, DockerError
 
 BASE_IMAGE = "debian:bookworm-slim"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-DEFAULT_CLAUDE_CODE_VERSION = "2.1.190"
 CLAUDE_CODE_PACKAGE = "@anthropic-ai/claude-code"
-LATEST = "latest"  # claude.version: the newest release, resolved to a version number when the image is built
 # Where systems keep the certificates their administrator added to the system trust store (Debian, Ubuntu,
 # Alpine; Fedora, RHEL; Arch, SUSE): a corporate TLS-inspection CA lives here on a host that works behind it.
 HOST_CA_DIRS = ("/usr/local/share/ca-certificates", "/etc/pki/ca-trust/source/anchors",
