@@ -640,6 +640,7 @@ class Bottle:
 
         from claude_bottle import tokens
         from claude_bottle.agent.load import load_agent
+        from claude_bottle.gate.settings import parse_upstream
         from claude_bottle.launch import Launch, claude_command, started
         from claude_bottle.runtime import bottle as bottle_module
         from claude_bottle.runtime.bottle import Run
@@ -669,7 +670,7 @@ class Bottle:
                 Run.wait_for_gate = timed(t, "wait_gate_ready", wait_for_gate)  # type: ignore[method-assign]
                 Run.release = timed(t, "release", release)  # type: ignore[method-assign]
                 Container.start = timed(t, "start_bottle", start)  # type: ignore[method-assign]
-                launch = Launch(agent, self.workspace, credential, f"http://{self.egress_stub}:8000")
+                launch = Launch(agent, self.workspace, credential, parse_upstream(f"http://{self.egress_stub}:8000"))
                 t0 = time.monotonic()
                 with started(launch, lambda line: None) as run:
                     t["until_gate_started"] = time.monotonic() - t0
@@ -704,11 +705,12 @@ class Bottle:
         self._use_bench_environment()
         from claude_bottle import tokens
         from claude_bottle.agent.load import load_agent
+        from claude_bottle.gate.settings import parse_upstream
         from claude_bottle.launch import Launch, started
 
         credential, _ = tokens.find()
         launch = Launch(load_agent(self.agent, self.workspace), self.workspace, credential,
-                        f"http://{self.egress_stub}:8000")
+                        parse_upstream(f"http://{self.egress_stub}:8000"))
         log("gate idle RSS (a bottle running `sleep`), then the time to remove that run")
         t_exit = None
         with started(launch, lambda line: None) as run:

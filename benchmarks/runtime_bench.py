@@ -33,6 +33,8 @@ from typing import Any
 
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.errors import BottleError
+from claude_bottle.policy.addresses import parse_network
+from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime import engine
 from claude_bottle.verify import _scratch_workspace, bottle_on, in_bottle, stand_ins
 
@@ -122,8 +124,9 @@ def measure(reps: int) -> dict[str, Any]:
     client = engine.connect()
     if "runsc" not in engine.describe(client).runtimes:
         raise BottleError("the engine has no runsc runtime: scripts/gvisor installs and registers it")
-    agent = AgentConfig(name="bench-runtimes", extra_packages=("nodejs", "npm"), allow=(f"{REGISTRY}:{PORT}",),
-                        allow_private=("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+    agent = AgentConfig(name="bench-runtimes", extra_packages=("nodejs", "npm"),
+                        allow=Allowlist.parse([f"{REGISTRY}:{PORT}"]),
+                        allow_private=tuple(map(parse_network, ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))))
     samples: dict[str, dict[str, list[float]]] = {r: {"start": [], "npm_install": [], "test_suite": []}
                                                   for r in RUNTIMES}
     with stand_ins(agent, lambda line: print(f"  {line}", file=sys.stderr)) as env:

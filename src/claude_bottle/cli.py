@@ -214,13 +214,12 @@ def _launch(agent_name: str | None, workspace: str | None, upstream: str | None,
 
     path = workspace_of(workspace)
     agent = _with_runtime(load_agent(agent_name, path), runtime)
-    if upstream is not None:
-        parse_upstream(upstream)
+    parsed_upstream = parse_upstream(upstream) if upstream is not None else None
     credential, _ = tokens.find()
     if learn:
         _progress("learn mode: destinations outside the allowlist are let through and recorded as would_deny; "
                   "`claude-bottle policy suggest` turns the run into an allowlist")
-    return Launch(agent, path, credential, upstream, upstream_network, learn=learn,
+    return Launch(agent, path, credential, parsed_upstream, upstream_network, learn=learn,
                   routes=tokens.routes_for(agent.credentials))
 
 
@@ -518,7 +517,7 @@ def _agent_allowlist(name: str) -> tuple[str, ...]:
     if not (agents_dir() / f"{name}.toml").exists():
         return ()
     agent = load_agent(name, Path.cwd())
-    return agent.egress_allowlist + agent.allow_tcp
+    return agent.egress_allowlist.texts() + agent.allow_tcp.texts()
 
 
 def _agent_file(name: str) -> pathlib.Path:

@@ -25,6 +25,7 @@ from claude_bottle.claude_code import LATEST
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
+from claude_bottle.gate.settings import Upstream
 from claude_bottle.runtime import engine, images
 from claude_bottle.runtime.bottle import Run, RunSpec, bottle_user, protective_mounts, userns_for
 
@@ -88,7 +89,7 @@ class Launch:
     agent: AgentConfig
     workspace: Path
     credential: Credential
-    upstream: str | None = None  # overrides the agent's
+    upstream: Upstream | None = None  # overrides the agent's
     upstream_networks: tuple[str, ...] = ()
     upstream_ca_files: tuple[Path, ...] = ()  # stand-ins' CAs the gate trusts (RunSpec.upstream_ca_files)
     learn: bool = False  # learn mode: what the allowlist does not name passes, audited as would_deny

@@ -228,7 +228,7 @@ class Plants:
             agent = project.agent()
         except ConfigError as exc:
             return Outcome(GROUP, attack, expected, self._refusal(exc), True)
-        chosen = [*(["the upstream"] if self.audit_host in agent.upstream else []),
+        chosen = [*(["the upstream"] if agent.upstream.host == self.audit_host else []),
                   *(["a host folder"] if any(m.source == self.loot for m in agent.mounts) else [])]
         return Outcome(GROUP, attack, expected, f"accepted: {', '.join(chosen) or 'the file'}", False)
 

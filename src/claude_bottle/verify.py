@@ -33,9 +33,10 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.routes import CredentialRoute, new_sentinel
-from claude_bottle.gate.settings import Limits
+from claude_bottle.gate.settings import Limits, parse_upstream
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
 from claude_bottle.persistence import Plants, make_repository, share
+from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules, make_host_rules
 from claude_bottle.probe import Outcome
@@ -226,9 +227,11 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
             https = {name: stub_container(client, gate_image, outside.name, name, f"claude-bottle-{verify_id}-{name}",
                                           labels, files[name]) for name in (INSPECTED, READ_ONLY)}
             tested = dataclasses.replace(
-                agent, allow=(*agent.allow, PRIVATE_NAME, f"{FRONT}:{STUB_PORT}", FRONT, f"{INSPECTED}:{TLS_PORT}"),
+                agent, allow=Allowlist((*agent.allow.patterns, *(parse_pattern(p) for p in (
+                    PRIVATE_NAME, f"{FRONT}:{STUB_PORT}", FRONT, f"{INSPECTED}:{TLS_PORT}")))),
                 egress=dataclasses.replace(agent.egress, hosts=(*agent.egress.hosts, *opaque, *inspected_rules())),
-                allow_private=(*agent.allow_private, *(f"{_address(c)}/32" for c in (front, *https.values()))))
+                allow_private=(*agent.allow_private,
+                               *(parse_network(f"{_address(c)}/32") for c in (front, *https.values()))))
             yield StandIns(client, tested, credential, stub, canary, gate_image, outside.name, host, progress, https,
                            ca, workspaces)
         except docker.errors.APIError as exc:
@@ -269,7 +272,7 @@ def bottle_on(env: StandIns, workspace: Path) -> Iterator[Verification]:
     # The agent's credential routes get throwaway values too: verify never reads the user's.
     routes = tuple(CredentialRoute(c.spec(new_sentinel(c.name)), "verify-" + secrets.token_urlsafe(24))
                    for c in env.agent.credentials)
-    launch = Launch(env.agent, workspace, env.credential, f"http://stub:{STUB_PORT}", (env.outside,),
+    launch = Launch(env.agent, workspace, env.credential, parse_upstream(f"http://stub:{STUB_PORT}"), (env.outside,),
                     upstream_ca_files=(env.https_ca,), routes=routes)
     # The run's review of protected files is verify's own business (the persistence group judges it).
     with started(launch, env.progress, review=lambda report: None) as run:

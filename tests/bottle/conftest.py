@@ -22,6 +22,7 @@ from claude_bottle import tokens
 from claude_bottle.agent.schema import AgentConfig, parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.runtime import engine
 from claude_bottle.runtime.bottle import WORKSPACE_LABEL, Run
@@ -185,8 +186,8 @@ def bottle_against(client: docker.DockerClient, upstream: Upstream, name: str, a
                                 **(env or {})}.items():
             patch.setenv(variable, value)
         agent = parse_agent(name, tomllib.loads(agent_toml), "test")
-        launch = Launch(agent, workspace, Credential.parse(make_token(), "test"), upstream.url, (upstream.network,),
-                        upstream_ca_files=upstream_ca_files, routes=tokens.routes_for(agent.credentials))
+        launch = Launch(agent, workspace, Credential.parse(make_token(), "test"), parse_upstream(upstream.url),
+                        (upstream.network,), upstream_ca_files=upstream_ca_files, routes=tokens.routes_for(agent.credentials))
         with started(launch, lambda line: None) as run:
             run.create_bottle(["sleep", "900"], tty=False).start()
             yield run

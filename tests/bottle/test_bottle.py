@@ -24,6 +24,7 @@ import pytest
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import GateError
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import (
     EGRESS_NETWORK,
@@ -76,8 +77,8 @@ def test_the_bottles_command_waits_for_the_gate_and_its_ca(
     probe = (f"grep -c 'BEGIN CERTIFICATE' {SYSTEM_BUNDLE}; grep -c 'BEGIN CERTIFICATE' {IMAGE_BUNDLE}; "
              f"test -e {READY_FILE} && echo ready; gate=${{ANTHROPIC_BASE_URL#http://}}; "
              "(exec 3<>/dev/tcp/${gate%:*}/${gate#*:}) && echo listening")
-    launch = Launch(load_agent("held", workspace), workspace, Credential.parse(token, "test"), upstream.url,
-                    (upstream.network,))
+    launch = Launch(load_agent("held", workspace), workspace, Credential.parse(token, "test"),
+                    parse_upstream(upstream.url), (upstream.network,))
     with started(launch, lambda line: None) as run:
         bottle = run.start_bottle(["bash", "-c", probe])
         assert bottle.wait(timeout=60)["StatusCode"] == 0
@@ -94,8 +95,8 @@ def test_a_bottle_whose_gate_never_comes_runs_nothing(
 
     monkeypatch.setattr(Run, "wait_for_gate", broken)
     write_agent("orphan", "")
-    launch = Launch(load_agent("orphan", workspace), workspace, Credential.parse(token, "test"), upstream.url,
-                    (upstream.network,))
+    launch = Launch(load_agent("orphan", workspace), workspace, Credential.parse(token, "test"),
+                    parse_upstream(upstream.url), (upstream.network,))
     with pytest.raises(GateError), started(launch, lambda line: None) as run:
         try:
             run.start_bottle(["sh", "-c", "echo ran > /workspace/ran"])
@@ -112,8 +113,8 @@ def running(client: docker.DockerClient, upstream: Upstream, token: str, workspa
     # target:8000 speaks plain HTTP: its tunnels carry no TLS, so raw TCP is allowed there (allow_tcp)
     write_agent("probe", f'allow = ["target:8000"]\nallow_tcp = ["target:8000"]\n'
                          f'allow_private = ["{upstream.subnet}"]\n')
-    launch = Launch(load_agent("probe", workspace), workspace, Credential.parse(token, "test"), upstream.url,
-                    (upstream.network,))
+    launch = Launch(load_agent("probe", workspace), workspace, Credential.parse(token, "test"),
+                    parse_upstream(upstream.url), (upstream.network,))
     with started(launch, lambda line: None) as run:
         run.create_bottle(["sleep", "600"], tty=False).start()
         yield run
@@ -287,8 +288,8 @@ def test_two_agents_cannot_see_each_other(
     with contextlib.ExitStack() as stack:
         for name in ("left", "right"):
             write_agent(name, "")
-            launch = Launch(load_agent(name, workspace), workspace, Credential.parse(token, "t"), upstream.url,
-                            (upstream.network,))
+            launch = Launch(load_agent(name, workspace), workspace, Credential.parse(token, "t"),
+                            parse_upstream(upstream.url), (upstream.network,))
             run = stack.enter_context(started(launch, lambda line: None))
             run.create_bottle(["sleep", "600"], tty=False).start()
             runs.append(run)
@@ -313,7 +314,8 @@ def test_gates_share_the_egress_network_but_listen_on_their_own_networks_only(
     with contextlib.ExitStack() as stack:
         write_agent("right", "")
         right = stack.enter_context(started(Launch(load_agent("right", workspace), workspace,
-                                                   Credential.parse(token, "t"), upstream.url, (upstream.network,)),
+                                                   Credential.parse(token, "t"), parse_upstream(upstream.url),
+                                                   (upstream.network,)),
                                             lambda line: None))
         right.start_bottle(["sleep", "600"])
         assert right.gate is not None and right.egress is not None
@@ -325,7 +327,7 @@ def test_gates_share_the_egress_network_but_listen_on_their_own_networks_only(
                             f'allow_private = ["{subnet}"]\n')
         write_agent("guarded", f"allow = {json.dumps(targets)}\nallow_tcp = {json.dumps(targets)}\n")
         left, guarded = (stack.enter_context(started(Launch(load_agent(name, workspace), workspace,
-                                                            Credential.parse(token, "t"), upstream.url,
+                                                            Credential.parse(token, "t"), parse_upstream(upstream.url),
                                                             (upstream.network,)), lambda line: None))
                          for name in ("left", "guarded"))
         for run in (left, guarded):

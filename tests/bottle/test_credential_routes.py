@@ -19,6 +19,7 @@ import pytest
 from claude_bottle import tokens
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.verify import in_bottle as inside
 from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, leftovers, write_agent
@@ -58,8 +59,8 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
                                 'allow = ["GET /**", "POST /team/app.git/git-upload-pack", '
                                 '"POST /team/app.git/git-receive-pack"]\n')
         agent = load_agent("gitroute", workspace)
-        launch = Launch(agent, workspace, Credential.parse(token, "test"), upstream.url, (upstream.network,),
-                        upstream_ca_files=(ca_file,), routes=tokens.routes_for(agent.credentials))
+        launch = Launch(agent, workspace, Credential.parse(token, "test"), parse_upstream(upstream.url),
+                        (upstream.network,), upstream_ca_files=(ca_file,), routes=tokens.routes_for(agent.credentials))
         sentinel = launch.routes[0].spec.sentinel
         with started(launch, lambda line: None) as run:
             run.create_bottle(["sleep", "600"], tty=False).start()

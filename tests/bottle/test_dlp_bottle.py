@@ -26,7 +26,10 @@ import pytest
 
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
+from claude_bottle.policy.addresses import parse_network
+from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle
 from tests.bottle.conftest import Upstream, leftovers
@@ -68,9 +71,10 @@ def bottle(client: docker.DockerClient, upstream: Upstream, servers: Servers,
     (workspace / ".git").mkdir(parents=True)
     workspace.chmod(0o777)
     credential = make_token()
-    agent = AgentConfig(name="dlp", allow=(f"{COLLECT}:{PORTS[COLLECT]}",), allow_private=(upstream.subnet,))
-    launch = Launch(agent, workspace, Credential.parse(credential, "test"), upstream.url, (upstream.network,),
-                    (servers.ca_file,))
+    agent = AgentConfig(name="dlp", allow=Allowlist.parse([f"{COLLECT}:{PORTS[COLLECT]}"]),
+                        allow_private=(parse_network(upstream.subnet),))
+    launch = Launch(agent, workspace, Credential.parse(credential, "test"), parse_upstream(upstream.url),
+                    (upstream.network,), (servers.ca_file,))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CONFIG_HOME", str(home / "config"))
         patch.setenv("XDG_STATE_HOME", str(home / "state"))

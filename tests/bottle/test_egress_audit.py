@@ -31,6 +31,7 @@ from docker.models.containers import Container
 
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, claude_command, docker_cli, started
 from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.runtime.bottle import AGENT_LABEL
@@ -233,8 +234,8 @@ def test_a_session_talks_only_to_the_gate_and_its_refusals_are_documented(
     if setting == "without":
         monkeypatch.setattr(bottle_module, "CLAUDE_ENV", {})
     write_agent(agent, "")
-    launch = Launch(load_agent(agent, workspace), workspace, Credential.parse(token, "test"), upstream.url,
-                    (upstream.network,))
+    launch = Launch(load_agent(agent, workspace), workspace, Credential.parse(token, "test"),
+                    parse_upstream(upstream.url), (upstream.network,))
     session = interactive_session(launch, tmp_path / "bottle.pcap")
     assert leftovers(client, agent) == []
 

@@ -35,6 +35,7 @@ from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate import ca as ca_module
 from claude_bottle.gate.ca import RunCA
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime import bottle as bottle_module
@@ -157,8 +158,8 @@ def bottle(client: docker.DockerClient, upstream: Upstream, token: str, workspac
     monkeypatch.setattr(bottle_module, "add_ca", gate_ca_and_the_tests)
     write_agent("trusting", f'allow_tcp = ["{TARGET}:{TRUSTED}", "{TARGET}:{UNTRUSTED}"]\n'
                             f'allow_private = ["{upstream.subnet}"]\nextra_packages = {json.dumps(PACKAGES)}\n')
-    launch = Launch(load_agent("trusting", workspace), workspace, Credential.parse(token, "test"), upstream.url,
-                    (upstream.network,))
+    launch = Launch(load_agent("trusting", workspace), workspace, Credential.parse(token, "test"),
+                    parse_upstream(upstream.url), (upstream.network,))
     with started(launch, lambda line: None) as run:
         run.create_bottle(["sleep", "600"], tty=False).start()
         yield Bottle(run, announced[-1])
@@ -237,8 +238,8 @@ def test_clients_trust_the_leaves_the_real_gate_mints(client: docker.DockerClien
     ca_file.write_bytes(test_ca.certificate_pem)  # trusted by the gate toward the target (and the images)
     write_agent("inspected", f'allow = ["{TARGET}:{TRUSTED}"]\nallow_private = ["{upstream.subnet}"]\n'
                              f'extra_ca_certificates = ["{ca_file}"]\n')
-    launch = Launch(load_agent("inspected", workspace), workspace, Credential.parse(token, "test"), upstream.url,
-                    (upstream.network,))
+    launch = Launch(load_agent("inspected", workspace), workspace, Credential.parse(token, "test"),
+                    parse_upstream(upstream.url), (upstream.network,))
     with started(launch, lambda line: None) as run:
         run.create_bottle(["sleep", "600"], tty=False).start()
         assert run.gate is not None

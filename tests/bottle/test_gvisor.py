@@ -13,6 +13,7 @@ import pytest
 from claude_bottle.agent.load import load_agent
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime import engine
 from claude_bottle.stub import DEFAULT_TEXT
@@ -35,8 +36,8 @@ def test_the_bottle_runs_on_gvisor_and_the_gate_on_the_default_runtime(
     client: docker.DockerClient, runsc: str, upstream: Upstream, token: str, workspace: Path,
 ) -> None:
     write_agent("sandboxed", f'runtime = "{runsc}"\n')
-    launch = Launch(load_agent("sandboxed", workspace), workspace, Credential.parse(token, "test"), upstream.url,
-                    (upstream.network,))
+    launch = Launch(load_agent("sandboxed", workspace), workspace, Credential.parse(token, "test"),
+                    parse_upstream(upstream.url), (upstream.network,))
     with started(launch, lambda line: None) as run:
         bottle = run.create_bottle(["sleep", "600"], tty=False)
         bottle.start()

@@ -25,6 +25,7 @@ from docker.models.containers import Container
 from claude_bottle import records
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.paths import agents_dir
 from claude_bottle.runtime.bottle import API_PORT, CONTROL_SOCKET, PROXY_PORT, Run, control_gate
@@ -81,7 +82,7 @@ def test_learn_then_suggest_then_a_strict_run_with_approval_while_running(
 
     # 1. learn: the requests the task makes pass, recorded as would_deny; the bottle sees the policy read-only
     with contextlib.ExitStack() as stack:
-        learning = bottle_of(Launch(load_agent(name, workspace), workspace, credential, upstream.url,
+        learning = bottle_of(Launch(load_agent(name, workspace), workspace, credential, parse_upstream(upstream.url),
                                     (upstream.network,), learn=True), stack)
         assert status(learning, f"{target}/v1/models") == "200"
         assert status(learning, f"{target}/v1/models?limit=5") == "200"
@@ -101,11 +102,12 @@ def test_learn_then_suggest_then_a_strict_run_with_approval_while_running(
     assert written.returncode == 0, written.stderr
     assert "+[[egress]]" in written.stdout and f"wrote {agents_dir() / name}.toml" in written.stdout
     agent = load_agent(name, workspace)
-    assert agent.egress_allowlist == (f"target:{PORT}",)
+    assert agent.egress_allowlist.texts() == (f"target:{PORT}",)
 
     # 3. a strict run of the agent: what was learned passes, nothing else
     with contextlib.ExitStack() as stack:
-        strict = bottle_of(Launch(agent, workspace, credential, upstream.url, (upstream.network,)), stack)
+        strict = bottle_of(Launch(agent, workspace, credential, parse_upstream(upstream.url), (upstream.network,)),
+                           stack)
         assert status(strict, f"{target}/v1/models?limit=1") == "200"
         assert status(strict, f"{target}/v1/messages", "POST") == "403"  # a method and path never seen
         assert status(strict, f"http://other:{PORT}/v1/models") == "403"
@@ -155,10 +157,10 @@ def test_learn_then_suggest_then_a_strict_run_with_approval_while_running(
         # --save keeps an approval in the agent's file
         saved = cli("allow", name, f"other:{PORT}", "--save", "--yes", cwd=workspace)
         assert saved.returncode == 0, saved.stderr
-        assert f"other:{PORT}" in load_agent(name, workspace).egress_allowlist
+        assert f"other:{PORT}" in load_agent(name, workspace).egress_allowlist.texts()
         unsaved = cli("deny", name, f"other:{PORT}", "--save", "--yes", cwd=workspace)
         assert unsaved.returncode == 0 and f"-host = \"other:{PORT}\"" in unsaved.stdout, unsaved.stderr
-        assert load_agent(name, workspace).egress_allowlist == (f"target:{PORT}",)
+        assert load_agent(name, workspace).egress_allowlist.texts() == (f"target:{PORT}",)
         assert status(strict, f"http://other:{PORT}/v1/models") == "403"
         strict_run = strict.id
     kept = [json.loads(line) for line in records.audit_lines(records.find(strict_run))]

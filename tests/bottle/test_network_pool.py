@@ -21,6 +21,7 @@ from docker.models.networks import Network
 
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import POOL_KEPT, POOL_LABEL, RUN_LABEL, Run, claim_internal, trim_pool
 from claude_bottle.verify import in_bottle as inside
@@ -41,7 +42,7 @@ def on_network(client: docker.DockerClient, network: Network) -> list[str]:
 @contextlib.contextmanager
 def run_of(name: str, workspace: Path, token: str, upstream: Upstream) -> Iterator[Run]:
     write_agent(name, "")
-    launch = Launch(load_agent(name, workspace), workspace, Credential.parse(token, "t"), upstream.url,
+    launch = Launch(load_agent(name, workspace), workspace, Credential.parse(token, "t"), parse_upstream(upstream.url),
                     (upstream.network,))
     with started(launch, lambda line: None) as run:
         run.start_bottle(["sleep", "600"])

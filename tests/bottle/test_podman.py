@@ -18,6 +18,7 @@ import pytest
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.runtime import engine
@@ -80,7 +81,7 @@ def test_start_is_refused_while_the_host_answers_on_the_bottles_bridge(
     monkeypatch.setattr(engine, "libpod", with_a_resolver)
     write_agent("exposed", "")
     launch = Launch(load_agent("exposed", workspace), workspace, Credential.parse(token, "test"),
-                    "http://stub.invalid:8000")
+                    parse_upstream("http://stub.invalid:8000"))
     refused = (r"address on this host \(10\.[0-9.]+, bridge exposd-[0-9a-f]{8}\) and the host answers there.*"
                r"`iptables -I INPUT -i exposd-\+ -j DROP`.*docs/engines.md")
     with pytest.raises(DockerError, match=refused), started(launch, lambda line: None) as run:

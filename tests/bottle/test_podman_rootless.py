@@ -29,6 +29,7 @@ import pytest
 
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import BRIDGE_PREFIX, WORKSPACE_LABEL, Run
 from claude_bottle.verify import SLIRP_HOST, stub_container
@@ -174,8 +175,8 @@ def sleeping_bottle(rootless: docker.DockerClient, stub: Upstream, agent: str, b
     write_agent(agent, body)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DOCKER_HOST", SOCKET)
-        launch = Launch(load_agent(agent, workspace), workspace, Credential.parse(token, "test"), stub.url,
-                        (stub.network,))
+        launch = Launch(load_agent(agent, workspace), workspace, Credential.parse(token, "test"),
+                        parse_upstream(stub.url), (stub.network,))
         with started(launch, lambda line: None, keep=keep) as run:
             run.create_bottle(["sleep", "600"], tty=False).start()
             yield run

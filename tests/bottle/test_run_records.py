@@ -16,6 +16,7 @@ import pytest
 from claude_bottle import records
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.paths import state_dir
 from claude_bottle.runtime.bottle import PROXY_PORT, Run, state_volume
@@ -55,8 +56,8 @@ def bottle_in(upstream: Upstream, token: str) -> Iterator[Callable[..., Run]]:
     """Start sleeping bottles of an agent on a workspace, as the agent would find them; removed at the end."""
     with contextlib.ExitStack() as stack:
         def start(agent: str, workspace: Path, keep: bool = False) -> Run:
-            launch = Launch(load_agent(agent, workspace), workspace, Credential.parse(token, "test"), upstream.url,
-                            (upstream.network,))
+            launch = Launch(load_agent(agent, workspace), workspace, Credential.parse(token, "test"),
+                            parse_upstream(upstream.url), (upstream.network,))
             run = stack.enter_context(started(launch, lambda line: None, keep=keep))
             run.create_bottle(["sleep", "600"], tty=False).start()
             return run

@@ -22,7 +22,8 @@ from claude_bottle.agent.project import read_project_file
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.dlp import DlpPolicy
-from claude_bottle.policy.hosts import parse_pattern
+from claude_bottle.policy.addresses import parse_network
+from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules
 from claude_bottle.probe import Outcome
 from claude_bottle.runtime import bottle as bottle_module
@@ -105,7 +106,8 @@ def test_a_credential_inside_the_bottle_fails_verify(
 def test_private_addresses_opened_to_the_proxy_fail_verify(
     client: docker.DockerClient, built_images: tuple[str, str],
 ) -> None:
-    agent = AgentConfig(name="opened", allow_private=("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+    agent = AgentConfig(name="opened",
+                        allow_private=tuple(map(parse_network, ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))))
     with verification(agent, quiet) as target:
         outcomes = attack(target)
     assert leaked(outcomes) == {"CONNECT to an allowlisted name on a private address (canary:8000)"}
@@ -117,7 +119,7 @@ def test_raw_tcp_allowed_to_an_allowed_host_fails_verify(
 ) -> None:
     """allow_tcp lifts the first-flight check for that target: fronting and plain bytes get through, and
     verify says so (the attacks reach the real gate and the host behind it, and are judged on what came back)."""
-    agent = AgentConfig(name="rawfront", allow_tcp=("front:8000",))
+    agent = AgentConfig(name="rawfront", allow_tcp=Allowlist.parse(["front:8000"]))
     with verification(agent, quiet) as target:
         outcomes = attack(target)
     assert leaked(outcomes) == {"TLS hello naming exfiltrate.example in a tunnel to front:8000 (domain fronting)",

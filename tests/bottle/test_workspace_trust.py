@@ -20,6 +20,7 @@ import pytest
 
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify import in_bottle as inside
@@ -58,8 +59,8 @@ def make_repository(path: Path) -> None:
 def bottle(workspace: Path, token: str, upstream: Upstream, reports: list[str] | None = None) -> Iterator[Run]:
     """A sleeping bottle of a user agent (the project file plays no part) on ``workspace``."""
     write_agent("trusty", "")
-    launch = Launch(load_agent("trusty", workspace), workspace, Credential.parse(token, "test"), upstream.url,
-                    (upstream.network,))
+    launch = Launch(load_agent("trusty", workspace), workspace, Credential.parse(token, "test"),
+                    parse_upstream(upstream.url), (upstream.network,))
     with started(launch, (reports if reports is not None else []).append) as run:
         run.create_bottle(["sleep", "600"], tty=False).start()
         yield run

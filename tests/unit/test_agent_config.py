@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from claude_bottle.agent.presets import PRESETS
 from claude_bottle.agent.project import read_project_file
 from claude_bottle.agent.schema import AgentConfig, parse_agent
 from claude_bottle.errors import ConfigError
+from claude_bottle.gate.settings import Upstream, parse_upstream
+from claude_bottle.policy.hosts import Allowlist
 
 FULL = """
 version = 1
@@ -58,20 +61,35 @@ def parse(text: str, tmp_path: Path) -> AgentConfig:
 
 def test_every_key_is_parsed(tmp_path: Path) -> None:
     agent = parse(FULL, tmp_path)
-    assert agent.allow[:2] == ("api.example.com", "*.internal.example.com:8443")
-    assert set(PRESETS["npm"] + PRESETS["github"]) <= set(agent.allow)
-    assert agent.allow_private == ("10.20.0.0/16",)
-    assert agent.allow_tcp == ("git.example.com:22",)
-    assert agent.upstream == "https://llm.example.com/anthropic"
+    assert agent.allow.texts()[:2] == ("api.example.com", "*.internal.example.com:8443")
+    assert set(PRESETS["npm"] + PRESETS["github"]) <= set(agent.allow.texts())
+    assert agent.allow_private == (ipaddress.ip_network("10.20.0.0/16"),)
+    assert agent.allow_tcp.texts() == ("git.example.com:22",)
+    assert agent.upstream == Upstream("https", "llm.example.com", 443, "/anthropic")
+    assert str(agent.upstream) == "https://llm.example.com/anthropic"
     assert agent.env == {"NODE_ENV": "development"}
     assert (agent.claude_version, agent.model, agent.claude_args) == ("2.1.126", "claude-sonnet-4-5", ("--verbose",))
     assert (agent.resources.memory, agent.resources.cpus, agent.resources.pids) == ("2g", 1.5, 256)
     assert [(m.target, m.read_only) for m in agent.mounts] == [("/data", True), ("/scratch", False)]
     assert [s.name for s in agent.mcp_servers] == ["files", "docs", "tickets"]
-    assert agent.egress_allowlist[-2:] == ("mcp.example.com", "tickets.example.com:8080"), \
+    assert agent.egress_allowlist.texts()[-2:] == ("mcp.example.com", "tickets.example.com:8080"), \
         "a remote MCP server's host (and port, unless the default) joins the allowlist"
     assert agent.server_tools == ("web_fetch", "code_execution")
     assert agent.extra_packages == ("python3",)
+
+
+@pytest.mark.parametrize("url", ["https://api.anthropic.com", "https://llm.example.com:8443/anthropic",
+                                 "http://[fd00::1]:8000", "http://stub:8000/v1/base"])
+def test_the_upstream_is_kept_parsed_and_written_back_as_the_gate_reads_it(tmp_path: Path, url: str) -> None:
+    agent = parse(f'version = 1\nupstream = "{url}/"\n', tmp_path)
+    assert str(agent.upstream) == url
+    assert parse_upstream(str(agent.upstream)) == agent.upstream
+
+
+def test_the_defaults_are_parsed_values_too() -> None:
+    agent = AgentConfig()
+    assert str(agent.upstream) == "https://api.anthropic.com" and agent.egress_allowlist == Allowlist()
+    assert (agent.allow, agent.allow_tcp, agent.allow_private) == (Allowlist(), Allowlist(), ())
 
 
 @pytest.mark.parametrize(("text", "words"), [
@@ -131,13 +149,13 @@ def test_lookup_order_and_missing_agents(tmp_path: Path, monkeypatch: pytest.Mon
     assert load_agent(None, workspace) == AgentConfig(), "no config at all: the defaults"
     (workspace / ".claude-bottle.toml").write_text('version = 1\nallow = ["project.example"]\n')
     trust.approve(workspace, read_project_file(workspace).digest)  # type: ignore[union-attr]
-    assert load_agent(None, workspace).allow == ("project.example",)
+    assert load_agent(None, workspace).allow.texts() == ("project.example",)
     with pytest.raises(ConfigError, match=r"no agent 'ci'.*agents: none yet"):
         load_agent("ci", workspace)
     agents = tmp_path / "config/claude-bottle/agents"
     agents.mkdir(parents=True)
     (agents / "ci.toml").write_text('version = 1\nallow = ["ci.example"]\n')
-    assert load_agent("ci", workspace).allow == ("ci.example",)
+    assert load_agent("ci", workspace).allow.texts() == ("ci.example",)
     (agents / "broken.toml").write_text("version = 1\nallow = [\n")
     with pytest.raises(ConfigError, match=r"broken\.toml: not valid TOML"):
         load_agent("broken", workspace)
@@ -156,7 +174,7 @@ def test_lookup_order_and_missing_agents(tmp_path: Path, monkeypatch: pytest.Mon
 ])
 def test_a_remote_mcp_server_joins_the_allowlist_as_host_and_port(tmp_path: Path, url: str, entry: str) -> None:
     agent = parse(f'version = 1\n[mcp.servers.x]\nurl = "{url}"\n', tmp_path)
-    assert agent.egress_allowlist == (entry,)
+    assert agent.egress_allowlist.texts() == (entry,)
 
 
 EGRESS = """
@@ -188,7 +206,7 @@ def test_egress_entries_and_dlp_are_parsed_once_into_policies(tmp_path: Path) ->
         "github.com", "api.github.com", "codeload.github.com", "raw.githubusercontent.com",
         "objects.githubusercontent.com", "api.example.com", "pinned.example.com:8443", "*.internal.example.com"]
     # every entry's host joins the allowlist
-    assert agent.egress_allowlist == ("registry.npmjs.org", *(str(e.host) for e in policy.hosts))
+    assert agent.egress_allowlist.texts() == ("registry.npmjs.org", *(str(e.host) for e in policy.hosts))
     assert policy.decide("GET", "api.example.com", 443, "/v1/things").allow
     assert not policy.decide("GET", "api.example.com", 443, "/v1/admin/users").allow
     assert not policy.decide("POST", "api.example.com", 443, "/v1/things").allow

@@ -41,7 +41,7 @@ def test_a_preset_fills_in_hosts_scheme_and_the_bottles_places() -> None:
     assert npm.scheme is Scheme.BEARER and npm.env == "NPM_TOKEN"
     assert npm.bottle_env == ("npm_config_//registry.npmjs.org/:_authToken",)
     assert pypi.hosts == (("upload.pypi.org", 443),) and pypi.username == "__token__"
-    assert {"github.com:443", "api.github.com:443", "registry.npmjs.org:443"} <= set(parsed.egress_allowlist)
+    assert {"github.com:443", "api.github.com:443", "registry.npmjs.org:443"} <= set(parsed.egress_allowlist.texts())
 
 
 def test_a_custom_route_with_rules_becomes_egress_entries_of_its_hosts() -> None:

@@ -139,7 +139,7 @@ def test_a_suggestion_groups_what_learn_mode_let_through_and_what_was_allowed() 
 def test_the_rendered_suggestion_is_an_agent_whose_strict_policy_passes_what_the_run_did_and_no_more() -> None:
     text = suggest.render(suggest.suggest(AUDIT), "run r-1")
     agent = parse_agent("learned", tomllib.loads("version = 1\n" + text), "suggested")
-    allowlist = Allowlist.parse(agent.egress_allowlist)
+    allowlist = agent.egress_allowlist
     for target in ("files.example.org:443", "git.example.net:22", "pypi.org:443"):
         assert allowlist.match(parse_authority(target)) is not None, target
     assert allowlist.match(parse_authority("10.0.0.5:443")) is None
@@ -222,9 +222,9 @@ host = "x.example"
 def test_an_entry_leaves_an_agent_file_and_nothing_else_does(entry: str) -> None:
     after = suggest.without_entry(AGENT_FILE, entry)
     agent = parse_agent("a", tomllib.loads(after), "a.toml")
-    assert entry not in agent.egress_allowlist
+    assert entry not in agent.egress_allowlist.texts()
     before = parse_agent("a", tomllib.loads(AGENT_FILE), "a.toml")
-    assert agent.egress_allowlist == tuple(e for e in before.egress_allowlist if e != entry)
+    assert agent.egress_allowlist.texts() == tuple(e for e in before.egress_allowlist.texts() if e != entry)
     assert agent.env == {"MIRROR": "pypi.org"}
     assert ("Added by" in after) == (entry != "x.example")  # a table's comment goes with it
     assert ("# the index" in after) == (entry != "pypi.org")
@@ -260,7 +260,7 @@ def test_a_raw_tcp_destination_is_suggested_in_allow_tcp_and_never_appended_as_a
     found = suggest.suggest(audit)
     text = suggest.render(found, "run r")
     agent = parse_agent("a", tomllib.loads("version = 1\n" + text), "a.toml")
-    assert agent.allow_tcp == ("git.example.com:22",) and agent.egress_allowlist == ("pypi.org",)
+    assert agent.allow_tcp.texts() == ("git.example.com:22",) and agent.egress_allowlist.texts() == ("pypi.org",)
     assert "git.example.com" not in suggest.additions(found, Allowlist(), "run r")
 
 

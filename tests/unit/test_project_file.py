@@ -54,7 +54,7 @@ def test_approved_project_file_is_used_until_it_changes(project: Path) -> None:
     write(project, ALLOWED)
     trust.approve(project, read_project_file(project).digest)  # type: ignore[union-attr]
     agent = load_agent(None, project)
-    assert "api.example.com" in agent.allow and "mcp.example.com" in agent.egress_allowlist
+    assert "api.example.com" in agent.allow.texts() and "mcp.example.com" in agent.egress_allowlist.texts()
     assert agent.env == {"NODE_ENV": "development"} and agent.extra_packages == ("make",)
     write(project, ALLOWED + 'extra_packages = ["netcat-openbsd"]\n'.replace("extra_packages", "# "))
     with pytest.raises(ConfigError, match="changed since you approved it"):
@@ -131,7 +131,7 @@ def test_trust_shows_the_file_and_its_keys_and_approves_with_yes(project: Path) 
     assert code == 0, output
     assert 'allow = ["api.example.com"]' in output and "allow: hosts the bottle may reach" in output
     assert "api.example.com" in output.split("besides the Anthropic API:")[1]
-    assert load_agent(None, project).allow[0] == "api.example.com"
+    assert load_agent(None, project).allow.texts()[0] == "api.example.com"
     assert "nothing to approve" in invoke(project, "--yes")[1]
 
 
@@ -199,5 +199,5 @@ def test_a_project_file_may_add_rules_and_dlp_rules(project: Path) -> None:
                    'allow = ["GET /v1/**"]\ninspect = true\n[dlp.rules]\ninternal = "itk_[a-z0-9]{32}"\n')
     trust.approve(project, read_project_file(project).digest)  # type: ignore[union-attr]
     agent = load_agent(None, project)
-    assert "api.example.com" in agent.egress_allowlist and "github.com" in agent.egress_allowlist
+    assert {"api.example.com", "github.com"} <= set(agent.egress_allowlist.texts())
     assert [rule.name for rule in agent.dlp.extra] == ["internal"]

@@ -121,10 +121,8 @@ def parse_credentials(fields: Fields) -> list[tuple[CredentialConfig, HostRules 
     return found
 
 
-def check_bound_hosts(credentials: tuple[CredentialConfig, ...], egress: RequestPolicy,
-                      allow_tcp: tuple[str, ...]) -> None:
+def check_bound_hosts(credentials: tuple[CredentialConfig, ...], egress: RequestPolicy, allow_tcp: Allowlist) -> None:
     """A host bound to a credential is always inspected: not ``inspect = false``, not raw TCP."""
-    raw = Allowlist.parse(allow_tcp)
     for credential in credentials:
         for host, port in credential.hosts:
             target = Target(host, port, normalize_host(host)[1])
@@ -132,7 +130,7 @@ def check_bound_hosts(credentials: tuple[CredentialConfig, ...], egress: Request
                 raise ConfigError(f"{credential.origin}: {host}:{port} has an [[egress]] entry with inspect = false, "
                                   "but the gate must read every request to a host bound to a credential (it replaces "
                                   "the client's credentials there); drop inspect = false")
-            if raw.match(target) is not None:
+            if allow_tcp.match(target) is not None:
                 raise ConfigError(f"{credential.origin}: {host}:{port} is in allow_tcp, whose tunnels the gate does "
                                   "not read, but a host bound to a credential must be inspected; remove it from "
                                   "allow_tcp")

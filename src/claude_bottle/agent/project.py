@@ -81,8 +81,8 @@ def project_summary(project: ProjectFile) -> list[str]:
     """One line per key the project file sets, with what it changes; raises like ``ProjectFile.agent``."""
     agent = project.agent()
     lines = [f"{key}: {PROJECT_EFFECTS[key]}" for key in project.data if key in PROJECT_EFFECTS]
-    if agent.egress_allowlist:
-        lines.append(f"the bottle may then reach, besides the Anthropic API: {', '.join(agent.egress_allowlist)}")
+    if reachable := agent.egress_allowlist.texts():
+        lines.append(f"the bottle may then reach, besides the Anthropic API: {', '.join(reachable)}")
     return lines
 
 

@@ -17,9 +17,9 @@ from claude_bottle.agent.presets import PRESETS, READ_PRESETS
 from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.dlp import DlpPolicy, DlpRule, InvalidDlpRule, parse_builtin_name, parse_dlp_rule
-from claude_bottle.gate.settings import DEFAULT_UPSTREAM, parse_upstream
-from claude_bottle.policy.addresses import parse_network
-from claude_bottle.policy.hosts import InvalidHost, normalize_host, parse_pattern, parse_port
+from claude_bottle.gate.settings import DEFAULT_UPSTREAM, Upstream, parse_upstream
+from claude_bottle.policy.addresses import IPNetwork, parse_network
+from claude_bottle.policy.hosts import Allowlist, HostPattern, InvalidHost, normalize_host, parse_pattern, parse_port
 from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
 from claude_bottle.policy.rules import HostRules, InvalidRule, RequestPolicy, Verdict, parse_rule
 
@@ -27,6 +27,7 @@ CONFIG_VERSION = 1
 DEFAULT_AGENT = "default"
 _RUNTIME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _MEMORY = re.compile(r"\d+[kmg]?", re.IGNORECASE)
+ANTHROPIC_API = parse_upstream(DEFAULT_UPSTREAM)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class McpServer:
     name: str
     command: tuple[str, ...] = ()
     url: str = ""
-    allow_entry: str = ""
+    allow_entry: HostPattern | None = None
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,9 @@ class AgentConfig:
     defaults are the built-in agent's (``claude-bottle start`` with neither an agent nor a project file)."""
 
     name: str = DEFAULT_AGENT
-    allow: tuple[str, ...] = ()
-    allow_tcp: tuple[str, ...] = ()  # HOST:PORT whose tunnels may carry any TCP, not only TLS (e.g. SSH)
-    allow_private: tuple[str, ...] = ()
+    allow: Allowlist = Allowlist()  # `allow` and the hosts of the presets it names (not the -read ones)
+    allow_tcp: Allowlist = Allowlist()  # HOST:PORT whose tunnels may carry any TCP, not only TLS (e.g. SSH)
+    allow_private: tuple[IPNetwork, ...] = ()  # non-public networks the gate may reach
     env: dict[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
     resources: Resources = Resources()
@@ -70,19 +71,18 @@ class AgentConfig:
     server_tools: tuple[str, ...] = ()  # [api] server_tools: provider-side tool families the gate lets through
     egress: RequestPolicy = RequestPolicy()  # [[egress]] entries and the read-only presets' entries
     dlp: DlpPolicy = DlpPolicy()  # [dlp]: extra rules, built-in rules turned off
-    upstream: str = DEFAULT_UPSTREAM
+    upstream: Upstream = ANTHROPIC_API  # where the gate's API route forwards, with the credential
     credentials: tuple[CredentialConfig, ...] = ()  # [credentials.NAME]: routes beyond Anthropic
     runtime: str = ""  # the bottle's OCI runtime (e.g. runsc for gVisor); empty: the engine's default
     sources: tuple[str, ...] = ()  # the files this came from, for messages
 
     @property
-    def egress_allowlist(self) -> tuple[str, ...]:
+    def egress_allowlist(self) -> Allowlist:
         """The allowlist the gate enforces: listed hosts, the hosts of ``[[egress]]`` entries, of remote MCP
-        servers and of credential routes."""
-        remote = tuple(s.allow_entry for s in self.mcp_servers if s.allow_entry)
-        egress = tuple(str(pattern) for pattern in self.egress.patterns)
-        bound = tuple(f"{host}:{port}" for c in self.credentials for host, port in c.hosts)
-        return tuple(dict.fromkeys(self.allow + egress + remote + bound))
+        servers and of credential routes, each once."""
+        remote = tuple(s.allow_entry for s in self.mcp_servers if s.allow_entry is not None)
+        bound = tuple(HostPattern(host, False, port) for c in self.credentials for host, port in c.hosts)
+        return Allowlist(tuple(dict.fromkeys(self.allow.patterns + self.egress.patterns + remote + bound)))
 
 
 def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
@@ -103,13 +103,12 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
             allow.extend(PRESETS[preset])
         else:
             raise top.fail("presets", f"unknown preset {preset!r} (known: {', '.join([*PRESETS, *READ_PRESETS])})")
-    _check_patterns(top, "allow", allow)
-    allow_tcp = top.strings("allow_tcp")
-    _check_patterns(top, "allow_tcp", allow_tcp)
-    allow_private = top.strings("allow_private")
-    for cidr in allow_private:
+    allowlist = _allowlist(top, "allow", allow)
+    allow_tcp = _allowlist(top, "allow_tcp", top.strings("allow_tcp"))
+    allow_private = []
+    for cidr in top.strings("allow_private"):
         try:
-            parse_network(cidr)
+            allow_private.append(parse_network(cidr))
         except ValueError as exc:
             raise top.fail("allow_private", str(exc)) from None
 
@@ -118,9 +117,8 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or not isinstance(value, str):
             raise top.fail(f"env.{key}", "variables need a NAME of letters, digits and '_' and a string value")
 
-    upstream = top.string("upstream", DEFAULT_UPSTREAM)
     try:
-        parse_upstream(upstream)
+        upstream = parse_upstream(top.string("upstream", DEFAULT_UPSTREAM))
     except ConfigError as exc:
         raise top.fail("upstream", str(exc)) from None
 
@@ -138,9 +136,9 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
 
     agent = AgentConfig(
         name=name,
-        allow=tuple(dict.fromkeys(allow)),
-        allow_tcp=tuple(dict.fromkeys(allow_tcp)),
-        allow_private=allow_private,
+        allow=allowlist,
+        allow_tcp=allow_tcp,
+        allow_private=tuple(allow_private),
         env=dict(env),
         mounts=parse_mounts(data.get("mounts", []), top),
         resources=_resources(Fields(top.table("resources"), source, "resources.")),
@@ -163,13 +161,12 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     return agent
 
 
-def _check_patterns(fields: Fields, key: str, patterns: list[str] | tuple[str, ...]) -> None:
-    """Host patterns as the allowlist reads them; the first bad one is an error naming ``key``."""
-    for pattern in patterns:
-        try:
-            parse_pattern(pattern)
-        except InvalidHost as exc:
-            raise fields.fail(key, str(exc)) from None
+def _allowlist(fields: Fields, key: str, texts: list[str] | tuple[str, ...]) -> Allowlist:
+    """Host patterns as the allowlist reads them, each once; the first bad one is an error naming ``key``."""
+    try:
+        return Allowlist(tuple(dict.fromkeys(parse_pattern(text) for text in texts)))
+    except InvalidHost as exc:
+        raise fields.fail(key, str(exc)) from None
 
 
 def check_runtime_name(runtime: str, fail: Callable[[str, str], ConfigError]) -> str:
@@ -209,11 +206,11 @@ def _mcp(fields: Fields) -> tuple[McpServer, ...]:
         command, url = server.strings("command"), server.string("url")
         if bool(command) == bool(url):
             raise server.fail("command", "give either command = [...] (stdio, runs in the bottle) or url = ...")
-        servers.append(McpServer(name, command, url, _mcp_allow_entry(url, server) if url else ""))
+        servers.append(McpServer(name, command, url, _mcp_allow_entry(url, server) if url else None))
     return tuple(servers)
 
 
-def _mcp_allow_entry(url: str, server: Fields) -> str:
+def _mcp_allow_entry(url: str, server: Fields) -> HostPattern:
     """The allowlist entry for a remote MCP server: its host, and its port unless the scheme's default."""
     example = "write it like https://mcp.example.com/mcp"
     try:
@@ -239,10 +236,9 @@ def _mcp_allow_entry(url: str, server: Fields) -> str:
     shown = f"[{host}]" if ip is not None and ip.version == 6 else host
     entry = shown if port in (None, default) else f"{shown}:{port}"
     try:
-        parse_pattern(entry)
+        return parse_pattern(entry)
     except InvalidHost as exc:
         raise server.fail("url", f"{url!r}: {exc}") from None
-    return entry
 
 
 def _api(fields: Fields) -> tuple[str, ...]:

@@ -62,6 +62,10 @@ class Upstream:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return (host if self.port == default else f"{host}:{self.port}").encode()
 
+    def __str__(self) -> str:
+        """The URL, as ``parse_upstream`` reads it back."""
+        return f"{self.scheme}://{self.authority.decode()}{self.base_path}"
+
 
 @dataclass(frozen=True)
 class Limits:

@@ -173,3 +173,7 @@ class Allowlist:
 
     def match(self, target: Target) -> HostPattern | None:
         return next((p for p in self.patterns if p.matches(target)), None)
+
+    def texts(self) -> tuple[str, ...]:
+        """Each pattern as ``--allow`` and an agent file write it (parsed back to the same pattern)."""
+        return tuple(str(p) for p in self.patterns)

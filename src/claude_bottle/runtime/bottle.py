@@ -36,10 +36,11 @@ from claude_bottle.credentials import Credential, CredentialKind
 from claude_bottle.errors import BottleError, ConfigError, DockerError, GateError
 from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.gate.routes import CredentialRoute, RouteSpec
+from claude_bottle.gate.settings import Upstream
 from claude_bottle.paths import state_dir, workspace_key
-from claude_bottle.policy.addresses import AddressGuard
+from claude_bottle.policy.addresses import AddressGuard, IPNetwork
 from claude_bottle.policy.decide import EgressPolicy
-from claude_bottle.policy.hosts import Allowlist, InvalidHost
+from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.policy.rules import RequestPolicy
 from claude_bottle.policy.view import policy_toml, policy_view
 from claude_bottle.runtime import engine
@@ -117,10 +118,10 @@ class RunSpec:
     gate_image: str
     credential: Credential
     user: str  # uid:gid, from bottle_user()
-    upstream: str = "https://api.anthropic.com"
-    allow: tuple[str, ...] = ()
-    allow_tcp: tuple[str, ...] = ()  # HOST:PORT patterns whose tunnels may carry any TCP (--allow-tcp)
-    allow_private: tuple[str, ...] = ()
+    upstream: Upstream
+    allow: Allowlist = Allowlist()
+    allow_tcp: Allowlist = Allowlist()  # HOST:PORT patterns whose tunnels may carry any TCP (--allow-tcp)
+    allow_private: tuple[IPNetwork, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     resources: Resources = Resources()
     upstream_networks: tuple[str, ...] = ()  # Docker networks the gate joins to reach an upstream there
@@ -176,16 +177,17 @@ def _uninterrupted() -> Iterator[None]:
 def gate_command(spec: RunSpec, listen: str = GATE_ALIAS) -> list[str]:
     """The gate's arguments: where it listens (``listen``: its name or address on the internal network), its
     upstream, and the agent's egress and API policy. The token comes on stdin, never here."""
-    allow_args = [arg for pattern in spec.allow for arg in ("--allow", pattern)]
-    tcp_args = [arg for pattern in spec.allow_tcp for arg in ("--allow-tcp", pattern)]
-    private_args = [arg for cidr in spec.allow_private for arg in ("--allow-private", cidr)]
+    allow_args = [arg for pattern in spec.allow.patterns for arg in ("--allow", str(pattern))]
+    tcp_args = [arg for pattern in spec.allow_tcp.patterns for arg in ("--allow-tcp", str(pattern))]
+    private_args = [arg for network in spec.allow_private for arg in ("--allow-private", str(network))]
     tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
     ca_args = [arg for path in upstream_ca_mounts(spec).values() for arg in ("--extra-ca", path["bind"])]
     route_args = [arg for route in spec.routes for arg in ("--credential-route", route.spec.flag())]
     return ["--api-listen", f"{listen}:{API_PORT}", "--proxy-listen", f"{listen}:{PROXY_PORT}",
-            "--upstream", spec.upstream, "--token-file", "-", "--audit-log", "-", "--control-socket", CONTROL_SOCKET,
-            *(["--learn"] if spec.learn else []), *allow_args, *tcp_args, *private_args, *tool_args,
-            *ca_args, *spec.request_policy.args(), *spec.dlp.args(), *route_args]
+            "--upstream", str(spec.upstream), "--token-file", "-", "--audit-log", "-",
+            "--control-socket", CONTROL_SOCKET, *(["--learn"] if spec.learn else []),
+            *allow_args, *tcp_args, *private_args, *tool_args, *ca_args, *spec.request_policy.args(), *spec.dlp.args(),
+            *route_args]
 
 
 def upstream_ca_mounts(spec: RunSpec) -> dict[str, dict[str, str]]:
@@ -213,11 +215,7 @@ def write_policy(run_id: str, view: dict[str, Any]) -> None:
 
 def spec_policy(spec: RunSpec) -> dict[str, Any]:
     """The policy a run's gate starts with, as ``policy_view`` shows it."""
-    try:
-        policy = EgressPolicy(Allowlist.parse(spec.allow), AddressGuard(), raw_tcp=Allowlist.parse(spec.allow_tcp),
-                              learn=spec.learn)
-    except InvalidHost as exc:
-        raise ConfigError(f"allow: {exc}") from None
+    policy = EgressPolicy(spec.allow, AddressGuard(), raw_tcp=spec.allow_tcp, learn=spec.learn)
     return policy_view(policy, spec.request_policy)
 
 
