@@ -1,29 +1,20 @@
-"""The command line. The only place a BottleError becomes a message and an exit code."""
+"""The command line: parse, dispatch to ``commands/``, and turn a BottleError into its one message.
+
+Each command here holds only its options and help; its logic is a function in ``claude_bottle.commands``,
+imported when the command runs, so that ``--help`` and the gate (no Docker SDK in its image) load little.
+``main`` is the only place a BottleError becomes a message and an exit code.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
-import os
-import pathlib
-import subprocess
 import sys
 import traceback
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any
 
 import click
 
 from claude_bottle import __version__
-from claude_bottle.errors import EXIT_FAILURE, BottleError, ConfigError
-
-if TYPE_CHECKING:  # the gate image runs this module without the Docker SDK: import the bottle side lazily
-    from docker.models.containers import Container
-
-    from claude_bottle.agent.schema import AgentConfig
-    from claude_bottle.launch import Launch
-    from claude_bottle.records import RunRecord
+from claude_bottle.errors import EXIT_FAILURE, BottleError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -35,21 +26,6 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 def cli(ctx: click.Context, debug: bool) -> None:
     """Run Claude Code where it can neither read your credential nor reach what you did not allow."""
     ctx.obj = {"debug": debug}
-
-
-@contextlib.contextmanager
-def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
-    if path is None:
-        yield None
-    elif path == "-":
-        yield sys.stderr
-    else:
-        try:
-            stream = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
-        except OSError as exc:
-            raise ConfigError(f"--audit-log {path}: {exc.strerror}") from None
-        with stream:
-            yield stream
 
 
 @cli.command(context_settings=CONTEXT)
@@ -108,56 +84,16 @@ def _audit_stream(path: str | None) -> Iterator[TextIO | None]:
 @click.option("--control-socket", metavar="PATH", type=click.Path(dir_okay=False),
               help="A unix socket (mode 0600) through which the allowlist can be changed while the gate runs "
                    "(python -m claude_bottle.gate.control PATH allow|deny|show HOST).")
-def gate(
-    api_listen: str, proxy_listen: str, upstream: str, token_file: str, allow: tuple[str, ...],
-    allow_tcp: tuple[str, ...], allow_private: tuple[str, ...], allow_api_path: tuple[str, ...],
-    allow_server_tool: tuple[str, ...], egress_rule: tuple[str, ...], no_inspect: tuple[str, ...],
-    dlp_rule: tuple[str, ...], dlp_off: tuple[str, ...], credential_route: tuple[str, ...],
-    extra_ca: tuple[str, ...], audit_log: str | None,
-    ca_cert_out: str | None, max_tunnels: int, max_connections: int, idle_timeout: float, drain_seconds: float,
-    learn: bool, control_socket: str | None,
-) -> None:
+def gate(**options: Any) -> None:
     """Run the gate: hold the credential, forward API calls, filter egress.
 
     The token is read once from --token-file and kept in memory only. Clients never see it: their own
     credentials are stripped and the real one is added toward the upstream. The gate makes a CA of its own
     at start, limited to the allowed hosts; it prints the CA's certificate (and --ca-cert-out writes it).
     """
-    from pathlib import Path
+    from claude_bottle.commands.gate import run_gate
 
-    from claude_bottle.gate import settings as gc
-    from claude_bottle.gate.audit import AuditLog
-    from claude_bottle.gate.server import serve
-
-    request_policy = gc.parse_egress_rules(egress_rule, no_inspect)
-    route_specs = gc.parse_routes(credential_route, request_policy)
-    credential, routes = gc.read_secrets(token_file, route_specs)
-    config = gc.GateSettings(
-        api_listen=gc.parse_listen(api_listen, "--api-listen"),
-        proxy_listen=gc.parse_listen(proxy_listen, "--proxy-listen"),
-        upstream=gc.parse_upstream(upstream),
-        allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns + gc.route_patterns(route_specs)),
-        allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
-        request_policy=request_policy,
-        dlp=gc.parse_dlp(dlp_rule, dlp_off),
-        allow_private=gc.parse_networks(allow_private),
-        api_policy=gc.parse_api_paths(allow_api_path),
-        messages_policy=gc.parse_server_tools(allow_server_tool),
-        extra_ca_files=tuple(Path(p) for p in extra_ca),
-        credential=credential,
-        routes=routes,
-        limits=gc.Limits(max_tunnels=max_tunnels, max_connections=max_connections, idle_timeout=idle_timeout,
-                         drain_seconds=drain_seconds),
-        learn=learn,
-        control_socket=Path(control_socket) if control_socket else None,
-    )
-    config.ssl_context()  # fail now, not on the first request, if an extra CA cannot be loaded
-    if config.upstream.scheme == "http" and not gc.loopback(config.upstream.host):
-        click.echo(f"warning: --upstream {upstream} is plain HTTP: the credential crosses the network "
-                   "unencrypted", err=True)
-    with _audit_stream(audit_log) as stream:
-        serve(config, AuditLog(stream, secrets=config.injected_secrets),
-              ca_cert_out=Path(ca_cert_out) if ca_cert_out else None)
+    run_gate(**options)
 
 
 @cli.command("stub-upstream", context_settings=CONTEXT)
@@ -171,57 +107,12 @@ def stub_upstream(listen: str, text: str | None, log: bool, tls_file: str | None
 
     It answers /v1/messages with a fixed text, streaming or not, and spends no tokens.
     """
-    import asyncio
-    import ssl
+    from claude_bottle.commands.gate import run_stub_upstream
 
-    from claude_bottle.gate.settings import parse_listen
-    from claude_bottle.stub import DEFAULT_TEXT, serve
-
-    endpoint = parse_listen(listen, "--listen")
-    tls = None
-    if tls_file is not None:
-        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        try:
-            tls.load_cert_chain(tls_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"--tls {tls_file}: cannot load a certificate chain and key ({exc})") from None
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(endpoint.host, endpoint.port, text or DEFAULT_TEXT, log, tls))
+    run_stub_upstream(listen, text, log, tls_file)
 
 
 # ---- the bottle -------------------------------------------------------------------------------------------
-
-def _progress(message: str) -> None:
-    click.echo(message, err=True)
-
-
-def _with_runtime(agent: AgentConfig, runtime: str | None) -> AgentConfig:
-    """The agent, with --runtime (checked like the config key) in place of its own runtime."""
-    from claude_bottle.agent.schema import check_runtime_name
-
-    if runtime is None:
-        return agent
-    check_runtime_name(runtime, lambda key, problem: ConfigError(f"--runtime: {problem}"))
-    return dataclasses.replace(agent, runtime=runtime)
-
-
-def _launch(agent_name: str | None, workspace: str | None, upstream: str | None,
-            upstream_network: tuple[str, ...], runtime: str | None = None, learn: bool = False) -> Launch:
-    from claude_bottle import tokens
-    from claude_bottle.agent.load import load_agent
-    from claude_bottle.gate.settings import parse_upstream
-    from claude_bottle.launch import Launch, workspace_of
-
-    path = workspace_of(workspace)
-    agent = _with_runtime(load_agent(agent_name, path), runtime)
-    parsed_upstream = parse_upstream(upstream) if upstream is not None else None
-    credential, _ = tokens.find()
-    if learn:
-        _progress("learn mode: destinations outside the allowlist are let through and recorded as would_deny; "
-                  "`claude-bottle policy suggest` turns the run into an allowlist")
-    return Launch(agent, path, credential, parsed_upstream, upstream_network, learn=learn,
-                  routes=tokens.routes_for(agent.credentials))
-
 
 _agent_argument = click.argument("agent", required=False)
 _workspace_option = click.option("--workspace", metavar="DIR", help="Mount DIR at /workspace (default: here).")
@@ -254,10 +145,9 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
     AGENT names a config in the user's agents folder; without it the project's .claude-bottle.toml is used,
     or the defaults. On exit or Ctrl-C everything of the run is removed (unless --keep).
     """
-    from claude_bottle.launch import run_interactive
+    from claude_bottle.commands import start as command
 
-    sys.exit(run_interactive(_launch(agent, workspace, upstream, upstream_network, runtime, learn), _progress,
-                             keep))
+    sys.exit(command.start(agent, workspace, upstream, upstream_network, runtime, learn, keep))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -271,10 +161,9 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
 def run(agent: str | None, prompt: str, workspace: str | None, upstream: str | None,
         upstream_network: tuple[str, ...], runtime: str | None, learn: bool) -> None:
     """Run Claude Code headless (claude -p) in a bottle; prints its output and exits with its code."""
-    from claude_bottle.launch import run_headless
+    from claude_bottle.commands import start as command
 
-    sys.exit(run_headless(_launch(agent, workspace, upstream, upstream_network, runtime, learn), prompt,
-                         _progress))
+    sys.exit(command.run(agent, prompt, workspace, upstream, upstream_network, runtime, learn))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -282,13 +171,9 @@ def run(agent: str | None, prompt: str, workspace: str | None, upstream: str | N
 @_workspace_option
 def build(agent: str | None, workspace: str | None) -> None:
     """Build the bottle and gate images (only what changed), showing progress."""
-    from claude_bottle.agent.load import load_agent
-    from claude_bottle.launch import build_images, workspace_of
-    from claude_bottle.runtime import engine
+    from claude_bottle.commands import build as command
 
-    config = load_agent(agent, workspace_of(workspace))
-    bottle, gate_image = build_images(engine.connect(), config, _progress)
-    click.echo(f"bottle image: {bottle}\ngate image:   {gate_image}")
+    command.build(agent, workspace)
 
 
 @cli.command("trust", context_settings=CONTEXT)
@@ -301,37 +186,9 @@ def trust_(directory: str | None, yes: bool) -> None:
     bottles changed. Once you confirm (a prompt on a terminal, else --yes), `start` and `run` use exactly this
     project file, and the changes count as reviewed.
     """
-    from claude_bottle import trust
-    from claude_bottle.agent.project import project_summary, read_project_file
-    from claude_bottle.launch import workspace_of
-    from claude_bottle.workspace import printable
+    from claude_bottle.commands import trust as command
 
-    path = workspace_of(directory)
-    project = read_project_file(path)
-    changes = trust.unreviewed(path)
-    new_project = project is not None and trust.approved_digest(path) != project.digest
-    if project is not None:
-        summary = project_summary(project)  # a key a project file may not set fails here, before approval
-        click.echo(f"{project.path} (sha256 {project.digest[:16]}, "
-                   f"{'not approved yet' if new_project else 'approved'}):")
-        click.echo("-" * 60 + f"\n{printable(project.text).rstrip()}\n" + "-" * 60)
-        click.echo("It sets:\n" + "\n".join(f"  {printable(line)}" for line in summary))
-    if changes:
-        click.echo(f"Bottles changed these files in {path}, which can run code on your machine:\n"
-                   f"{trust.listing(changes)}\nLook at them (git diff, an editor that does not run them) first.")
-    if not new_project and not changes:
-        click.echo(f"nothing to approve in {path}")
-        return
-    if not yes:
-        if not sys.stdin.isatty():
-            raise ConfigError(f"review what is shown above, then run `claude-bottle trust {path} --yes` "
-                              "(no terminal to ask on)")
-        if not click.confirm("Trust this?", default=False):
-            raise ConfigError("not approved; nothing changed")
-    if project is not None and new_project:
-        trust.approve(path, project.digest)
-    trust.clear_review(path, changes)
-    click.echo(f"approved: {path}")
+    command.review(directory, yes)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -341,46 +198,27 @@ def login(name: str | None, from_stdin: bool) -> None:
     """Store your token (from `claude setup-token`, or an API key) in the OS keyring or a 0600 file.
 
     With NAME, store the value of the credential route [credentials.NAME] instead (docs/credentials.md)."""
-    from claude_bottle import tokens
-    from claude_bottle.credentials import Credential
+    from claude_bottle.commands import login as command
 
-    what = f"Value for credential {name}" if name else "Token (from `claude setup-token`)"
-    text = sys.stdin.read() if from_stdin or not sys.stdin.isatty() else click.prompt(what, hide_input=True)
-    where = tokens.store_route(name, text) if name else tokens.store(Credential.parse(text, "the token given"))
-    click.echo(f"stored in {where}")
+    command.login(name, from_stdin)
 
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("name", required=False)
 def logout(name: str | None) -> None:
     """Forget the stored token (with NAME: the stored value of credential NAME)."""
-    from claude_bottle import tokens
+    from claude_bottle.commands import login as command
 
-    if name:
-        removed = tokens.remove_route(name)
-        click.echo(f"removed from {', '.join(removed)}" if removed else f"no stored value for {name}")
-        return
-
-    removed = tokens.remove()
-    click.echo(f"removed from {', '.join(removed)}" if removed else "no stored token")
+    command.logout(name)
 
 
 @cli.command("ls", context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
 def list_runs(as_json: bool) -> None:
     """List running bottles."""
-    from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import runs
+    from claude_bottle.commands import ls as command
 
-    found = runs(engine.connect())
-    if as_json:
-        click.echo(json.dumps(found, indent=2))
-    elif not found:
-        click.echo("no bottles")
-    else:
-        click.echo(f"{'AGENT':16} {'RUN':24} {'STATUS':10} WORKSPACE")
-        for r in found:
-            click.echo(f"{r['agent']:16} {r['run']:24} {r['status']:10} {r['workspace']}")
+    command.list_runs(as_json)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -390,62 +228,9 @@ def list_runs(as_json: bool) -> None:
 def stop(agent: str | None, stop_all: bool) -> None:
     """Stop bottles and remove their containers (their Claude state volume stays); on Docker their internal
     networks are kept for later runs, until --all."""
-    from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import remove_run, runs, trim_pool
+    from claude_bottle.commands import stop as command
 
-    if not agent and not stop_all:
-        raise ConfigError("name an AGENT to stop, or pass --all")
-    client = engine.connect()
-    stopped = [r["run"] for r in runs(client) if stop_all or r["agent"] == agent]
-    for run_id in stopped:
-        remove_run(client, run_id)
-    if stop_all and (gates := client.images.list(name="claude-bottle-gate")):
-        trim_pool(client, gates[0].id, kept=0)  # a claim needs an image: any gate image will do
-    click.echo(f"stopped {', '.join(stopped)}" if stopped else "nothing to stop")
-
-
-def _print_runs(found: list[RunRecord], as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps([dataclasses.asdict(r) for r in found], indent=2))
-    elif not found:
-        click.echo("no runs recorded yet: a run's audit is kept once it ends")
-    else:
-        click.echo(f"{'RUN':24} {'AGENT':16} {'STARTED':20} {'ENDED':20} {'LINES':>7} WORKSPACE")
-        for r in found:
-            click.echo(f"{r.run:24} {r.agent:16} {r.started:20} {r.ended:20} {r.lines:7} {r.workspace}")
-
-
-def _audit(agent: str | None, workspace: str | None, run_id: str | None, follow: bool
-           ) -> tuple[Iterator[dict[str, Any]], str, str]:
-    """The audit entries ``logs`` and ``policy suggest`` read: a running bottle's (this workspace's, or
-    ``agent``'s, or run ``run_id``), else the last recorded run of those. Also the run's agent and id."""
-    from pathlib import Path
-
-    from claude_bottle import records
-    from claude_bottle.errors import DockerError
-    from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import AGENT_LABEL, running_run, runs
-
-    # with AGENT and no --workspace, any workspace of that agent's
-    place = None if agent and workspace is None else Path(workspace or os.getcwd()).expanduser().resolve()
-    live, client = None, None
-    with contextlib.suppress(DockerError):  # no engine: no running bottle, the recorded runs still show
-        client = engine.connect()
-        live = (run_id if any(r["run"] == run_id for r in runs(client)) else None) if run_id else \
-            running_run(client, agent, place)
-    if live and client is not None:
-        gate = client.containers.get(f"claude-bottle-{live}-gate")
-        lines: Iterator[str] = (chunk.decode("utf-8", "replace") for chunk in
-                                gate.logs(stdout=False, stderr=True, stream=True, follow=follow))
-        owner, source = gate.labels.get(AGENT_LABEL, agent or ""), live
-    elif follow:
-        raise ConfigError("--follow shows a running bottle's decisions as they come, and none is running here; "
-                          "without --follow, the last run's are shown")
-    else:
-        record = records.find(run_id) if run_id else records.latest(agent, place)
-        lines, owner, source = records.audit_lines(record), record.agent, record.run
-    entries = (json.loads(text) for text in (line.strip() for line in lines) if text.startswith("{"))
-    return entries, owner, source
+    command.stop(agent, stop_all)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -467,99 +252,17 @@ def logs(agent: str | None, workspace: str | None, run_id: str | None, list_reco
     A table (time, decision, method, host, path, rule, reason), coloured on a terminal; would_deny marks what
     learn mode let through.
     """
-    from claude_bottle import logview, records
+    from claude_bottle.commands import logs as command
 
-    if list_recorded:
-        _print_runs(records.recorded(), as_json)
-        return
-    entries, owner, _ = _audit(agent, workspace, run_id, follow)
-    colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    shown = 0
-    for entry in entries:
-        if egress and entry.get("listener") != "proxy":
-            continue
-        if as_json:
-            click.echo(json.dumps(entry, ensure_ascii=False))
-            continue
-        if not shown:
-            click.echo(logview.header())
-        shown += 1
-        click.echo(logview.row(entry, colour))
-        offer = logview.offer(entry, owner) if follow else None
-        if offer:
-            click.echo(offer)
-
-
-def _gate_for(agent: str | None, workspace: str | None) -> Container:
-    from pathlib import Path
-
-    from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import gate_of
-
-    return gate_of(engine.connect(), agent, Path(workspace or os.getcwd()).expanduser().resolve())
+    command.logs(agent, workspace, run_id, list_recorded, egress, follow, as_json)
 
 
 def _agent_and_entry(words: tuple[str, ...], ctx: click.Context) -> tuple[str | None, str]:
+    """``[AGENT] HOST[:PORT]`` split into the optional agent and the entry."""
     if len(words) not in (1, 2):
         raise click.UsageError(f"give HOST[:PORT], optionally after the AGENT: claude-bottle {ctx.info_name} "
                                "[AGENT] HOST", ctx)
     return (words[0] if len(words) == 2 else None), words[-1]
-
-
-def _agent_allowlist(name: str) -> tuple[str, ...]:
-    """What the agent file ``name`` lets the bottle reach (its allowlist and raw-TCP targets); empty when there
-    is no such file yet."""
-    from pathlib import Path
-
-    from claude_bottle.agent.load import load_agent
-    from claude_bottle.paths import agents_dir
-
-    if not (agents_dir() / f"{name}.toml").exists():
-        return ()
-    agent = load_agent(name, Path.cwd())
-    return agent.egress_allowlist.texts() + agent.allow_tcp.texts()
-
-
-def _agent_file(name: str) -> pathlib.Path:
-    from claude_bottle.agent.load import AGENT_NAME
-    from claude_bottle.paths import agents_dir
-
-    if not AGENT_NAME.fullmatch(name):
-        raise ConfigError(f"agent name {name!r}: use lower-case letters, digits, '-' and '_' (up to 40)")
-    return agents_dir() / f"{name}.toml"
-
-
-def _add_to_agent(name: str, additions: str, yes: bool) -> None:
-    """Append ``additions`` (TOML tables) to the agent file ``name`` (created if missing)."""
-    path = _agent_file(name)
-    before = path.read_text() if path.exists() else ""
-    _rewrite_agent(name, before, (before or "version = 1\n") + additions, yes)
-
-
-def _rewrite_agent(name: str, before: str, after: str, yes: bool) -> None:
-    """Replace the agent file ``name`` (whose text is ``before``) with ``after``, once it parses as an agent,
-    after showing the diff and asking (or ``yes``); else nothing is written."""
-    import tomllib
-
-    from claude_bottle import suggest
-    from claude_bottle.agent.schema import parse_agent
-
-    path = _agent_file(name)
-    try:
-        parse_agent(name, tomllib.loads(after), str(path))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: would not parse after the change ({exc}); nothing written") from None
-    click.echo(suggest.diff(before, after, str(path)), nl=False)
-    if not yes:
-        if not sys.stdin.isatty():
-            raise ConfigError("review the change above, then run again with --yes (no terminal to ask on)")
-        if not click.confirm(f"Write {path}?", default=False):
-            raise ConfigError("not written")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(after)
-    os.replace(partial, path)
-    click.echo(f"wrote {path}")
 
 
 @cli.command(context_settings=CONTEXT)
@@ -574,20 +277,10 @@ def allow(ctx: click.Context, words: tuple[str, ...], workspace: str | None, sav
     HOST[:PORT] as in an agent's allow list (*.example.com, host:8443). The change reaches the gate through
     the container engine (a channel the bottle cannot reach) and the bottle's /etc/claude-bottle/policy.toml.
     """
-    from claude_bottle import suggest
-    from claude_bottle.runtime.bottle import AGENT_LABEL, control_gate
+    from claude_bottle.commands import allow as command
 
     agent, entry = _agent_and_entry(words, ctx)
-    gate = _gate_for(agent, workspace)
-    reply = control_gate(gate, "allow", entry)
-    click.echo(f"{reply['message']} in {gate.name.removeprefix('claude-bottle-').removesuffix('-gate')}")
-    if save:
-        name = gate.labels.get(AGENT_LABEL, agent or "")
-        if reply["message"].removeprefix("allowed ") in _agent_allowlist(name):
-            click.echo(f"agent {name} already lists it")
-            return
-        _add_to_agent(name, suggest.host_table(reply["message"].removeprefix("allowed "),
-                                               "added by `claude-bottle allow --save`"), yes)
+    command.allow(agent, entry, workspace, save, yes)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -599,26 +292,10 @@ def allow(ctx: click.Context, words: tuple[str, ...], workspace: str | None, sav
 def deny(ctx: click.Context, words: tuple[str, ...], workspace: str | None, save: bool, yes: bool) -> None:
     """Refuse a destination in a running bottle from now on (even in learn mode, even under a wider pattern);
     tunnels already open stay."""
-    from claude_bottle import suggest
-    from claude_bottle.runtime.bottle import AGENT_LABEL, control_gate
+    from claude_bottle.commands import allow as command
 
     agent, entry = _agent_and_entry(words, ctx)
-    gate = _gate_for(agent, workspace)
-    reply = control_gate(gate, "deny", entry)
-    click.echo(f"{reply['message']} in {gate.name.removeprefix('claude-bottle-').removesuffix('-gate')}")
-    if not save:
-        return
-    name, pattern = gate.labels.get(AGENT_LABEL, agent or ""), reply["message"].removeprefix("denied ")
-    path = _agent_file(name)
-    before = path.read_text() if path.exists() else ""
-    try:
-        after = suggest.without_entry(before, pattern)
-    except ValueError as exc:
-        raise ConfigError(f"{path}: {exc}; remove {pattern} from it by hand") from None
-    if after == before:
-        raise ConfigError(f"{path} lists no entry {pattern} (in allow or as an [[egress]] host); it may come from "
-                          "a preset or another spelling: edit the file by hand")
-    _rewrite_agent(name, before, after, yes)
+    command.deny(agent, entry, workspace, save, yes)
 
 
 @cli.group(context_settings=CONTEXT)
@@ -636,19 +313,9 @@ def policy_suggest(agent: str | None, workspace: str | None, run_id: str | None,
                    yes: bool) -> None:
     """Print an allowlist (agent-file TOML) from a run's audit: its hosts, with method and path rules where
     the gate read the requests. Run with --learn first to let everything the task needs through."""
-    from claude_bottle import suggest
-    from claude_bottle.policy.hosts import Allowlist
+    from claude_bottle.commands import policy as command
 
-    entries, _, source = _audit(agent, workspace, run_id, False)
-    found = suggest.suggest(entries)
-    if write_to is None:
-        click.echo(suggest.render(found, f"run {source}"), nl=False)
-        return
-    added = suggest.additions(found, Allowlist.parse(_agent_allowlist(write_to)), f"run {source}")
-    if not added:
-        click.echo(f"agent {write_to} already allows every destination of run {source}")
-        return
-    _add_to_agent(write_to, added, yes)
+    command.suggest_allowlist(agent, workspace, run_id, write_to, yes)
 
 
 class _AfterDoubleDash(click.Command):
@@ -671,22 +338,14 @@ def exec_(ctx: click.Context, agent: str | None, workspace: str | None) -> None:
 
     Without AGENT: the bottle of this workspace, or the only one running.
     """
-    from pathlib import Path
-
-    from claude_bottle.launch import docker_cli
-    from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import bottle_of
+    from claude_bottle.commands.exec import exec_in
 
     command = ctx.meta.get("command")
     if command is None:
         raise click.UsageError("put the command after --: claude-bottle exec [AGENT] -- CMD...", ctx)
     if not command:
         raise click.UsageError("no command after --: claude-bottle exec [AGENT] -- CMD...", ctx)
-    place = Path(workspace or os.getcwd()).expanduser().resolve()
-    bottle = bottle_of(engine.connect(), agent, place)
-    terminal = ["-it"] if sys.stdin.isatty() else ["-i"]
-    # no -u: docker exec runs as the container's own user, the one the bottle was started as
-    sys.exit(subprocess.call([docker_cli(), "exec", *terminal, bottle.name, *command]))
+    sys.exit(exec_in(agent, workspace, command))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -699,60 +358,17 @@ def verify(agent: str | None, as_json: bool, runtime: str | None) -> None:
     The bottle is the agent's own, with a throwaway credential, a stub Messages API as its upstream (no
     Anthropic account needed, no tokens spent) and a scratch workspace. Exits 1 if any attack succeeded.
     """
-    from pathlib import Path
+    from claude_bottle.commands import verify as command
 
-    from claude_bottle import verify as verification
-    from claude_bottle.agent.load import load_agent
-
-    config = _with_runtime(load_agent(agent, Path.cwd()), runtime)
-    outcomes = verification.verify(config, _progress)
-    click.echo(verification.as_json(config, outcomes) if as_json else verification.report(outcomes))
-    sys.exit(1 if any(not o.blocked for o in outcomes) else 0)
+    sys.exit(command.verify(agent, as_json, runtime))
 
 
 @cli.command(context_settings=CONTEXT)
 def doctor() -> None:
     """Check the container engine (Docker or Podman), its OCI runtimes, the token and the images."""
-    from claude_bottle import tokens
-    from claude_bottle.agent.schema import AgentConfig
-    from claude_bottle.launch import build_inputs
-    from claude_bottle.runtime import engine, images
+    from claude_bottle.commands import doctor as command
 
-    problems = 0
-
-    def report(ok: bool, text: str) -> None:
-        nonlocal problems
-        problems += not ok
-        click.echo(f"{'ok ' if ok else 'NO '} {text}")
-
-    try:
-        client = engine.connect()
-        about = engine.describe(client)
-        report(True, f"engine: {about.describe()} ({os.environ.get('DOCKER_HOST') or 'the default socket'})")
-        gvisor = "available (runtime = 'runsc')" if "runsc" in about.runtimes else "not registered"
-        report(True, f"OCI runtimes: {', '.join(about.runtimes) or 'none listed'} (default "
-                     f"{about.default_runtime or 'unknown'}); gVisor {gvisor}")
-        if limits := engine.unenforced_limits(about):
-            report(False, limits)
-        if not about.podman:
-            report(True, "engine resolves no external names on internal networks"
-                   if about.version >= engine.DNS_FIXED_VERSION
-                   else "engine older than 25.0.5 (CVE-2024-29018): bottles get a resolver that answers nothing, "
-                        "so this is covered, but upgrading is wise")
-    except BottleError as exc:
-        report(False, str(exc))
-        client = None
-    try:
-        _, source = tokens.find()
-        report(True, f"token found in {source}")
-    except BottleError as exc:
-        report(False, str(exc))
-    if client is not None:
-        inputs = build_inputs(AgentConfig())
-        for spec in (images.bottle_spec(inputs), images.gate_spec(inputs)):
-            built = images.image_exists(client, spec.tag)
-            report(built, f"{spec.name} image {spec.tag} {'built' if built else 'not built: run claude-bottle build'}")
-    sys.exit(1 if problems else 0)
+    sys.exit(command.doctor())
 
 
 def main() -> None:

@@ -1,0 +1,69 @@
+"""Changes to an agent's file, shown as a diff and written once confirmed (``allow --save``, ``deny --save``,
+``policy suggest --write``)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+import click
+
+from claude_bottle.errors import ConfigError
+
+
+def allowlist(name: str) -> tuple[str, ...]:
+    """What the agent file ``name`` lets the bottle reach (its allowlist and raw-TCP targets); empty when there
+    is no such file yet."""
+    from pathlib import Path
+
+    from claude_bottle.agent.load import load_agent
+    from claude_bottle.paths import agents_dir
+
+    if not (agents_dir() / f"{name}.toml").exists():
+        return ()
+    agent = load_agent(name, Path.cwd())
+    return agent.egress_allowlist.texts() + agent.allow_tcp.texts()
+
+
+def path_of(name: str) -> pathlib.Path:
+    """The file of agent ``name``, which need not exist; ConfigError for a name that is not an agent's."""
+    from claude_bottle.agent.load import AGENT_NAME
+    from claude_bottle.paths import agents_dir
+
+    if not AGENT_NAME.fullmatch(name):
+        raise ConfigError(f"agent name {name!r}: use lower-case letters, digits, '-' and '_' (up to 40)")
+    return agents_dir() / f"{name}.toml"
+
+
+def add(name: str, additions: str, yes: bool) -> None:
+    """Append ``additions`` (TOML tables) to the agent file ``name`` (created if missing)."""
+    path = path_of(name)
+    before = path.read_text() if path.exists() else ""
+    rewrite(name, before, (before or "version = 1\n") + additions, yes)
+
+
+def rewrite(name: str, before: str, after: str, yes: bool) -> None:
+    """Replace the agent file ``name`` (whose text is ``before``) with ``after``, once it parses as an agent,
+    after showing the diff and asking (or ``yes``); else nothing is written."""
+    import tomllib
+
+    from claude_bottle import suggest
+    from claude_bottle.agent.schema import parse_agent
+
+    path = path_of(name)
+    try:
+        parse_agent(name, tomllib.loads(after), str(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: would not parse after the change ({exc}); nothing written") from None
+    click.echo(suggest.diff(before, after, str(path)), nl=False)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("review the change above, then run again with --yes (no terminal to ask on)")
+        if not click.confirm(f"Write {path}?", default=False):
+            raise ConfigError("not written")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(after)
+    os.replace(partial, path)
+    click.echo(f"wrote {path}")

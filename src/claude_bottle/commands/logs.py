@@ -1,0 +1,90 @@
+"""``logs``: the gate's decisions, of a running bottle or a recorded run; the audit ``policy suggest`` reads."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from claude_bottle.errors import ConfigError
+
+if TYPE_CHECKING:
+    from claude_bottle.records import RunRecord
+
+
+def print_runs(found: list[RunRecord], as_json: bool) -> None:
+    """Print the recorded runs as a table, or as JSON."""
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(r) for r in found], indent=2))
+    elif not found:
+        click.echo("no runs recorded yet: a run's audit is kept once it ends")
+    else:
+        click.echo(f"{'RUN':24} {'AGENT':16} {'STARTED':20} {'ENDED':20} {'LINES':>7} WORKSPACE")
+        for r in found:
+            click.echo(f"{r.run:24} {r.agent:16} {r.started:20} {r.ended:20} {r.lines:7} {r.workspace}")
+
+
+def read_audit(agent: str | None, workspace: str | None, run_id: str | None, follow: bool
+               ) -> tuple[Iterator[dict[str, Any]], str, str]:
+    """The audit entries ``logs`` and ``policy suggest`` read: a running bottle's (this workspace's, or
+    ``agent``'s, or run ``run_id``), else the last recorded run of those. Also the run's agent and id."""
+    from pathlib import Path
+
+    from claude_bottle import records
+    from claude_bottle.errors import DockerError
+    from claude_bottle.runtime import engine
+    from claude_bottle.runtime.bottle import AGENT_LABEL, running_run, runs
+
+    # with AGENT and no --workspace, any workspace of that agent's
+    place = None if agent and workspace is None else Path(workspace or os.getcwd()).expanduser().resolve()
+    live, client = None, None
+    with contextlib.suppress(DockerError):  # no engine: no running bottle, the recorded runs still show
+        client = engine.connect()
+        live = (run_id if any(r["run"] == run_id for r in runs(client)) else None) if run_id else \
+            running_run(client, agent, place)
+    if live and client is not None:
+        gate = client.containers.get(f"claude-bottle-{live}-gate")
+        lines: Iterator[str] = (chunk.decode("utf-8", "replace") for chunk in
+                                gate.logs(stdout=False, stderr=True, stream=True, follow=follow))
+        owner, source = gate.labels.get(AGENT_LABEL, agent or ""), live
+    elif follow:
+        raise ConfigError("--follow shows a running bottle's decisions as they come, and none is running here; "
+                          "without --follow, the last run's are shown")
+    else:
+        record = records.find(run_id) if run_id else records.latest(agent, place)
+        lines, owner, source = records.audit_lines(record), record.agent, record.run
+    entries = (json.loads(text) for text in (line.strip() for line in lines) if text.startswith("{"))
+    return entries, owner, source
+
+
+def logs(agent: str | None, workspace: str | None, run_id: str | None, list_recorded: bool, egress: bool,
+         follow: bool, as_json: bool) -> None:
+    """Print the chosen run's decisions as a table (coloured on a terminal) or JSON lines; with
+    ``list_recorded``, the recorded runs instead."""
+    from claude_bottle import logview, records
+
+    if list_recorded:
+        print_runs(records.recorded(), as_json)
+        return
+    entries, owner, _ = read_audit(agent, workspace, run_id, follow)
+    colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    shown = 0
+    for entry in entries:
+        if egress and entry.get("listener") != "proxy":
+            continue
+        if as_json:
+            click.echo(json.dumps(entry, ensure_ascii=False))
+            continue
+        if not shown:
+            click.echo(logview.header())
+        shown += 1
+        click.echo(logview.row(entry, colour))
+        offer = logview.offer(entry, owner) if follow else None
+        if offer:
+            click.echo(offer)

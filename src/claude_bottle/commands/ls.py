@@ -1,0 +1,23 @@
+"""``ls``: the running bottles."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+def list_runs(as_json: bool) -> None:
+    """Print the running bottles as a table, or as JSON."""
+    from claude_bottle.runtime import engine
+    from claude_bottle.runtime.bottle import runs
+
+    found = runs(engine.connect())
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+    elif not found:
+        click.echo("no bottles")
+    else:
+        click.echo(f"{'AGENT':16} {'RUN':24} {'STATUS':10} WORKSPACE")
+        for r in found:
+            click.echo(f"{r['agent']:16} {r['run']:24} {r['status']:10} {r['workspace']}")

@@ -1,0 +1,21 @@
+"""``verify``: attack a bottle of an agent from inside and report what got through."""
+
+from __future__ import annotations
+
+import click
+
+from claude_bottle.commands.common import progress, with_runtime
+
+
+def verify(agent: str | None, as_json: bool, runtime: str | None) -> int:
+    """Run the attacks on a bottle of ``agent`` and print the report (or JSON); 1 if any attack succeeded,
+    else 0."""
+    from pathlib import Path
+
+    from claude_bottle import verify as verification
+    from claude_bottle.agent.load import load_agent
+
+    config = with_runtime(load_agent(agent, Path.cwd()), runtime)
+    outcomes = verification.verify(config, progress)
+    click.echo(verification.as_json(config, outcomes) if as_json else verification.report(outcomes))
+    return 1 if any(not o.blocked for o in outcomes) else 0
