@@ -31,7 +31,6 @@ from typing import Any
 
 from benchkit import (
     LOOPBACK,
-    RESULTS,
     ROOT,
     BenchError,
     Children,
@@ -39,10 +38,12 @@ from benchkit import (
     claude_bottle_argv,
     command_line,
     machine_info,
+    machine_line,
     make_token,
     percentile,
     post,
     rounded,
+    write_results,
 )
 
 from claude_bottle.policy.messages import MessagesPolicy
@@ -138,17 +139,13 @@ def unjudged_gate_main(upstream: str, token_file: str) -> None:
     serve(config, AuditLog(None))
 
 
-def write_results(doc: dict[str, Any]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "api-policy.json").write_text(json.dumps(doc, indent=2) + "\n")
+def write(doc: dict[str, Any]) -> None:
     m = doc["machine"]
     lines = [
         "# API body policy benchmark", "",
         f"Date: {m['date']}  ",
         f"Command: `{doc['command']}`  ",
-        f"Machine: {m['cpu_model']}, {m['cores']} cores ({m['cores_usable']} usable), {m['ram_gb']} GB RAM, "
-        f"{m['kernel']}, {m['python']}, commit {m['commit'] or '?'}"
-        f"{' + uncommitted changes in src' if m['src_modified_since_commit'] else ''}  ",
+        machine_line(m),
         f"Load average (1 min) at start: {m['loadavg_at_start']:.2f}", "",
         "## Parse and decide, in process", "",
         "| body | bytes | `decide()` median µs | `json.loads` median µs | runs |",
@@ -165,7 +162,7 @@ def write_results(doc: dict[str, Any]) -> None:
           for r in doc["end_to_end"]),
         "",
     ]
-    (RESULTS / "api-policy.md").write_text("\n".join(lines))
+    write_results("api-policy", doc, lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -211,8 +208,7 @@ def run(args: argparse.Namespace) -> int:
             tmp.rmdir()
     doc = rounded(doc)
     if args.write:
-        write_results(doc)
-        print(f"wrote {RESULTS / 'api-policy.json'} and {RESULTS / 'api-policy.md'}")
+        write(doc)
     return 0
 
 

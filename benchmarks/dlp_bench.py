@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from benchkit import RESULTS, ROOT, command_line, machine_info, rounded
+from benchkit import ROOT, command_line, machine_info, machine_line, rounded, write_results
 
 from claude_bottle.gate.dlp import BUILTIN_NAMES, DlpMatch, DlpPolicy
 
@@ -107,22 +107,16 @@ def main() -> int:
            "body_bytes": size, "runs": reps, "tail_bytes": tail, "head_check_us": head_us, "rows": rows}
     print(f"head check (prepared matcher, new scanner, URL + 5 headers): {head_us:.1f} us; tail held: {tail} bytes")
     if not args.no_write:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "dlp.json").write_text(json.dumps(rounded(doc), indent=2) + "\n")
-        (RESULTS / "dlp.md").write_text(render(doc))
-        print(f"wrote {RESULTS / 'dlp.md'} and dlp.json")
+        write_results("dlp", rounded(doc), render(doc))
     return 0
 
 
-def render(doc: dict[str, Any]) -> str:
-    m = doc["machine"]
-    machine = (f"{m['cpu_model']}, {m['cores']} cores ({m['cores_usable']} usable), {m['ram_gb']} GB RAM, "
-               f"{m['kernel']}, {m['python']}, commit {m['commit']}")
+def render(doc: dict[str, Any]) -> list[str]:
     lines = [
         "# DLP scanner benchmark", "",
         f"Date: {doc['date']}  ",
         f"Command: `{doc['command']}`  ",
-        f"Machine: {machine}  ",
+        machine_line(doc["machine"]),
         f"Load average (1 min) at start: {doc['machine']['loadavg_at_start']:.2f} (a shared machine: other work "
         "skews the numbers)  ",
         f"Bodies: {doc['body_bytes'] // MB} MB each, median of {doc['runs']} runs; MB = 10^6 bytes.", "",
@@ -144,7 +138,7 @@ def render(doc: dict[str, Any]) -> str:
               "the tail), and for %-escaped bodies the decoding itself. A rule's regex runs only around its anchors.",
               "A multi-pattern engine (Hyperscan's streaming mode, Aho-Corasick) would make this one pass; see",
               "docs/inspection.md for why the standard library is used for now.", ""]
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

@@ -32,16 +32,17 @@ from typing import Any
 import trustme
 from benchkit import (
     LOOPBACK,
-    RESULTS,
     ROOT,
     BenchError,
     Children,
     claude_bottle_argv,
     command_line,
     machine_info,
+    machine_line,
     make_token,
     open_tunnel,
     percentile,
+    write_results,
 )
 
 from claude_bottle.gate.tls import MAX_RECORDS, read_client_hello
@@ -138,18 +139,14 @@ def start_gate(children: Children, name: str, token: Path, policy_flag: str, ser
     return m[1], int(m[2])
 
 
-def write_results(doc: dict[str, Any]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "first-flight.json").write_text(json.dumps(doc, indent=2) + "\n")
+def write(doc: dict[str, Any]) -> None:
     m, lat, cost = doc["machine"], doc["latency"], doc["parse_cost"]
     lines = [
         "# First-flight check: cost per CONNECT",
         "",
         f"Date: {m['date']}  ",
         f"Command: `{doc['command']}`  ",
-        f"Machine: {m['cpu_model']}, {m['cores']} cores ({m['cores_usable']} usable), {m['ram_gb']} GB RAM, "
-        f"{m['kernel']}, {m['python']}, commit {m['commit'] or '?'}"
-        f"{' + uncommitted changes in src' if m['src_modified_since_commit'] else ''}  ",
+        machine_line(m),
         f"Load average (1 min) at start: {m['loadavg_at_start']:.2f}",
         "",
         "## Parse and decide, per ClientHello (in process)",
@@ -169,7 +166,7 @@ def write_results(doc: dict[str, Any]) -> None:
         f"mean {doc['added_mean_ms']:+.3f} ms per CONNECT.",
         "",
     ]
-    (RESULTS / "first-flight.md").write_text("\n".join(lines))
+    write_results("first-flight", doc, lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -208,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
                "added_mean_ms": lat["gate, first flight checked"]["mean_ms"]
                - lat["gate, raw TCP (no check)"]["mean_ms"]}
         if args.write:
-            write_results(doc)
+            write(doc)
         print(json.dumps({"parse_cost": cost, "latency": lat, "added_p50_ms": round(doc["added_p50_ms"], 3)},
                          indent=2))
         return 0

@@ -16,7 +16,6 @@ Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import signal
 import sys
@@ -29,21 +28,25 @@ from typing import Any
 
 from benchkit import (
     LOOPBACK,
-    RESULTS,
     BenchError,
     Children,
     Deadline,
     Entry,
     command_line,
-    fmt,
+    details_block,
     kb_to_mb,
     log,
     machine_info,
+    machine_line,
     phases,
     print_verdicts,
     proc_status_kb,
     ratio,
+    results_table,
     rounded,
+    status_lines,
+    target_lines,
+    write_results,
 )
 from benchkit.phases import Loopback
 
@@ -153,41 +156,27 @@ class Bench:
 # ----------------------------------------------------------------------------------------------- output
 
 
-def write_results(doc: dict[str, Any]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "gate.json").write_text(json.dumps(doc, indent=2) + "\n")
+def write(doc: dict[str, Any]) -> None:
     m = doc["machine"]
     lines = [
         "# Gate benchmark",
         "",
         f"Date: {m['date']}  ",
         f"Command: `{doc['command']}`{' (quick)' if doc['quick'] else ''}  ",
-        f"Machine: {m['cpu_model']}, {m['cores']} cores ({m['cores_usable']} usable), {m['ram_gb']} GB RAM, "
-        f"{m['kernel']}, {m['python']}, h11 {m['libraries'].get('h11', '?')}, commit {m['commit'] or '?'}"
-        f"{' + uncommitted changes in src' if m['src_modified_since_commit'] else ''}  ",
+        machine_line(m, f"h11 {m['libraries'].get('h11', '?')}"),
         f"Load average (1 min) at start: {m['loadavg_at_start']:.2f}  ",
-        f"Status: {'complete' if doc['complete'] else 'INCOMPLETE: ' + str(doc.get('error'))}  ",
-        f"Duration: {doc['duration_s']:.0f} s",
+        *status_lines(doc),
         "",
         "Direct = client -> stub (or sink); gate = client -> gate -> stub (or CONNECT tunnel -> sink). "
         "Ratio = gate / direct. MB = 10^6 bytes.",
         "",
-        "| metric | unit | gate | baseline | baseline value | ratio | target | result | note |",
-        "| --- | --- | ---: | --- | ---: | ---: | --- | --- | --- |",
+        *results_table(doc["results"], "gate"),
+        "", "Targets:", "",
+        *target_lines(doc["results"]),
+        "", "Details (all phases, raw statistics):", "",
+        *details_block(doc["details"]),
     ]
-    for e in doc["results"]:
-        lines.append(f"| {e['name']} | {e['unit']} | {fmt(e['value'])} | {e['baseline'] or ''} | "
-                     f"{fmt(e['baseline_value'])} | "
-                     f"{fmt(e['ratio'])} | {e['target'] or ''} | {fmt(e['pass']) if e['target'] else ''} | "
-                     f"{e['note'].replace('|', '/')} |")
-    lines += ["", "Targets:", ""]
-    for e in doc["results"]:
-        if e["target"]:
-            lines.append(f"- {'PASS' if e['pass'] else 'MISS'}: {e['name']} = {fmt(e['value'])} {e['unit']} "
-                         f"(target {e['target']})")
-    lines += ["", "Details (all phases, raw statistics):", "", "```json",
-              json.dumps(doc["details"], indent=2), "```", ""]
-    (RESULTS / "gate.md").write_text("\n".join(lines))
+    write_results("gate", doc, lines)
 
 
 # ------------------------------------------------------------------------------------------------- main
@@ -253,8 +242,7 @@ def run(args: argparse.Namespace) -> int:
         doc["details"] = rounded(bench.details)
     doc["duration_s"] = round(time.monotonic() - started, 1)
     if args.write and (doc["complete"] or doc["results"]):
-        write_results(doc)
-        print(f"wrote {RESULTS / 'gate.json'} and {RESULTS / 'gate.md'}")
+        write(doc)
     print_verdicts(doc["results"])
     return status
 

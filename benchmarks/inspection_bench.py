@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -46,7 +45,6 @@ import trustme
 from benchkit import (
     LOOPBACK,
     MB,
-    RESULTS,
     BenchError,
     Child,
     Children,
@@ -54,16 +52,21 @@ from benchkit import (
     Entry,
     claude_bottle_argv,
     command_line,
+    details_block,
     fmt,
     kb_to_mb,
     machine_info,
+    machine_line,
     make_token,
     open_tunnel,
     percentile,
     proc_status_kb,
     ratio,
+    results_table,
     rounded,
     srt,
+    status_lines,
+    write_results,
 )
 from cryptography import x509
 
@@ -502,41 +505,31 @@ def versions(args: argparse.Namespace) -> dict[str, str]:
     return found
 
 
-def write_results(doc: dict[str, Any]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "inspection.json").write_text(json.dumps(doc, indent=2) + "\n")
+def write(doc: dict[str, Any]) -> None:
     m = doc["machine"]
     lines = [
         "# Inspection benchmark: TLS-terminating proxies against the gate's opaque tunnel",
         "",
         f"Date: {m['date']}  ",
         f"Command: `{doc['command']}`{' (quick)' if doc['quick'] else ''}  ",
-        f"Machine: {m['cpu_model']}, {m['cores']} cores ({m['cores_usable']} usable), {m['ram_gb']} GB RAM, "
-        f"{m['kernel']}, {m['python']}, commit {m['commit'] or '?'}"
-        f"{' + uncommitted changes in src' if m['src_modified_since_commit'] else ''}  ",
+        machine_line(m),
         f"Versions: {', '.join(f'{k} {v}' for k, v in doc['versions'].items())}  ",
         f"Load average (1 min) at start: {m['loadavg_at_start']:.2f}  ",
-        f"Status: {'complete' if doc['complete'] else 'INCOMPLETE: ' + str(doc.get('error'))}  ",
-        f"Duration: {doc['duration_s']:.0f} s",
+        *status_lines(doc),
         "",
         f"Routes measured: {', '.join(doc['routes'])}. Added latency = route p50 - direct p50. MB = 10^6 bytes.",
         "",
     ]
     if doc["unavailable"]:
         lines += ["Not measured:", ""] + [f"- `{k}`: {v}" for k, v in doc["unavailable"].items()] + [""]
-    lines += ["| metric | unit | value | baseline | baseline value | ratio | target | result | note |",
-              "| --- | --- | ---: | --- | ---: | ---: | --- | --- | --- |"]
-    for e in doc["results"]:
-        lines.append(f"| {e['name']} | {e['unit']} | {fmt(e['value'])} | {e['baseline'] or ''} | "
-                     f"{fmt(e['baseline_value'])} | {fmt(e['ratio'])} | {e['target'] or ''} | "
-                     f"{fmt(e['pass']) if e['target'] else ''} | {e['note'].replace('|', '/')} |")
+    lines += results_table(doc["results"])
     lines += ["", "Targets (for the gate's terminated tunnel):", ""]
     for name, target in TARGETS.items():
         found = next((e for e in doc["results"] if e["name"] == name), None)
         lines.append(f"- {'PASS' if found and found['pass'] else 'MISS' if found else 'NOT MEASURED'}: {name} "
                      f"(target {target})" + (f" = {fmt(found['value'])} {found['unit']}" if found else ""))
-    lines += ["", "Details:", "", "```json", json.dumps(doc["details"], indent=2), "```", ""]
-    (RESULTS / "inspection.md").write_text("\n".join(lines))
+    lines += ["", "Details:", "", *details_block(doc["details"])]
+    write_results("inspection", doc, lines)
 
 
 TARGETS = {
@@ -610,8 +603,7 @@ def run(args: argparse.Namespace) -> int:
         doc["details"] = rounded(bench.details)
     doc["duration_s"] = round(time.monotonic() - started, 1)
     if args.write and (doc["complete"] or doc["results"]):
-        write_results(doc)
-        print(f"wrote {RESULTS / 'inspection.json'} and {RESULTS / 'inspection.md'}")
+        write(doc)
     for name, text in unavailable.items():
         print(f"NOT MEASURED  {name}: {text}")
     for e in doc["results"]:

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchkit import write_results
+
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.errors import BottleError
 from claude_bottle.policy.addresses import parse_network
@@ -38,8 +40,6 @@ from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime import engine
 from claude_bottle.verify import _scratch_workspace, bottle_on, in_bottle, stand_ins
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 REGISTRY = "registry"
 PORT = 8000
 PACKAGES = 40
@@ -166,20 +166,19 @@ def measure(reps: int) -> dict[str, Any]:
             "median": {r: {k: statistics.median(v) for k, v in s.items()} for r, s in samples.items()}}
 
 
-def write(doc: dict[str, Any]) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "runtimes.json").write_text(json.dumps(doc, indent=2) + "\n")
+def write(doc: dict[str, Any]) -> Path:
     med = doc["median"]
     rows = [f"| {what} | {med['runc'][key]:.2f} s | {med['runsc'][key]:.2f} s | "
             f"{med['runsc'][key] / med['runc'][key]:.2f} |"
             for key, what in (("start", "bottle start (networks, gate, bottle running)"),
                               ("npm_install", f"npm install, {PACKAGES} packages from a local registry"),
                               ("test_suite", f"node --test, {TESTS} files"))]
-    (RESULTS / "runtimes.md").write_text(
-        f"# The bottle on runc and on gVisor\n\n{doc['engine']}; runsc as scripts/gvisor registers it; median "
-        f"of {doc['reps']} runs each, alternating (`benchmarks/runtime_bench.py`); {doc['cpus']} CPUs, load "
-        f"average {doc['load_average_1m_at_end']:.1f} at the end.\n\n"
-        "| what | runc | runsc | runsc / runc |\n| --- | --- | --- | --- |\n" + "\n".join(rows) + "\n")
+    return write_results("runtimes", doc, [
+        "# The bottle on runc and on gVisor", "",
+        f"{doc['engine']}; runsc as scripts/gvisor registers it; median of {doc['reps']} runs each, alternating "
+        f"(`benchmarks/runtime_bench.py`); {doc['cpus']} CPUs, load average {doc['load_average_1m_at_end']:.1f} "
+        "at the end.", "",
+        "| what | runc | runsc | runsc / runc |", "| --- | --- | --- | --- |", *rows, ""])
 
 
 def main() -> int:
@@ -191,8 +190,7 @@ def main() -> int:
     except BottleError as exc:
         print(f"runtime_bench: {exc}", file=sys.stderr)
         return 1
-    write(doc)
-    print((RESULTS / "runtimes.md").read_text())
+    print(write(doc).read_text())
     return 0
 
 
