@@ -7,6 +7,7 @@ Targets live on 127.0.0.2 (the stub Messages API holds 127.0.0.1) under names a 
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -98,3 +99,22 @@ async def test_each_line_names_its_tunnel_mode_and_unlisted_targets(make_gate: G
     assert tunnels == {(raw, "allow", "raw_tcp"), (unlisted, "deny", "opaque"), (unlisted, "deny", None)}
     assert sorted((line["target"], line["decision"]) for line in lines if line.get("unlisted")) == \
         sorted([(unlisted, "allow"), (unlisted, "deny"), (unlisted, "deny"), (f"{METADATA}:{target.port}", "deny")])
+
+
+async def test_a_failure_names_its_side(make_gate: GateFactory, target: StubUpstream) -> None:
+    async with make_gate(allow=(f"{LISTED}:{target.port}",), allow_private=LOOPBACK, resolver=RESOLVER,
+                         idle_timeout=0.5) as gate:
+        stalled = (f"POST http://{LISTED}:{target.port}/upload HTTP/1.1\r\nHost: {LISTED}:{target.port}\r\n"
+                   "Content-Length: 10\r\n\r\nab").encode()  # a body that stops coming
+        await exchange(gate.proxy, stalled, 3)
+        await eventually(lambda: len(gate.records()) == 1, what="the client's failure")
+        (client,) = gate.records()
+    assert (client["decision"], client["status"], client["side"]) == ("error", 408, "client")
+    with socket.socket() as closed:  # a port nothing listens on: the upstream refuses the connection
+        closed.bind(("127.0.0.2", 0))
+        port = closed.getsockname()[1]
+    async with make_gate(allow=(f"{LISTED}:{port}",), allow_private=LOOPBACK, resolver=RESOLVER) as gate:
+        await exchange(gate.proxy, get(LISTED, port, "/"), 3)
+        await eventually(lambda: len(gate.records()) == 1, what="the failure's line")
+        (upstream,) = gate.records()
+    assert (upstream["decision"], upstream["status"], upstream["side"]) == ("error", 502, "upstream")

@@ -75,7 +75,13 @@ class AuditRecord:
         self.decision, self.reason = "allow", reason
 
     def deny(self, reason: str, status: int, rule: str | None = None, unlisted: bool = False) -> None:
-        self.decision, self.reason, self.status, self.rule, self.unlisted = "deny", reason, status, rule, unlisted
+        """Refused for ``reason``. Once the client was answered (a tunnel's 200), that status stays and the
+        earlier reasons too: the refusal came after them."""
+        self.decision, self.rule, self.unlisted = "deny", rule, unlisted
+        if self.status:
+            self.reason = f"{self.reason}; then refused: {reason}"
+        else:
+            self.reason, self.status = reason, status
 
     def fail(self, reason: str, status: int, side: Side | None = None) -> None:
         """Allowed (or not yet decided, e.g. while a body is read), then failed on ``side``. A status already

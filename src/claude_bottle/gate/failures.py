@@ -38,9 +38,10 @@ class Refused(ExchangeStopped):
     ``rule``: the configured rule that refused it, for the audit (None: no rule, the policy itself)."""
 
     def __init__(self, status: int, reason: str, close: bool = False, rule: str | None = None,
-                 hint: str = "", unlisted: bool = False) -> None:
+                 hint: str = "", unlisted: bool = False, unread: bool = False) -> None:
         super().__init__(status, reason)
-        self.close = close
+        self.close = close or unread
+        self.unread = unread  # refused before a request was read (a connection over the limit)
         self.rule = rule
         self.hint = hint
         self.unlisted = unlisted  # the target is in no allowlist (the audit's ``unlisted``)

@@ -266,10 +266,8 @@ async def _tunnel(
         else:
             early, verdict = await first_flight(conn.tunnel_reader, bytes(early), target,
                                                 ctx.config.limits.first_flight_timeout)
-            if not verdict.allow:
-                record.deny(f"{record.reason}; then refused: {verdict.reason}", 200)  # nothing went upstream
-                conn.abort()
-                return
+            if not verdict.allow:  # nothing went upstream; the 200 was sent, so the tunnel is reset
+                raise Refused(0, verdict.reason, close=True)
             record.passed(verdict)
         if origin is not None and client_tls is not None:
             await terminate(conn, early, target, origin, record, ctx, client_tls)

@@ -59,6 +59,9 @@ async def answer(conn: HttpConnection, record: AuditRecord, stop: ExchangeStoppe
     else:
         record.fail(stop.reason, stop.status, side_of(stop))
     with contextlib.suppress(*CONNECTION_ERRORS, LocalProtocolError):
+        if isinstance(stop, Refused) and stop.unread:
+            await refuse_unread(conn, stop.status, stop.reason)
+            return False
         if isinstance(stop, Refused) and not stop.close and conn.our_state is State.SEND_RESPONSE:
             await refuse_request(conn, stop.status, stop.reason, idle_timeout, explanation(stop))
             return True

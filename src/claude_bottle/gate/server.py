@@ -29,9 +29,10 @@ from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.connection import HttpConnection, serve_http
 from claude_bottle.gate.context import GateContext, LeafIssuer
+from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.http1 import State
 from claude_bottle.gate.proxy import proxy_exchange
-from claude_bottle.gate.refusals import refuse_unread
+from claude_bottle.gate.refusals import answer
 from claude_bottle.gate.request_loop import serve_requests
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
 from claude_bottle.gate.settings import Endpoint, GateSettings
@@ -166,9 +167,11 @@ class Gate:
         limit = self.config.limits.max_connections
         if self._open[listener] >= limit:
             record = AuditRecord(listener, conn.peer, "-", "-")
-            record.deny(f"too many connections to the {listener} listener (limit {limit})", 503)
-            self.audit.write(record)
-            await refuse_unread(conn, 503, record.reason)
+            refused = Refused(503, f"too many connections to the {listener} listener (limit {limit})", unread=True)
+            try:
+                await answer(conn, record, refused, self.config.limits.idle_timeout)
+            finally:
+                self.audit.write(record)
             return
         conn.json_errors = listener == "api"
         self._connections[task] = conn

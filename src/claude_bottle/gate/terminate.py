@@ -25,10 +25,10 @@ import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from claude_bottle.gate.audit import CLIENT, AuditRecord
+from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.failures import Refused
+from claude_bottle.gate.failures import ClientSide, Refused
 from claude_bottle.gate.forward import forward, outbound, set_headers
 from claude_bottle.gate.http1 import Request, State, header_values
 from claude_bottle.gate.inspection import answered, inspected
@@ -111,6 +111,8 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
         pair_writer.write(early)
         traffic.up += len(early)
 
+    handshake_failed: ClientSide | None = None  # raised once the tunnel is wound down, to be answered
+
     async def serve_tls() -> None:
         tls_conn = HttpConnection(max_header_bytes=limits.max_header_bytes)
         try:
@@ -118,7 +120,8 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
             transport, _ = await loop.connect_accepted_socket(lambda: tls_conn, inner, ssl=client_tls,
                                                               ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, TimeoutError) as exc:
-            record.fail(f"TLS handshake with the client failed: {_tls_reason(exc)}", 200, CLIENT)
+            nonlocal handshake_failed
+            handshake_failed = ClientSide(0, f"TLS handshake with the client failed: {_tls_reason(exc)}")
             inner.close()
             return
         tls_conn.peer = conn.peer
@@ -165,6 +168,8 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
         record.bytes_up, record.bytes_down = traffic.up, traffic.down
         pair_writer.close()
         inner.close()
+    if handshake_failed is not None:
+        raise handshake_failed
 
 
 def _exchange(target: Target, origin: KeptOrigin, learned: bool = False) -> Exchange:
