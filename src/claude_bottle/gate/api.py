@@ -90,12 +90,12 @@ async def api_exchange(conn: HttpConnection, request: Request, record: AuditReco
 def messages_policy(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:
     """Read the Messages body whole and judge it before anything goes upstream."""
 
-    async def judge(request: Outbound, record: AuditRecord) -> None:
+    async def judge(request: Outbound) -> Decision:
         request.body = await read_whole(request, max_bytes)
         verdict = policy.decide(request.body)
         if not verdict.allow:
             raise Refused(verdict.status, verdict.reason)
-        record.passed(verdict)
+        return verdict
 
     return judge
 

@@ -6,8 +6,9 @@ What differs between them is only the filters and where the upstream connection 
 - Request filters (``RequestFilter``) run in order before anything goes upstream. Each may rewrite the
   outgoing head (strip client credentials, inject the real one, set Host), replace the body stream with a
   filtered one (DLP, scanning as it passes) or with the whole body read (the Messages policy), or raise
-  ``Refused``. A filtered body stream may raise ``Refused`` part-way: the upstream connection is then
-  dropped, so the request never completes there.
+  ``Refused``. One that judged the request and let it pass returns its decision, which the forward path adds
+  to the audit record (filters never touch it). A filtered body stream may raise ``Refused`` part-way: the
+  upstream connection is then dropped, so the request never completes there.
 - Response filters (``ResponseFilter``) run on the response head before it is sent, and may wrap its body
   stream (the reflection scan) or raise ``UpstreamSide``.
 
@@ -39,6 +40,7 @@ from claude_bottle.gate.http1 import (
     Response,
     end_to_end,
 )
+from claude_bottle.policy.decide import Decision
 
 # Set by the gate on every forwarded request: the body's framing, and Expect, which the gate answers.
 FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding", b"expect"})
@@ -80,8 +82,11 @@ class Inbound:
     body: AsyncIterator[bytes] | bytes
 
 
-RequestFilter = Callable[[Outbound, AuditRecord], Awaitable[None]]
-ResponseFilter = Callable[[Inbound, AuditRecord], None]
+# A request filter returns its decision for the audit when it judged the request and allowed it (None when it
+# only rewrote it) and raises ``Refused`` when it refused it; a response filter raises ``UpstreamSide``. No
+# filter touches the audit record: the forward path records what they return.
+RequestFilter = Callable[[Outbound], Awaitable[Decision | None]]
+ResponseFilter = Callable[[Inbound], None]
 OriginFactory = Callable[[], contextlib.AbstractAsyncContextManager[HttpConnection]]
 
 
@@ -162,7 +167,9 @@ async def forward(
     chunk; a body that is all there goes with its head, in one write. Raises ``Refused``, ``ClientSide`` or
     ``UpstreamSide``; the caller answers (failures.answer)."""
     for request_filter in request_filters:
-        await request_filter(request, record)
+        verdict = await request_filter(request)
+        if verdict is not None:
+            record.passed(verdict)
     async with open_origin() as origin:
         head = Request(request.method, request.target, [*request.headers, *request.framing()])
         body = request.body
@@ -189,7 +196,7 @@ async def forward(
         response = Inbound(event.status_code, end_to_end(event.headers),
                            upstream_body(origin, idle) if arrived is None else arrived)
         for response_filter in response_filters:
-            response_filter(response, record)
+            response_filter(response)
         answer, down = Response(response.status, response.headers), response.body
         if isinstance(down, bytes):
             with client_side():
@@ -210,7 +217,7 @@ async def forward(
 def set_headers(drop: frozenset[bytes], add: Headers) -> RequestFilter:
     """A filter that removes the headers named in ``drop`` and appends ``add`` (Host first if given)."""
 
-    async def rewrite(request: Outbound, record: AuditRecord) -> None:
+    async def rewrite(request: Outbound) -> None:
         hosts = [(n, v) for n, v in add if n == b"host"]
         request.headers = [*hosts, *[(n, v) for n, v in request.headers if n.lower() not in drop],
                            *[(n, v) for n, v in add if n != b"host"]]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.dlp import DlpMatch, DlpMatcher, DlpScanner
 from claude_bottle.gate.failures import Refused, UpstreamSide
@@ -30,6 +29,7 @@ from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, Respons
 from claude_bottle.gate.http1 import header_values
 from claude_bottle.gate.routes import CredentialRoute, route_for
 from claude_bottle.gate.scan import SecretReflected, SecretScanner
+from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import Target
 from claude_bottle.policy.rules import RequestPolicy
 
@@ -66,14 +66,17 @@ def own_credential(route: CredentialRoute) -> RequestFilter:
     """Add the route's credential (after DLP, which must not see it) and ask for identity encoding."""
     add = set_headers(frozenset(), [route.header(), (b"accept-encoding", b"identity")])
 
-    async def inject(request: Outbound, record: AuditRecord) -> None:
-        await add(request, record)
-        record.note(f"credential route {route.spec.name}: the client's credentials replaced by the route's own")
+    replaced = Decision(True, f"credential route {route.spec.name}: the client's credentials replaced by the "
+                              "route's own")
+
+    async def inject(request: Outbound) -> Decision:
+        await add(request)
+        return replaced
 
     return inject
 
 
-def identity_only(response: Inbound, record: AuditRecord) -> None:
+def identity_only(response: Inbound) -> None:
     """The gate asked for identity encoding: anything else could hide the credential from the scan."""
     encodings = {v.strip().lower() for v in header_values(response.headers, b"content-encoding")}
     if encodings - {b"identity", b""}:
@@ -89,7 +92,7 @@ def reflection_scan(secret: bytes) -> ResponseFilter:
     """Never deliver the credential back: not in a header, not in the body, not even a prefix of it."""
     refused = "upstream response carried a credential the gate injects; not delivered"
 
-    def scan(response: Inbound, record: AuditRecord) -> None:
+    def scan(response: Inbound) -> None:
         if any(secret in value for _, value in response.headers):
             raise UpstreamSide(502, refused)
         if isinstance(response.body, bytes):
@@ -113,13 +116,13 @@ async def _unreflected(body: AsyncIterator[bytes], scanner: SecretScanner, refus
 
 
 def request_rules(policy: RequestPolicy, target: Target) -> RequestFilter:
-    """Refuse a request the ``[[egress]]`` rules for ``target`` do not allow; add the verdict to the audit."""
+    """Refuse a request the ``[[egress]]`` rules for ``target`` do not allow; return the verdict that allowed it."""
 
-    async def judge(request: Outbound, record: AuditRecord) -> None:
+    async def judge(request: Outbound) -> Decision:
         decision = policy.decide(request.method.decode("ascii"), target.host, target.port, request.path)
         if not decision.allow:
             raise Refused.by(decision)
-        record.passed(decision)
+        return decision
 
     return judge
 
@@ -128,7 +131,7 @@ def data_loss(matcher: DlpMatcher) -> RequestFilter:
     """Refuse a request that carries a value the gate holds or a credential a DLP rule matches (``matcher``:
     the gate's, ``GateSettings.dlp_matcher``), in its target, headers or body."""
 
-    async def scan(request: Outbound, record: AuditRecord) -> None:
+    async def scan(request: Outbound) -> None:
         scanner = matcher.scanner()
         try:
             scanner.check_head(request.target, request.headers)
