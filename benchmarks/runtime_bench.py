@@ -38,7 +38,7 @@ from claude_bottle.errors import BottleError
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime import engine
-from claude_bottle.verify import _scratch_workspace, bottle_on, in_bottle, stand_ins
+from claude_bottle.verify.standins import bottle_on, in_bottle, scratch_workspace, stand_ins
 
 REGISTRY = "registry"
 PORT = 8000
@@ -150,7 +150,7 @@ def measure(reps: int) -> dict[str, Any]:
                 env.agent = dataclasses.replace(env.agent, runtime="" if runtime == "runc" else runtime)
                 with tempfile.TemporaryDirectory(prefix="claude-bottle-bench-") as scratch:
                     began = time.monotonic()
-                    with bottle_on(env, _scratch_workspace(scratch)) as target:
+                    with bottle_on(env, scratch_workspace(scratch)) as target:
                         samples[runtime]["start"].append(time.monotonic() - began)
                         run = target.run
                         timed(run, project_script())

@@ -26,7 +26,7 @@ from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.runtime import engine
 from claude_bottle.runtime.bottle import WORKSPACE_LABEL, Run
-from claude_bottle.verify import stub_container
+from claude_bottle.verify.standins import stub_container
 from tests.helpers import make_token
 from tests.prerequisites import missing
 

@@ -36,7 +36,7 @@ from claude_bottle.runtime.bottle import (
     state_volume,
 )
 from claude_bottle.stub import DEFAULT_TEXT
-from claude_bottle.verify import in_bottle as inside
+from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, gate_audit, leftovers, on_screen, write_agent
 
 pytestmark = pytest.mark.docker

@@ -21,7 +21,7 @@ from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
-from claude_bottle.verify import in_bottle as inside
+from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, leftovers, write_agent
 from tests.bottle.git_server import PACKAGE, git_server
 

@@ -40,7 +40,7 @@ from claude_bottle.launch import Launch, started
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.runtime.bottle import CONTROL_SOCKET, SYSTEM_BUNDLE, Run
-from claude_bottle.verify import in_bottle as inside
+from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, leftovers, write_agent
 from tests.bottle.https_servers import leaf_pem
 from tests.helpers import tar_archive

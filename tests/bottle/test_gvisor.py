@@ -17,7 +17,8 @@ from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime import engine
 from claude_bottle.stub import DEFAULT_TEXT
-from claude_bottle.verify import attack, in_bottle, verification
+from claude_bottle.verify.standins import in_bottle, verification
+from claude_bottle.verify.suite import attack
 from tests.bottle.conftest import Upstream, leftovers, write_agent
 from tests.prerequisites import require
 

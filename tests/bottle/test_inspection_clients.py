@@ -35,7 +35,7 @@ from claude_bottle.agent.presets import READ_PRESETS
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime.bottle import Run
-from claude_bottle.verify import in_bottle
+from claude_bottle.verify.standins import in_bottle
 from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, bottle_against, gate_audit
 from tests.bottle.https_servers import leaf_pem
 from tests.bottle.test_gate_ca import PACKAGES as PYTHON_PACKAGES  # its bottle image has python3: built once

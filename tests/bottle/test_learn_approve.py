@@ -29,7 +29,7 @@ from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.paths import agents_dir
 from claude_bottle.runtime.bottle import API_PORT, CONTROL_SOCKET, PROXY_PORT, Run, control_gate
-from claude_bottle.verify import in_bottle, stub_container
+from claude_bottle.verify.standins import in_bottle, stub_container
 from tests.bottle.conftest import TEST_LABEL, Upstream, write_agent
 
 pytestmark = pytest.mark.docker

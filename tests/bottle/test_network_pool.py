@@ -24,7 +24,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import POOL_KEPT, POOL_LABEL, RUN_LABEL, Run, claim_internal, trim_pool
-from claude_bottle.verify import in_bottle as inside
+from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, leftovers, write_agent
 
 pytestmark = pytest.mark.docker

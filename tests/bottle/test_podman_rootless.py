@@ -32,8 +32,9 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.bottle import BRIDGE_PREFIX, WORKSPACE_LABEL, Run
-from claude_bottle.verify import SLIRP_HOST, stub_container
-from claude_bottle.verify import in_bottle as inside
+from claude_bottle.verify.network import SLIRP_HOST
+from claude_bottle.verify.standins import in_bottle as inside
+from claude_bottle.verify.standins import stub_container
 from tests.bottle.conftest import TEST_LABEL, Upstream, build_test_images, leftovers, podman_client, write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman, pytest.mark.rootless]

@@ -21,7 +21,7 @@ from claude_bottle.launch import Launch, started
 from claude_bottle.paths import state_dir
 from claude_bottle.runtime.bottle import PROXY_PORT, Run, state_volume
 from claude_bottle.stub import DEFAULT_TEXT
-from claude_bottle.verify import in_bottle as inside
+from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, leftovers, write_agent
 
 pytestmark = pytest.mark.docker

@@ -16,7 +16,6 @@ import docker
 import pytest
 
 from claude_bottle import persistence, records, trust
-from claude_bottle import verify as verify_module
 from claude_bottle.agent import project as project_module
 from claude_bottle.agent.project import read_project_file
 from claude_bottle.agent.schema import AgentConfig
@@ -25,15 +24,17 @@ from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules
-from claude_bottle.probe import Outcome
 from claude_bottle.runtime import bottle as bottle_module
-from claude_bottle.verify import Verification, attack, verification
+from claude_bottle.verify import inspected, standins, suite
+from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.standins import Verification, verification
+from claude_bottle.verify.suite import attack
 from tests.bottle.conftest import bottle_runtime, leftovers
 
 pytestmark = pytest.mark.docker
 CLI = [sys.executable, "-m", "claude_bottle"]
 GROUPS = {"direct egress", "egress proxy", "API route", "credential discovery", "privilege and persistence",
-          persistence.GROUP, verify_module.INSPECTION}
+          persistence.GROUP, inspected.INSPECTION}
 
 
 def quiet(line: str) -> None:
@@ -144,13 +145,13 @@ def test_tunnels_the_gate_does_not_inspect_fail_verify(
     """Inspection taken away from the HTTPS stand-ins (their tunnels opaque, as with inspect = false): every
     attack inside TLS reaches them, and verify says so; the controls still pass."""
     def opaque() -> tuple[HostRules, ...]:
-        return tuple(HostRules(parse_pattern(f"{host}:{verify_module.TLS_PORT}"), inspect=False)
-                     for host in (verify_module.INSPECTED, verify_module.READ_ONLY))
+        return tuple(HostRules(parse_pattern(f"{host}:{standins.TLS_PORT}"), inspect=False)
+                     for host in (standins.INSPECTED, standins.READ_ONLY))
 
-    monkeypatch.setattr(verify_module, "inspected_rules", opaque)
+    monkeypatch.setattr(standins, "inspected_rules", opaque)
     with verification(AgentConfig(name="unseen"), quiet) as target:
-        outcomes = verify_module.inspection_attacks(target)
-    assert leaked(outcomes) == {a.attack for a in verify_module.INSPECTED_ATTACKS}
+        outcomes = inspected.inspection_attacks(target)
+    assert leaked(outcomes) == {a.attack for a in inspected.INSPECTED_ATTACKS}
     assert all("the stand-in got it" in o.actual for o in outcomes if not o.blocked)
     assert leftovers(client, "unseen") == []
 
@@ -158,7 +159,7 @@ def test_tunnels_the_gate_does_not_inspect_fail_verify(
 def test_a_dlp_rule_turned_off_fails_verify(client: docker.DockerClient, built_images: tuple[str, str]) -> None:
     agent = AgentConfig(name="undetected", dlp=DlpPolicy(disabled=frozenset({"github-token"})))
     with verification(agent, quiet) as target:
-        outcomes = verify_module.inspection_attacks(target)
+        outcomes = inspected.inspection_attacks(target)
     assert leaked(outcomes) == {"a GitHub token (ghp_...) in a request header inside TLS"}
     assert leftovers(client, "undetected") == []
 
@@ -202,7 +203,7 @@ def test_a_host_that_trusts_what_bottles_write_fails_verify(
 
     monkeypatch.setattr(bottle_module, "protective_mounts", following_symlinks)
     monkeypatch.setattr(bottle_module, "state_volume", per_agent)
-    monkeypatch.setattr(verify_module, "state_volume", per_agent)
+    monkeypatch.setattr(standins, "state_volume", per_agent)
     monkeypatch.setattr(bottle_module, "claude_state_mounts",
                         lambda volume: {volume: {"bind": f"{bottle_module.HOME}/.claude", "mode": "rw"}})
     monkeypatch.setattr(project_module, "PROJECT_FORBIDDEN", {})
@@ -212,7 +213,7 @@ def test_a_host_that_trusts_what_bottles_write_fails_verify(
     monkeypatch.setattr(records, "save", lambda *args, **kwargs: None)
     name = f"trusting-{secrets.token_hex(3)}"
     try:
-        outcomes = verify_module.verify(AgentConfig(name=name), quiet)
+        outcomes = suite.verify(AgentConfig(name=name), quiet)
     finally:
         with contextlib.suppress(docker.errors.APIError):
             client.volumes.get(per_agent(name, tmp_path)).remove(force=True)

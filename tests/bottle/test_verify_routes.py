@@ -10,10 +10,12 @@ import pytest
 from claude_bottle.agent.credential_config import CredentialConfig
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.gate.routes import Scheme
-from claude_bottle.probe import Outcome
 from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.runtime.bottle import Run, RunSpec
-from claude_bottle.verify import SENTINELS, attack, verification
+from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.sentinels import SENTINELS
+from claude_bottle.verify.standins import verification
+from claude_bottle.verify.suite import attack
 from tests.bottle.conftest import leftovers
 
 pytestmark = pytest.mark.docker

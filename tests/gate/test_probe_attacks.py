@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from claude_bottle import probe
 from claude_bottle.gate.resolver import StaticResolver
 from claude_bottle.stub import StubUpstream
+from claude_bottle.verify import probe
 from tests.conftest import GateFactory
 
 pytestmark = pytest.mark.asyncio

@@ -10,20 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from claude_bottle import probe
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
-from claude_bottle.probe import Outcome
-from claude_bottle.verify import (
-    BOTTLE_CHECKS,
-    FILE_SEARCH,
-    HostCanary,
-    Verification,
-    _judged_by_evidence,
-    as_json,
-    report,
-    resolvable_name,
-)
+from claude_bottle.verify import probe
+from claude_bottle.verify.checks import BOTTLE_CHECKS, FILE_SEARCH, judged_for_each
+from claude_bottle.verify.network import judged_by_evidence, resolvable_name
+from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.report import as_json, report
+from claude_bottle.verify.standins import HostCanary, Verification
 
 SECRET = "sk-ant-oat01-secret-value"
 
@@ -39,8 +33,6 @@ def test_a_credential_anywhere_in_the_output_is_a_leak() -> None:
 
 
 def test_every_held_value_is_searched_for() -> None:
-    from claude_bottle.verify import judged_for_each
-
     route_value = "tracker-value-0123456789abcdef"
     env = check("environment variables")
     assert judged_for_each(env, 0, f"T={route_value}\n", (SECRET, route_value)) == (
@@ -238,7 +230,7 @@ def test_a_provider_side_fetch_is_judged_by_what_the_upstream_received(
     target.credential = Credential.parse("sk-ant-oat01-" + "s" * 60, "t")
     target.stub = FakeStub(received)  # type: ignore[assignment]
     outcome = Outcome("API route", attack, "refused before the upstream", "HTTP/1.1 403 Forbidden", True)
-    judged = _judged_by_evidence(target, outcome)
+    judged = judged_by_evidence(target, outcome)
     assert judged.blocked is blocked and words in judged.actual
 
 
@@ -248,7 +240,7 @@ def test_the_credential_in_the_status_line_is_a_leak() -> None:
     outcome = Outcome("API route", "an upstream reflecting the credential (echo-reason)",
                       "the credential never comes back", "HTTP/1.1 200 OK", False,
                       f"HTTP/1.1 200 Bearer {target.credential.secret}\r\n\r\n")
-    assert _judged_by_evidence(target, outcome).blocked is False
-    safe = _judged_by_evidence(target, Outcome(outcome.group, outcome.attack, outcome.expected, outcome.actual,
+    assert judged_by_evidence(target, outcome).blocked is False
+    safe = judged_by_evidence(target, Outcome(outcome.group, outcome.attack, outcome.expected, outcome.actual,
                                                False, "HTTP/1.1 200 OK\r\n\r\n"))
     assert safe.blocked is True

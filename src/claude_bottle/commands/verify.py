@@ -12,10 +12,10 @@ def verify(agent: str | None, as_json: bool, runtime: str | None) -> int:
     else 0."""
     from pathlib import Path
 
-    from claude_bottle import verify as verification
     from claude_bottle.agent.load import load_agent
+    from claude_bottle.verify import report, suite
 
     config = with_runtime(load_agent(agent, Path.cwd()), runtime)
-    outcomes = verification.verify(config, progress)
-    click.echo(verification.as_json(config, outcomes) if as_json else verification.report(outcomes))
+    outcomes = suite.verify(config, progress)
+    click.echo(report.as_json(config, outcomes) if as_json else report.report(outcomes))
     return 1 if any(not o.blocked for o in outcomes) else 0

@@ -1,0 +1,11 @@
+"""``claude-bottle verify``: prove the isolation by attacking a bottle from inside.
+
+- ``suite``: the whole run (``verify``) and the attacks on one bottle (``attack``);
+- ``standins``: the stand-ins (a throwaway credential, a stub upstream, hosts outside the bottle, a scratch
+  workspace), the bottles started against them, and every call to the container engine;
+- ``checks``, ``inspected``, ``sentinels``, ``network``: the attacks by kind, with their judging;
+- ``probe``: the network attacks, run in the bottle's network namespace from the gate image;
+- ``report``: the table and the JSON.
+
+Nothing is imported here: the probe runs from this package in the gate image, which has no Docker SDK.
+"""

@@ -1,0 +1,132 @@
+"""``verify``'s attacks on the network: the probe (``claude_bottle.verify.probe``) in the bottle's network
+namespace, a name lookup in the bottle itself and the listener on the host; what the probe got back is judged
+here against what the stub upstream received."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import socket
+import threading
+import time
+
+from claude_bottle.gate.settings import Limits
+from claude_bottle.runtime.bottle import Run
+from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.standins import (
+    FRONT,
+    PRIVATE_NAME,
+    STUB_PORT,
+    Verification,
+    address,
+    in_bottle,
+    run_probe,
+    stub_requests,
+)
+
+PUBLIC_IPV4 = ("1.1.1.1", "8.8.8.8")
+PUBLIC_IPV6 = ("2606:4700:4700::1111",)
+# Names the bottle looks up without the gate: the first one this host resolves, so that an address in the bottle
+# proves a resolver there forwards what it does not know (a way out for any name the bottle makes up).
+LOOKUP_NAMES = ("api.anthropic.com", "registry.npmjs.org", "pypi.org", "deb.debian.org")
+LOOKUP_SECONDS = 5.0
+# Resolvers a bottle may try without being told of them: Docker's embedded one, and slirp4netns's (rootless
+# Podman's way out of its network namespace), whose address for the host, SLIRP_HOST, is the host's loopback
+# when allow_host_loopback is set.
+WELL_KNOWN_RESOLVERS = ("127.0.0.11", "10.0.2.3")
+SLIRP_HOST = "10.0.2.2"
+
+
+def resolvable_name(names: tuple[str, ...] = LOOKUP_NAMES, seconds: float = LOOKUP_SECONDS) -> tuple[str, bool]:
+    """The first of ``names`` that this host resolves (all looked up at once, for at most ``seconds``: a lookup
+    still hanging then is left to finish on its own) and True; else the first name and False."""
+    resolved: set[str] = set()
+
+    def look(name: str) -> None:
+        with contextlib.suppress(OSError):
+            socket.getaddrinfo(name, 443, type=socket.SOCK_STREAM)
+            resolved.add(name)
+
+    lookups = [threading.Thread(target=look, args=(name,), daemon=True) for name in names]
+    deadline = time.monotonic() + seconds
+    for lookup in lookups:
+        lookup.start()
+    for lookup in lookups:
+        lookup.join(max(0.0, deadline - time.monotonic()))
+    return next(((name, True) for name in names if name in resolved), (names[0], False))
+
+
+def bottle_nameservers(run: Run) -> list[str]:
+    """The nameservers in the bottle's /etc/resolv.conf."""
+    _, output = in_bottle(run, "cat /etc/resolv.conf")
+    return [fields[1] for fields in (line.split() for line in output.splitlines())
+            if len(fields) > 1 and fields[0] == "nameserver"]
+
+
+def lookup_in_bottle(run: Run, name: str) -> Outcome:
+    """``name`` looked up the way any program in the bottle would (its resolver, through the C library)."""
+    _, output = in_bottle(run, f"getent ahostsv4 {name}")
+    addresses = sorted({line.split()[0] for line in output.splitlines() if line.strip()})
+    actual = f"resolved to {', '.join(addresses[:3])}" if addresses else "no address"
+    return Outcome("direct egress", f"a lookup of {name} through the bottle's resolver", "no address", actual,
+                   not addresses)
+
+
+def network_attacks(target: Verification) -> list[Outcome]:
+    """The probe in a container sharing the bottle's network namespace, as the agent user, unprivileged; and a
+    name lookup in the bottle itself."""
+    run = target.run
+    name, resolves_here = resolvable_name()
+    targets = {
+        "gate": run.gate_ip, "api_port": 8080, "proxy_port": 3128,
+        "canary_ip": address(target.canary), "canary_port": STUB_PORT, "private_name": PRIVATE_NAME,
+        "api_host": f"stub:{STUB_PORT}", "unlisted_host": "exfiltrate.example", "attacker_key": target.attacker_key,
+        "host_port": target.host.port, "host_addresses": list(target.host_addresses),
+        "public_ipv4": list(PUBLIC_IPV4), "public_ipv6": list(PUBLIC_IPV6),
+        "front_host": FRONT, "front_port": STUB_PORT,
+        "header_timeout": Limits().header_timeout, "max_connections": Limits().max_connections,
+        "dns_name": name, "resolvers": [*bottle_nameservers(run), *WELL_KNOWN_RESOLVERS],
+        "host_loopback": [SLIRP_HOST],
+    }
+    output = run_probe(target, targets)
+    outcomes = [Outcome(**json.loads(line)) for line in output.splitlines() if line.startswith("{")]
+    outcomes.append(lookup_in_bottle(run, name))
+    if not resolves_here:  # nothing resolved, but nothing would have: say so
+        outcomes = [dataclasses.replace(o, actual=f"{o.actual} ({name} does not resolve on this host either)")
+                    if o.blocked and o.expected in ("no address", "no address comes back") else o for o in outcomes]
+    return [judged_by_evidence(target, o) for o in outcomes] + [host_arrivals(target)]
+
+
+def judged_by_evidence(target: Verification, outcome: Outcome) -> Outcome:
+    """What came back from the gate is the proof: the credential must never be in it, the attacker's key
+    must never reach the upstream, which must get the real credential instead, and a request asking the
+    provider to reach out for the bottle must never reach the upstream."""
+    secret = target.credential.secret
+    if secret in outcome.evidence:
+        return dataclasses.replace(outcome, actual="the credential came back", blocked=False)
+    if outcome.expected == "the credential never comes back":
+        return dataclasses.replace(outcome, actual=f"not in the answer: {outcome.actual}", blocked=True)
+    if outcome.expected == "refused before the upstream":
+        forbidden = outcome.attack.rsplit(" ", 1)[-1]  # the field or server-tool type the attack adds
+        got = [r for r in stub_requests(target) if forbidden in r.get("fields", []) + r.get("tool_types", [])]
+        if got:
+            return dataclasses.replace(outcome, actual=f"the upstream got {forbidden}", blocked=False)
+        return dataclasses.replace(outcome, blocked=True, actual=f"the upstream never got it: {outcome.actual}")
+    if outcome.expected == "stripped before the upstream":
+        seen = stub_requests(target)
+        attacker = [r for r in seen if target.attacker_key in json.dumps(r["headers"])]
+        injected = [r for r in seen if f"Bearer {secret}" in json.dumps(r["headers"])]
+        if attacker:
+            return dataclasses.replace(outcome, actual="the upstream got the attacker's key", blocked=False)
+        return dataclasses.replace(outcome, blocked=bool(injected),
+                                   actual="upstream got the real credential only" if injected else
+                                   f"the upstream got no credential ({outcome.actual})")
+    return outcome
+
+
+def host_arrivals(target: Verification) -> Outcome:
+    arrived = target.host.arrivals()
+    return Outcome("direct egress", f"anything at a listener on the Docker host (port {target.host.port})",
+                   "nothing arrives", ", ".join(arrived[:3]) if arrived else "nothing arrived", not arrived)
+

@@ -1,0 +1,338 @@
+"""The stand-ins of ``claude-bottle verify`` and the bottles started against them.
+
+The bottle is the agent's own (its allowlist, mounts, limits and images) with three stand-ins: a throwaway
+credential, a stub Messages API as the upstream, and a scratch workspace. A second stub plays a host outside
+the bottle, on a private address: the gate could reach it, the bottle must not; HTTPS stand-ins the gate
+inspects, and a listener on the host, complete them. This is the one module of ``verify`` that speaks to the
+container engine: the attacks reach the bottle, the stand-ins and the probe through the functions here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import secrets
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+
+from claude_bottle.agent.schema import AgentConfig
+from claude_bottle.credentials import Credential
+from claude_bottle.errors import DockerError, GateError
+from claude_bottle.gate.ca import RunCA
+from claude_bottle.gate.routes import CredentialRoute, new_sentinel
+from claude_bottle.gate.settings import parse_upstream
+from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
+from claude_bottle.persistence import make_repository, share
+from claude_bottle.policy.addresses import parse_network
+from claude_bottle.policy.hosts import Allowlist, parse_pattern
+from claude_bottle.policy.rules import HostRules, make_host_rules
+from claude_bottle.runtime import engine
+from claude_bottle.runtime.bottle import (
+    AGENT_LABEL,
+    LABEL,
+    RUN_LABEL,
+    Run,
+    create_container,
+    network_gateways,
+    remove_run,
+    state_volume,
+)
+
+STUB_PORT = 8000
+PRIVATE_NAME = f"canary:{STUB_PORT}"  # allowlisted on purpose: the name resolves to a private address
+FRONT = "front"  # an allowed host the bottle may reach (its address too), to attack what tunnels carry
+# HTTPS stand-ins the gate inspects: one open to any request (DLP alone judges what it carries), one under
+# the read-only rules of the -read presets. Their CA is verify's own, trusted by the gate toward them only.
+INSPECTED, READ_ONLY = "inspected", "registry"
+TLS_PORT = 8443
+PROBE_SECONDS = 120
+# The host-side name of the stand-ins' bridge: unlike a bottle's (runtime/bottle.py BRIDGE_PREFIX), the host
+# serves the gate there (Podman's resolver answers on the bridge's address).
+STAND_IN_BRIDGE = "stand-"
+
+
+class HostCanary:
+    """A TCP and a UDP socket on every address of the Docker host: anything arriving came from a bottle that
+    reached the host. Nothing is read or answered; pending connections and datagrams are only counted."""
+
+    def __init__(self) -> None:
+        for _ in range(20):
+            self.tcp = socket.create_server(("0.0.0.0", 0))
+            self.port = self.tcp.getsockname()[1]
+            self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                self.udp.bind(("0.0.0.0", self.port))
+                break
+            except OSError:
+                self.close()
+        else:
+            raise DockerError("cannot open a listening port on this host for the host-reachability check")
+        self.tcp.setblocking(False)
+        self.udp.setblocking(False)
+
+    def arrivals(self) -> list[str]:
+        seen = []
+        for sock in (self.tcp, self.udp):
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    if sock is self.tcp:
+                        conn, peer = sock.accept()
+                        conn.close()
+                        seen.append(f"TCP from {peer[0]}")
+                    else:
+                        seen.append(f"UDP from {sock.recvfrom(2048)[1][0]}")
+        return seen
+
+    def close(self) -> None:
+        self.tcp.close()
+        self.udp.close()
+
+
+@dataclass
+class Verification:
+    """A started bottle under test and what the attacks need to know about it."""
+
+    run: Run
+    credential: Credential
+    stub: Container  # the stub Messages API, the gate's upstream
+    canary: Container  # a host outside the bottle that the gate could reach
+    gate_image: str
+    host: HostCanary
+    host_addresses: tuple[str, ...]
+    https: dict[str, Container]  # the HTTPS stand-ins the gate inspects, by name
+    attacker_key: str = dataclasses.field(default_factory=lambda: "sk-ant-api03-attacker-" + secrets.token_hex(16))
+
+
+def throwaway_credential() -> Credential:
+    return Credential.parse("sk-ant-oat01-verify-" + secrets.token_urlsafe(48), "the throwaway credential")
+
+
+def scratch_workspace(root: str) -> Path:
+    """A project with a repository in it: a real one where git is installed, so that what a bottle plants for
+    the host's git is judged by the host's git."""
+    workspace = Path(root) / "workspace"
+    workspace.mkdir()
+    if not make_repository(workspace, Path(root)):
+        (workspace / ".git" / "hooks").mkdir(parents=True)
+        (workspace / ".git" / "config").write_text("[core]\n")
+    share(workspace)
+    return workspace
+
+
+def _wait_for_log(container: Container, line: str, what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while line not in (logs := container.logs().decode("utf-8", "replace")):
+        container.reload()
+        if container.status in ("exited", "dead") or time.monotonic() > deadline:
+            raise GateError(f"{what} did not start: {logs.strip()[-300:] or 'no output'}")
+        time.sleep(0.1)
+
+
+def stub_container(client: docker.DockerClient, image: str, network: str, alias: str, name: str,
+                   labels: dict[str, str], tls: Path | None = None) -> Container:
+    """A stub Messages API from the gate image, known on ``network`` as ``alias``, logging each request; with
+    ``tls`` (a PEM file of a chain and key, mounted read-only), on HTTPS port ``TLS_PORT``."""
+    port, served = (STUB_PORT, []) if tls is None else (TLS_PORT, ["--tls", "/opt/stub/tls.pem"])
+    container = client.containers.create(
+        image, entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle", "stub-upstream", "--listen",
+                           f"{alias}:{port}", "--log", *served],
+        name=name, labels=labels, network=network,
+        networking_config={network: client.api.create_endpoint_config(aliases=[alias])},
+        volumes={str(tls): {"bind": "/opt/stub/tls.pem", "mode": "ro"}} if tls else None,
+        cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True)
+    container.start()
+    _wait_for_log(container, "stub upstream on", f"the {alias} container")
+    return container
+
+
+def _gateways(client: docker.DockerClient, names: list[str]) -> tuple[str, ...]:
+    found = []
+    for name in names:
+        with contextlib.suppress(docker.errors.NotFound):
+            found += network_gateways(client.networks.get(name))
+    return tuple(dict.fromkeys(found))
+
+
+@dataclass
+class StandIns:
+    """What every bottle of a verify run is started against: the throwaway credential, the stub upstream and a
+    host outside the bottle (and an allowed front host) on a network only gates join, and the host canary."""
+
+    client: docker.DockerClient
+    agent: AgentConfig  # the agent under test, with the stand-ins allowed
+    credential: Credential
+    stub: Container
+    canary: Container
+    gate_image: str
+    outside: str  # the network of the stand-ins
+    host: HostCanary
+    progress: Progress
+    https: dict[str, Container]  # the HTTPS stand-ins by name (INSPECTED, READ_ONLY)
+    https_ca: Path  # their CA, trusted by the gate toward them
+    workspaces: list[Path] = dataclasses.field(default_factory=list)  # scratch projects bottles were started on
+
+
+@contextlib.contextmanager
+def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | None = None) -> Iterator[StandIns]:
+    """The stand-ins, removed on the way out (Ctrl-C included), with every bottle started against them."""
+    credential = credential or throwaway_credential()
+    verify_hex = secrets.token_hex(4)
+    verify_id = f"verify-{verify_hex}"
+    labels = {LABEL: "1", RUN_LABEL: verify_id, AGENT_LABEL: agent.name}
+    workspaces: list[Path] = []
+    with on_stop_signals(interrupt), tempfile.TemporaryDirectory(prefix="claude-bottle-verify-tls-") as tls:
+        client = engine.connect()
+        host = HostCanary()
+        try:
+            _, gate_image = build_images(client, agent, progress)
+            progress("starting the stub upstream and a host outside the bottle")
+            outside = client.networks.create(f"claude-bottle-{verify_id}-outside", driver="bridge", internal=True,
+                                             options={"com.docker.network.bridge.name": STAND_IN_BRIDGE + verify_hex},
+                                             labels=labels)
+            stub, canary, front = (stub_container(client, gate_image, outside.name, alias,
+                                                  f"claude-bottle-{verify_id}-{alias}", labels)
+                                   for alias in ("stub", "canary", FRONT))
+            # The stand-ins speak plain HTTP, and these attacks are on what an opaque tunnel carries: tunnels to
+            # them stay opaque (still under the first-flight check), else the gate's own TLS to them would fail
+            # before any attack reached them.
+            opaque = tuple(HostRules(parse_pattern(p), inspect=False) for p in (PRIVATE_NAME, f"{FRONT}:{STUB_PORT}",
+                                                                               FRONT))
+            ca, files = _https_files(Path(tls))
+            https = {name: stub_container(client, gate_image, outside.name, name, f"claude-bottle-{verify_id}-{name}",
+                                          labels, files[name]) for name in (INSPECTED, READ_ONLY)}
+            tested = dataclasses.replace(
+                agent, allow=Allowlist((*agent.allow.patterns, *(parse_pattern(p) for p in (
+                    PRIVATE_NAME, f"{FRONT}:{STUB_PORT}", FRONT, f"{INSPECTED}:{TLS_PORT}")))),
+                egress=dataclasses.replace(agent.egress, hosts=(*agent.egress.hosts, *opaque, *inspected_rules())),
+                allow_private=(*agent.allow_private,
+                               *(parse_network(f"{address(c)}/32") for c in (front, *https.values()))))
+            yield StandIns(client, tested, credential, stub, canary, gate_image, outside.name, host, progress, https,
+                           ca, workspaces)
+        except docker.errors.APIError as exc:
+            raise DockerError(f"verify: {exc.explanation or exc}") from None
+        finally:
+            with on_stop_signals(lambda signum, frame: None):
+                remove_run(client, verify_id)
+                for workspace in workspaces:  # the scratch projects' Claude state: of no later use
+                    with contextlib.suppress(docker.errors.APIError):
+                        client.volumes.get(state_volume(agent.name, workspace)).remove(force=True)
+            host.close()
+
+
+def inspected_rules() -> tuple[HostRules, ...]:
+    """The ``[[egress]]`` entries of the HTTPS stand-ins: the read-only one under the rules of the -read
+    presets (GET and HEAD only); the open one needs none (it is in the allowlist, so inspected)."""
+    return (make_host_rules(f"{READ_ONLY}:{TLS_PORT}", allow=["GET /**", "HEAD /**"]),)
+
+
+def _https_files(folder: Path) -> tuple[Path, dict[str, Path]]:
+    """A CA for the HTTPS stand-ins' names only, and a leaf for each: (the CA's certificate, the leaves
+    with their keys), as files in ``folder`` (readable by the stand-ins' and the gate's users)."""
+    ca = RunCA.generate(Allowlist.parse([INSPECTED, READ_ONLY]).patterns)
+    files = {"ca": ca.certificate_pem, **{name: ca.issue(name) for name in (INSPECTED, READ_ONLY)}}
+    paths = {}
+    for name, data in files.items():
+        paths[name] = folder / f"{name}.pem"
+        paths[name].write_bytes(data)
+        paths[name].chmod(0o644)
+    return paths.pop("ca"), paths
+
+
+@contextlib.contextmanager
+def bottle_on(env: StandIns, workspace: Path) -> Iterator[Verification]:
+    """A sleeping bottle of the agent on ``workspace``, started the way ``start`` would, against the stand-ins;
+    the run is removed on the way out (its Claude state stays until the stand-ins go, for later bottles)."""
+    env.workspaces.append(workspace)
+    # The agent's credential routes get throwaway values too: verify never reads the user's.
+    routes = tuple(CredentialRoute(c.spec(new_sentinel(c.name)), "verify-" + secrets.token_urlsafe(24))
+                   for c in env.agent.credentials)
+    launch = Launch(env.agent, workspace, env.credential, parse_upstream(f"http://stub:{STUB_PORT}"), (env.outside,),
+                    upstream_ca_files=(env.https_ca,), routes=routes)
+    # The run's review of protected files is verify's own business (the persistence group judges it).
+    with started(launch, env.progress, review=lambda report: None) as run:
+        assert run.internal is not None and run.egress is not None
+        run.start_bottle(["sleep", "infinity"])
+        yield Verification(run, env.credential, env.stub, env.canary, env.gate_image, env.host,
+                           _gateways(env.client, ["bridge", run.internal.name, run.egress.name, env.outside]),
+                           env.https)
+
+
+@contextlib.contextmanager
+def verification(agent: AgentConfig, progress: Progress,
+                 credential: Credential | None = None) -> Iterator[Verification]:
+    """The agent's bottle on a scratch workspace, started against the stand-ins; everything is removed on the
+    way out, Ctrl-C included."""
+    with tempfile.TemporaryDirectory(prefix="claude-bottle-verify-") as scratch, \
+            stand_ins(agent, progress, credential) as env, bottle_on(env, scratch_workspace(scratch)) as target:
+        yield target
+
+
+def in_bottle(run: Run, script: str, stdin: str | None = None) -> tuple[int, str]:
+    """``script`` in bash in the bottle, as the agent user (the bottle's own); ``stdin`` goes in as a
+    here-document (a pipe, never a file or argv)."""
+    bottle = run.bottle
+    assert bottle is not None
+    if stdin is not None:
+        script = f"{script} <<'__CLAUDE_BOTTLE_END__'\n{stdin}\n__CLAUDE_BOTTLE_END__"
+    code, output = bottle.exec_run(["bash", "-c", script])
+    return code, output.decode("utf-8", "replace")
+
+
+def address(container: Container) -> str:
+    """``container``'s address on its (first) network."""
+    container.reload()
+    return str(next(iter(container.attrs["NetworkSettings"]["Networks"].values()))["IPAddress"])
+
+
+def requests_logged(container: Container) -> list[dict[str, Any]]:
+    """The requests a stand-in logged, one JSON object each (its target, headers and what it noticed)."""
+    lines = container.logs(stdout=True, stderr=False).decode("utf-8", "replace").splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def stub_requests(target: Verification) -> list[dict[str, Any]]:
+    """The requests the stub upstream logged."""
+    return requests_logged(target.stub)
+
+
+def engine_view(run: Run) -> str:
+    """What the engine shows the host of the bottle and the gate (``docker inspect``), as text."""
+    shown = ""
+    for container in (run.bottle, run.gate):
+        assert container is not None
+        container.reload()
+        shown += json.dumps(container.attrs)
+    return shown
+
+
+def run_probe(target: Verification, targets: dict[str, Any]) -> str:
+    """The probe (``claude_bottle.verify.probe``) run on ``targets`` in a container sharing the bottle's network
+    namespace, as the agent user, unprivileged: what it printed, one JSON outcome a line."""
+    run = target.run
+    assert run.bottle is not None and run.gate is not None
+    probe = create_container(
+        run.client, target.gate_image, f"container:{run.bottle.id}" if run.spec.userns else "",
+        entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle.verify.probe", json.dumps(targets)],
+        name=f"claude-bottle-{run.id}-probe", labels=run.labels, network_mode=f"container:{run.bottle.id}",
+        user=run.spec.user, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+        read_only=True)
+    try:
+        probe.start()
+        status = probe.wait(timeout=PROBE_SECONDS)
+        output: str = probe.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        if status.get("StatusCode"):
+            raise GateError(f"the network probe failed: {probe.logs(stdout=False, stderr=True).decode()[-500:]}")
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            probe.remove(force=True)
+    return output

@@ -1,0 +1,52 @@
+"""``claude-bottle verify``: start an agent's bottle against the stand-ins, attack it from inside, and judge
+what it left behind for later bottles and for the host. Nothing here needs an Anthropic account or spends a
+token."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from claude_bottle.agent.schema import AgentConfig
+from claude_bottle.launch import Progress
+from claude_bottle.persistence import Plants
+from claude_bottle.verify.checks import bottle_attacks, inspect_outcome
+from claude_bottle.verify.inspected import inspection_attacks
+from claude_bottle.verify.network import network_attacks
+from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.sentinels import sentinel_attacks
+from claude_bottle.verify.standins import Verification, bottle_on, in_bottle, scratch_workspace, stand_ins
+
+
+def attack(target: Verification) -> list[Outcome]:
+    """Every attack on one bottle; those that carry the credential into it (in a pipe) after the file search."""
+    return [*network_attacks(target), *bottle_attacks(target), *sentinel_attacks(target),
+            *inspection_attacks(target), inspect_outcome(target)]
+
+
+def verify(agent: AgentConfig, progress: Progress) -> list[Outcome]:
+    """Every attack on one bottle of the agent, then the persistence group: what that bottle planted, judged
+    on the host once it is gone, and in two later bottles (another project's, and the same project's)."""
+    with tempfile.TemporaryDirectory(prefix="claude-bottle-verify-") as scratch, \
+            stand_ins(agent, progress) as env:
+        plants = Plants(Path(scratch), scratch_workspace(scratch))
+        try:
+            with bottle_on(env, plants.workspace) as target:
+                progress(f"attacking the bottle of agent {agent.name}")
+                outcomes = attack(target)
+                progress("planting what a hijacked agent would leave for later")
+                in_bottle(target.run, plants.first_script())
+                first = target.run.id
+            outcomes += plants.after_first(first, env.credential.secret)
+            plants.forget()  # as the user would, once they had reviewed the changes
+            progress("the next bottle of the same project")
+            with bottle_on(env, plants.workspace) as again:
+                output = in_bottle(again.run, plants.next_script())[1]
+            outcomes += plants.after_next(output)
+            progress("a bottle of the same agent on another project")
+            with bottle_on(env, plants.other) as other:
+                output = in_bottle(other.run, plants.other_script())[1]
+            outcomes += plants.after_other(output)
+        finally:
+            plants.forget()
+        return outcomes
