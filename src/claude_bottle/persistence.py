@@ -31,7 +31,7 @@ from claude_bottle import records, trust
 from claude_bottle.agent.load import load_agent
 from claude_bottle.agent.project import read_project_file
 from claude_bottle.errors import ConfigError
-from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.attack import Outcome
 
 GROUP = "persistence across runs"
 Shell = Callable[[str], tuple[int, str]]  # a script run in a bottle as the agent user: (exit code, output)

@@ -26,7 +26,7 @@ from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules
 from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.verify import inspected, standins, suite
-from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.attack import Outcome
 from claude_bottle.verify.standins import Verification, verification
 from claude_bottle.verify.suite import attack
 from tests.bottle.conftest import bottle_runtime, leftovers
@@ -151,7 +151,7 @@ def test_tunnels_the_gate_does_not_inspect_fail_verify(
     monkeypatch.setattr(standins, "inspected_rules", opaque)
     with verification(AgentConfig(name="unseen"), quiet) as target:
         outcomes = inspected.inspection_attacks(target)
-    assert leaked(outcomes) == {a.attack for a in inspected.INSPECTED_ATTACKS}
+    assert leaked(outcomes) == {a.name for a in inspected.INSPECTED_ATTACKS}
     assert all("the stand-in got it" in o.actual for o in outcomes if not o.blocked)
     assert leftovers(client, "unseen") == []
 

@@ -12,7 +12,7 @@ from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.gate.routes import Scheme
 from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.runtime.bottle import Run, RunSpec
-from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.attack import Outcome
 from claude_bottle.verify.sentinels import SENTINELS
 from claude_bottle.verify.standins import verification
 from claude_bottle.verify.suite import attack

@@ -13,9 +13,10 @@ import pytest
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.verify import probe
+from claude_bottle.verify.attack import Outcome
 from claude_bottle.verify.checks import BOTTLE_CHECKS, FILE_SEARCH, judged_for_each
+from claude_bottle.verify.inspected import CONTROLS, INSPECTED_ATTACKS, Inspecting, Sent
 from claude_bottle.verify.network import judged_by_evidence, resolvable_name
-from claude_bottle.verify.probe import Outcome
 from claude_bottle.verify.report import as_json, report
 from claude_bottle.verify.standins import HostCanary, Verification
 
@@ -23,11 +24,11 @@ SECRET = "sk-ant-oat01-secret-value"
 
 
 def check(attack: str):  # type: ignore[no-untyped-def]
-    return next(c for c in (*BOTTLE_CHECKS, FILE_SEARCH) if c.attack == attack)
+    return next(c for c in (*BOTTLE_CHECKS, FILE_SEARCH) if c.name == attack)
 
 
 def test_a_credential_anywhere_in_the_output_is_a_leak() -> None:
-    judge = check("environment variables").judge
+    judge = check("environment variables").judge_value
     assert judge(0, f"HOME=/home/agent\nX={SECRET}\n", SECRET) == ("the credential is in the environment", False)
     assert judge(0, "HOME=/home/agent\n", SECRET) == ("not in the environment", True)
 
@@ -42,29 +43,29 @@ def test_every_held_value_is_searched_for() -> None:
 
 def test_status_fields_must_have_the_safe_value() -> None:
     status = "Name:\tbash\nCapEff:\t0000000000000000\nCapBnd:\t000001ffffffffff\nNoNewPrivs:\t0\n"
-    assert check("effective capabilities").judge(0, status, SECRET) == ("CapEff 0000000000000000", True)
-    assert check("bounding capabilities").judge(0, status, SECRET) == ("CapBnd 000001ffffffffff", False)
+    assert check("effective capabilities").judge_value(0, status, SECRET) == ("CapEff 0000000000000000", True)
+    assert check("bounding capabilities").judge_value(0, status, SECRET) == ("CapBnd 000001ffffffffff", False)
     setpriv = "uid: 1000\nno_new_privs: {}\nInheritable capabilities: [none]\n"
-    assert check("no-new-privileges").judge(0, setpriv.format(0), SECRET) == ("no_new_privs 0", False)
-    assert check("no-new-privileges").judge(0, setpriv.format(1), SECRET) == ("no_new_privs 1", True)
-    assert check("no-new-privileges").judge(0, "", SECRET) == ("no_new_privs missing", False)
+    assert check("no-new-privileges").judge_value(0, setpriv.format(0), SECRET) == ("no_new_privs 0", False)
+    assert check("no-new-privileges").judge_value(0, setpriv.format(1), SECRET) == ("no_new_privs 1", True)
+    assert check("no-new-privileges").judge_value(0, "", SECRET) == ("no_new_privs missing", False)
 
 
 def test_anything_found_is_a_leak_and_nothing_found_is_not() -> None:
-    search = check("a search of the whole file system and home directory").judge
+    search = check("a search of the whole file system and home directory").judge_value
     assert search(1, "", SECRET) == ("not found", True)
     assert search(0, "/home/agent/.bash_history\n", SECRET) == ("found in: /home/agent/.bash_history", False)
-    assert check("setuid and setgid programs").judge(0, "/usr/bin/su\n", SECRET)[1] is False
+    assert check("setuid and setgid programs").judge_value(0, "/usr/bin/su\n", SECRET)[1] is False
 
 
 def test_a_write_that_works_is_a_leak() -> None:
-    hook = check("write a hook into the workspace's .git/hooks").judge
+    hook = check("write a hook into the workspace's .git/hooks").judge_value
     assert hook(0, "", SECRET) == ("it worked", False)
     assert hook(1, "bash: line 1: /workspace/.git/hooks/pre-commit: Read-only file system\n", SECRET)[1] is True
 
 
 def test_the_gate_must_not_show_in_the_process_list() -> None:
-    judge = check("the process list").judge
+    judge = check("the process list").judge_value
     assert judge(0, "PID USER ARGS\n1 agent sleep infinity\n", SECRET) == ("1 processes, none of the gate's", True)
     shown = judge(0, "PID USER ARGS\n7 10001 python -m claude_bottle gate --token-file -\n", SECRET)
     assert shown[1] is False and "claude_bottle gate" in shown[0]
@@ -199,8 +200,8 @@ def test_the_suite_covers_every_group() -> None:
                "header_timeout": 30, "max_connections": 512, "dns_name": "pypi.org", "resolvers": ["10.0.0.2"],
                "host_loopback": ["10.0.2.2"]}
     suite = probe.attacks(targets)
-    assert {group for group, *_ in suite} == {"direct egress", "egress proxy", "API route"}
-    assert len({name for _, name, *_ in suite}) == len(suite), "attack names are unique"
+    assert {a.group for a in suite} == {"direct egress", "egress proxy", "API route"}
+    assert len({a.name for a in suite}) == len(suite), "attack names are unique"
 
 
 class FakeStub:
@@ -244,3 +245,31 @@ def test_the_credential_in_the_status_line_is_a_leak() -> None:
     safe = judged_by_evidence(target, Outcome(outcome.group, outcome.attack, outcome.expected, outcome.actual,
                                                False, "HTTP/1.1 200 OK\r\n\r\n"))
     assert safe.blocked is True
+
+
+def test_an_attack_inside_tls_must_be_refused_with_its_status_and_a_reason() -> None:
+    target = Inspecting(Verification.__new__(Verification))
+    dlp = INSPECTED_ATTACKS[0]
+    assert dlp.judged(dlp.judge(target, Sent(403, "held-secret", False, "s3cret"))) == Outcome(
+        "inspected https", dlp.name, "refused (DLP)", "HTTP 403 (held-secret)", True)
+    assert dlp.judge(target, Sent(404, "", False, "s3cret")) == ("HTTP 404", False)
+    assert dlp.judge(target, Sent(403, "held-secret", True, "s3cret")) == ("the stand-in got it (HTTP 403 "
+                                                                          "(held-secret))", False)
+    assert dlp.judge(target, Sent(403, "quoted s3cret", False, "s3cret")) == ("the refusal quotes the secret", False)
+
+
+def test_a_refusal_proves_nothing_when_the_controls_did_not_arrive() -> None:
+    control = CONTROLS[0]
+    assert control.judge(Inspecting(Verification.__new__(Verification)), Sent(404, "", True, "")) == (
+        "answered 404", True)
+    assert control.judge(Inspecting(Verification.__new__(Verification)), Sent(None, "timed out", False, ""))[1] is False
+    unproven = Inspecting(Verification.__new__(Verification), controls_arrived=False)
+    assert INSPECTED_ATTACKS[0].judge(unproven, Sent(403, "held-secret", False, "s3cret")) == (
+        "inconclusive: the control did not arrive either (HTTP 403 (held-secret))", False)
+
+
+def test_a_probe_attack_reports_what_its_oracle_said() -> None:
+    sent = probe.Probe("direct egress", "TCP somewhere", "no packet gets there", lambda: ("timed out", True, "raw"))
+    assert probe.run_one(sent) == Outcome("direct egress", "TCP somewhere", "no packet gets there", "timed out",
+                                          True, "raw")
+    assert probe.Probe("g", "a", "e", lambda: ("connected", False)).outcome(None).evidence == ""

@@ -1,9 +1,10 @@
 """``claude-bottle verify``: prove the isolation by attacking a bottle from inside.
 
+- ``attack``: the one shape of an attack (its name, how it runs, how it is judged) and its ``Outcome``;
 - ``suite``: the whole run (``verify``) and the attacks on one bottle (``attack``);
 - ``standins``: the stand-ins (a throwaway credential, a stub upstream, hosts outside the bottle, a scratch
   workspace), the bottles started against them, and every call to the container engine;
-- ``checks``, ``inspected``, ``sentinels``, ``network``: the attacks by kind, with their judging;
+- ``checks``, ``inspected``, ``sentinels``, ``network``: the attacks by kind;
 - ``probe``: the network attacks, run in the bottle's network namespace from the gate image;
 - ``report``: the table and the JSON.
 

@@ -7,26 +7,48 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.attack import Attack, Outcome, Verdict
 from claude_bottle.verify.standins import Verification, engine_view, in_bottle
+
+ValueJudge = Callable[[int, str, str], tuple[str, bool]]  # (exit code, output, a held value) -> (actual, blocked)
+
+
+def held_values(target: Verification) -> tuple[str, ...]:
+    """What the bottle must never find: the throwaway credential and each credential route's value."""
+    return (target.credential.secret, *(route.secret for route in target.run.spec.routes))
 
 
 @dataclass(frozen=True)
-class Check:
-    group: str
-    attack: str
-    expected: str
+class Check(Attack[Verification, tuple[int, str]]):
+    """``script`` run with bash in the bottle, as the agent user: its exit code and output, judged by
+    ``judge_value`` for each value the bottle must never find. With ``needle``, those values go in on the
+    script's standard input (a pipe, never a file or argv)."""
+
     script: str
-    judge: Callable[[int, str, str], tuple[str, bool]]  # (exit code, output, secret) -> (actual, blocked)
+    judge_value: ValueJudge
+    needle: bool = False
+
+    def run(self, target: Verification) -> tuple[int, str]:
+        return in_bottle(target.run, self.script, "\n".join(held_values(target)) if self.needle else None)
+
+    def judge(self, target: Verification, result: tuple[int, str]) -> Verdict:
+        code, output = result
+        return judged_for_each(self, code, output, held_values(target))
 
 
-def _no_secret(what: str) -> Callable[[int, str, str], tuple[str, bool]]:
+def judged_for_each(check: Check, code: int, output: str, values: tuple[str, ...]) -> tuple[str, bool]:
+    """``check``'s verdict for every value: blocked only if blocked for each; the first leak otherwise."""
+    verdicts = [check.judge_value(code, output, value) for value in values]
+    return next((v for v in verdicts if not v[1]), verdicts[0])
+
+
+def _no_secret(what: str) -> ValueJudge:
     def judge(code: int, output: str, secret: str) -> tuple[str, bool]:
         return (f"the credential is in {what}", False) if secret in output else (f"not in {what}", True)
     return judge
 
 
-def _nothing(found: str, none: str) -> Callable[[int, str, str], tuple[str, bool]]:
+def _nothing(found: str, none: str) -> ValueJudge:
     """Blocked when the output is empty; else ``found`` and the first few items."""
     def judge(code: int, output: str, secret: str) -> tuple[str, bool]:
         items = output.split()
@@ -40,7 +62,7 @@ def _fails(code: int, output: str, secret: str) -> tuple[str, bool]:
     return (output.strip().splitlines()[-1:] or ["failed"])[0][-80:], True
 
 
-def _status_field(name: str, wanted: str) -> Callable[[int, str, str], tuple[str, bool]]:
+def _status_field(name: str, wanted: str) -> ValueJudge:
     def judge(code: int, output: str, secret: str) -> tuple[str, bool]:
         values = dict(line.split(":", 1) for line in output.splitlines() if ":" in line)
         value = values.get(name, "missing").strip()
@@ -86,32 +108,26 @@ BOTTLE_CHECKS = (
 # holds it. Exit 1 means nothing was found; 2 means some files were unreadable, which is fine.
 FILE_SEARCH = Check(CREDENTIAL, "a search of the whole file system and home directory", "not found",
                     "grep -rlsF -D skip -f /dev/stdin / --exclude-dir=proc --exclude-dir=sys",
-                    _nothing("found in", "not found"))
+                    _nothing("found in", "not found"), needle=True)
 
-
-def held_values(target: Verification) -> tuple[str, ...]:
-    """What the bottle must never find: the throwaway credential and each credential route's value."""
-    return (target.credential.secret, *(route.secret for route in target.run.spec.routes))
-
-
-def judged_for_each(check: Check, code: int, output: str, values: tuple[str, ...]) -> tuple[str, bool]:
-    """``check``'s verdict for every value: blocked only if blocked for each; the first leak otherwise."""
-    verdicts = [check.judge(code, output, value) for value in values]
-    return next((v for v in verdicts if not v[1]), verdicts[0])
 
 
 def bottle_attacks(target: Verification) -> list[Outcome]:
-    outcomes = []
-    values = held_values(target)
-    for check in (*BOTTLE_CHECKS, FILE_SEARCH):
-        code, output = in_bottle(target.run, check.script, "\n".join(values) if check is FILE_SEARCH else None)
-        actual, blocked = judged_for_each(check, code, output, values)
-        outcomes.append(Outcome(check.group, check.attack, check.expected, actual, blocked))
-    return outcomes
+    """Every check in the bottle, the file search last."""
+    return [check.outcome(target) for check in (*BOTTLE_CHECKS, FILE_SEARCH)]
 
 
-def inspect_outcome(target: Verification) -> Outcome:
-    """Seen from the host: what `docker inspect` shows of the bottle and the gate."""
-    found = any(value in engine_view(target.run) for value in held_values(target))
-    return Outcome(CREDENTIAL, "docker inspect of the bottle and the gate (from the host)", "no credential",
-                   "the credential is shown" if found else "not shown", not found)
+@dataclass(frozen=True)
+class EngineView(Attack[Verification, str]):
+    """Seen from the host: what the engine shows of the bottle and the gate (``docker inspect``) must hold
+    none of the values the bottle must never find."""
+
+    def run(self, target: Verification) -> str:
+        return engine_view(target.run)
+
+    def judge(self, target: Verification, result: str) -> Verdict:
+        found = any(value in result for value in held_values(target))
+        return "the credential is shown" if found else "not shown", not found
+
+
+ENGINE_VIEW = EngineView(CREDENTIAL, "docker inspect of the bottle and the gate (from the host)", "no credential")

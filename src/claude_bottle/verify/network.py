@@ -10,10 +10,11 @@ import json
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 from claude_bottle.gate.settings import Limits
 from claude_bottle.runtime.bottle import Run
-from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.attack import Attack, Outcome, Verdict
 from claude_bottle.verify.standins import (
     FRONT,
     PRIVATE_NAME,
@@ -64,13 +65,39 @@ def bottle_nameservers(run: Run) -> list[str]:
             if len(fields) > 1 and fields[0] == "nameserver"]
 
 
-def lookup_in_bottle(run: Run, name: str) -> Outcome:
-    """``name`` looked up the way any program in the bottle would (its resolver, through the C library)."""
-    _, output = in_bottle(run, f"getent ahostsv4 {name}")
-    addresses = sorted({line.split()[0] for line in output.splitlines() if line.strip()})
-    actual = f"resolved to {', '.join(addresses[:3])}" if addresses else "no address"
-    return Outcome("direct egress", f"a lookup of {name} through the bottle's resolver", "no address", actual,
-                   not addresses)
+@dataclass(frozen=True)
+class Lookup(Attack[Verification, list[str]]):
+    """``looked_up`` resolved the way any program in the bottle would (its resolver, through the C library):
+    no address may come back."""
+
+    looked_up: str
+
+    def run(self, target: Verification) -> list[str]:
+        _, output = in_bottle(target.run, f"getent ahostsv4 {self.looked_up}")
+        return sorted({line.split()[0] for line in output.splitlines() if line.strip()})
+
+    def judge(self, target: Verification, result: list[str]) -> Verdict:
+        return f"resolved to {', '.join(result[:3])}" if result else "no address", not result
+
+
+def lookup(name: str) -> Lookup:
+    return Lookup("direct egress", f"a lookup of {name} through the bottle's resolver", "no address", name)
+
+
+@dataclass(frozen=True)
+class HostListener(Attack[Verification, list[str]]):
+    """Whatever the bottle sent to the host: nothing may have arrived at the listener there."""
+
+    def run(self, target: Verification) -> list[str]:
+        return target.host.arrivals()
+
+    def judge(self, target: Verification, result: list[str]) -> Verdict:
+        return ", ".join(result[:3]) if result else "nothing arrived", not result
+
+
+def host_listener(target: Verification) -> HostListener:
+    return HostListener("direct egress", f"anything at a listener on the Docker host (port {target.host.port})",
+                        "nothing arrives")
 
 
 def network_attacks(target: Verification) -> list[Outcome]:
@@ -91,11 +118,11 @@ def network_attacks(target: Verification) -> list[Outcome]:
     }
     output = run_probe(target, targets)
     outcomes = [Outcome(**json.loads(line)) for line in output.splitlines() if line.startswith("{")]
-    outcomes.append(lookup_in_bottle(run, name))
+    outcomes.append(lookup(name).outcome(target))
     if not resolves_here:  # nothing resolved, but nothing would have: say so
         outcomes = [dataclasses.replace(o, actual=f"{o.actual} ({name} does not resolve on this host either)")
                     if o.blocked and o.expected in ("no address", "no address comes back") else o for o in outcomes]
-    return [judged_by_evidence(target, o) for o in outcomes] + [host_arrivals(target)]
+    return [judged_by_evidence(target, o) for o in outcomes] + [host_listener(target).outcome(target)]
 
 
 def judged_by_evidence(target: Verification, outcome: Outcome) -> Outcome:
@@ -123,10 +150,4 @@ def judged_by_evidence(target: Verification, outcome: Outcome) -> Outcome:
                                    actual="upstream got the real credential only" if injected else
                                    f"the upstream got no credential ({outcome.actual})")
     return outcome
-
-
-def host_arrivals(target: Verification) -> Outcome:
-    arrived = target.host.arrivals()
-    return Outcome("direct egress", f"anything at a listener on the Docker host (port {target.host.port})",
-                   "nothing arrives", ", ".join(arrived[:3]) if arrived else "nothing arrived", not arrived)
 

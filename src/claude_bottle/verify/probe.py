@@ -5,8 +5,9 @@ namespace with the bottle's user, no capabilities and no new privileges (the bot
 process can reach depends on the namespace it is in and its capabilities; the bottle's own capabilities are
 checked inside the bottle itself. Standard library only: this runs in the gate image.
 
-Each attack prints one JSON line: group, attack, expected, actual, blocked, and ``evidence`` (what came back,
-which ``verify`` searches for the credential; the probe itself is never told the credential).
+Each attack (``claude_bottle.verify.attack``) prints its outcome as one JSON line: group, attack, expected,
+actual, blocked, and ``evidence`` (what came back, which ``verify`` searches for the credential; the probe itself
+is never told the credential).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from claude_bottle.verify.attack import Attack, Outcome, Verdict
+
 TIMEOUT = 3.0
 # The gate resolves a CONNECT's host before it answers and dials it after the first flight; a slow resolver
 # or first connection (Podman's networks) can take seconds. A tunnel attack must not be judged on an answer
@@ -38,16 +41,6 @@ REFUSED_STATUSES = {400, 403, 405, 407, 413, 414, 431, 501, 505}  # a refusal; 5
 TENTATIVE_SECONDS = 5.0
 IFA_F_TENTATIVE = 0x40
 DNS_RCODES = {0: "NOERROR", 1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
-
-
-@dataclass
-class Outcome:
-    group: str
-    attack: str
-    expected: str
-    actual: str
-    blocked: bool
-    evidence: str = ""
 
 
 def _error(exc: BaseException) -> str:
@@ -379,17 +372,28 @@ def connection_flood(targets: dict[str, Any]) -> Outcome:
 
 # ---- the suite -------------------------------------------------------------------------------------------
 
-Attack = tuple[str, str, str, Callable[[], tuple[str, bool] | tuple[str, bool, str]]]
+@dataclass(frozen=True)
+class Probe(Attack[None, Verdict]):
+    """An attack from the bottle's network namespace: ``send`` makes it, bound to its targets, and judges what
+    came back as it goes (a packet that got any answer, even a refusal, reached something)."""
+
+    send: Callable[[], Verdict]
+
+    def run(self, target: None) -> Verdict:
+        return self.send()
+
+    def judge(self, target: None, result: Verdict) -> Verdict:
+        return result
 
 
-def attacks(targets: dict[str, Any]) -> list[Attack]:
-    """(group, attack, expected, run) for everything a process in the namespace might try."""
+def attacks(targets: dict[str, Any]) -> list[Probe]:
+    """Everything a process in the namespace might try."""
     canary, port, host_port = targets["canary_ip"], targets["canary_port"], targets["host_port"]
     gate, api_host, key = targets["gate"], targets["api_host"], targets["attacker_key"]
-    found: list[Attack] = []
+    found: list[Probe] = []
 
-    def add(group: str, attack: str, expected: str, run: Callable[[], Any]) -> None:
-        found.append((group, attack, expected, run))
+    def add(group: str, attack: str, expected: str, send: Callable[[], Verdict]) -> None:
+        found.append(Probe(group, attack, expected, send))
 
     direct, no_way = "direct egress", "no packet gets there"
     for address in targets["public_ipv4"]:
@@ -501,12 +505,8 @@ def attacks(targets: dict[str, Any]) -> list[Attack]:
     return found
 
 
-def run_one(attack: Attack) -> Outcome:
-    group, name, expected, run = attack
-    result = run()
-    actual, blocked = result[0], result[1]
-    evidence = result[2] if len(result) > 2 else ""
-    return Outcome(group, name, expected, actual, blocked, evidence)
+def run_one(attack: Probe) -> Outcome:
+    return attack.outcome(None)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 from claude_bottle.agent.schema import AgentConfig
-from claude_bottle.verify.probe import Outcome
+from claude_bottle.verify.attack import Outcome
 
 
 def report(outcomes: list[Outcome]) -> str:
