@@ -12,7 +12,7 @@ import pytest
 
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
-from claude_bottle.verify import probe
+from claude_bottle.verify import gate_requests, packets, probe
 from claude_bottle.verify.attack import Outcome
 from claude_bottle.verify.checks import BOTTLE_CHECKS, FILE_SEARCH, judged_for_each
 from claude_bottle.verify.inspected import CONTROLS, INSPECTED_ATTACKS, Inspecting, Sent
@@ -112,13 +112,13 @@ def closed_port(kind: int) -> int:
 
 
 def test_a_refusal_means_the_packet_got_there() -> None:
-    assert probe.tcp("127.0.0.1", closed_port(socket.SOCK_STREAM)) == ("refused by the peer: the packet got there",
+    assert packets.tcp("127.0.0.1", closed_port(socket.SOCK_STREAM)) == ("refused by the peer: the packet got there",
                                                                          False)
-    assert probe.udp("127.0.0.1", closed_port(socket.SOCK_DGRAM), b"x")[1] is False
+    assert packets.udp("127.0.0.1", closed_port(socket.SOCK_DGRAM), b"x")[1] is False
 
 
 def test_dns_query_is_a_well_formed_question() -> None:
-    query = probe.dns_query("example.com")
+    query = packets.dns_query("example.com")
     assert struct.unpack("!HHHHHH", query[:12])[2] == 1
     assert query[12:] == b"\x07example\x03com\x00\x00\x01\x00\x01"
 
@@ -136,9 +136,9 @@ def answer_to(query: bytes, rcode: int, records: int) -> bytes:
 ])
 def test_a_resolver_is_judged_by_whether_an_address_comes_back(rcode: int, records: int, blocked: bool,
                                                                words: str) -> None:
-    query = probe.dns_query("registry.npmjs.org")
-    assert probe.dns_answer(query, answer_to(query, rcode, records)) == (words, blocked)
-    assert probe.dns_answer(query, b"\x00\x01" + answer_to(query, 0, 1)[2:])[1] is True  # not the answer to it
+    query = packets.dns_query("registry.npmjs.org")
+    assert packets.dns_answer(query, answer_to(query, rcode, records)) == (words, blocked)
+    assert packets.dns_answer(query, b"\x00\x01" + answer_to(query, 0, 1)[2:])[1] is True  # not the answer to it
 
 
 def test_a_lookup_straight_to_a_resolver_that_answers_is_a_leak() -> None:
@@ -151,10 +151,10 @@ def test_a_lookup_straight_to_a_resolver_that_answers_is_a_leak() -> None:
 
         thread = threading.Thread(target=answer, daemon=True)
         thread.start()
-        assert probe.lookup("127.0.0.1", "pypi.org", resolver.getsockname()[1]) == ("resolved: 1 record(s) in the "
+        assert packets.lookup("127.0.0.1", "pypi.org", resolver.getsockname()[1]) == ("resolved: 1 record(s) in the "
                                                                                    "answer", False)
         thread.join(5)
-    assert probe.lookup("127.0.0.1", "pypi.org", closed_port(socket.SOCK_DGRAM)) == (
+    assert packets.lookup("127.0.0.1", "pypi.org", closed_port(socket.SOCK_DGRAM)) == (
         "refused by the peer: no resolver there", True)
 
 
@@ -181,15 +181,15 @@ def refusing_server() -> Iterator[int]:
 
 
 def test_a_refusal_from_the_gate_is_judged_blocked_with_its_reason(refusing_server: int) -> None:
-    status, received = probe.exchange("127.0.0.1", refusing_server, probe.connect("example.com:443"))
+    status, received = gate_requests.exchange("127.0.0.1", refusing_server, gate_requests.connect("example.com:443"))
     assert status == 403
-    assert probe.judged(status, received) == ("HTTP/1.1 403 Forbidden (not in the allowlist)", True)
+    assert gate_requests.judged(status, received) == ("HTTP/1.1 403 Forbidden (not in the allowlist)", True)
 
 
 def test_an_answer_the_gate_fetched_is_not_blocked() -> None:
-    assert probe.judged(200, b"HTTP/1.1 200 Connection established\r\n\r\n")[1] is False
-    assert probe.judged(502, b"HTTP/1.1 502 Bad Gateway\r\n\r\n")[1] is False  # the gate dialled
-    assert probe.judged(None, b"") == ("connection closed without an answer", True)
+    assert gate_requests.judged(200, b"HTTP/1.1 200 Connection established\r\n\r\n")[1] is False
+    assert gate_requests.judged(502, b"HTTP/1.1 502 Bad Gateway\r\n\r\n")[1] is False  # the gate dialled
+    assert gate_requests.judged(None, b"") == ("connection closed without an answer", True)
 
 
 def test_the_suite_covers_every_group() -> None:

@@ -5,7 +5,8 @@
 - ``standins``: the stand-ins (a throwaway credential, a stub upstream, hosts outside the bottle, a scratch
   workspace), the bottles started against them, and every call to the container engine;
 - ``checks``, ``inspected``, ``sentinels``, ``network``: the attacks by kind;
-- ``probe``: the network attacks, run in the bottle's network namespace from the gate image;
+- ``probe``: the network attacks, run in the bottle's network namespace from the gate image (``packets``: direct
+  egress; ``gate_requests``: requests to the gate and inside its tunnels);
 - ``report``: the table and the JSON.
 
 Nothing is imported here: the probe runs from this package in the gate image, which has no Docker SDK.
