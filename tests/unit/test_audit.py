@@ -9,6 +9,7 @@ import re
 import pytest
 
 from claude_bottle.gate.audit import REDACTED, AuditLog, AuditRecord
+from claude_bottle.policy.decide import Decision
 
 SECRET = "sk-ant-oat01-Qw3rTy_uIoP-aSdFgHjKl0123456789"
 FIELDS = ["time", "listener", "client", "method", "target", "decision", "reason", "status", "bytes_up",
@@ -33,7 +34,7 @@ def _record(**changes: object) -> AuditRecord:
 def test_one_line_with_fixed_fields() -> None:
     stream = io.StringIO()
     record = _record(bytes_up=10, bytes_down=20)
-    record.allow("example.com:443 matches allow pattern example.com")
+    record.decided(Decision(True, "example.com:443 matches allow pattern example.com"))
     record.status = 200
     AuditLog(stream).write(record)
     assert stream.getvalue().count("\n") == 1
@@ -149,10 +150,19 @@ def test_no_stream_writes_nothing() -> None:
 
 def test_allow_and_deny() -> None:
     record = _record()
-    record.allow("ok")
+    record.decided(Decision(True, "ok"))
     assert (record.decision, record.reason, record.status) == ("allow", "ok", 0)
     record.deny("no", 403)
     assert (record.decision, record.reason, record.status) == ("deny", "no", 403)
+
+
+def test_a_refusal_after_the_client_was_answered_keeps_that_status_and_the_earlier_reasons() -> None:
+    record = _record()
+    record.decided(Decision(True, "example.com:443 matches allow pattern example.com"))
+    record.status = 200  # the tunnel's
+    record.deny("no TLS ClientHello within 10s", 0)
+    assert (record.decision, record.status) == ("deny", 200)
+    assert record.reason == "example.com:443 matches allow pattern example.com; then refused: no TLS ClientHello within 10s"
 
 
 @pytest.mark.parametrize(
@@ -162,7 +172,7 @@ def test_allow_and_deny() -> None:
 )
 def test_fail_keeps_sent_status(status_before: int, status_arg: int, status_after: int) -> None:
     record = _record()
-    record.allow("example.com:443 matches allow pattern example.com")
+    record.decided(Decision(True, "example.com:443 matches allow pattern example.com"))
     record.status = status_before
     record.fail("upstream reset the connection", status_arg)
     assert record.decision == "error"
@@ -182,7 +192,6 @@ def test_unlisted_tunnel_and_side_only_when_set_after_the_decision_fields() -> N
 
 
 def test_a_record_takes_decisions_and_keeps_its_reasons_in_order() -> None:
-    from claude_bottle.policy.decide import Decision
     record = _record()
     record.decided(Decision(True, "learned", learned=True, unlisted=True))
     record.passed(Decision(True, "address ok"))

@@ -71,9 +71,6 @@ class AuditRecord:
         """Add what came of an allowed exchange (how a tunnel was carried, how it ended) to the reason."""
         self.reason = f"{self.reason}; {what}" if self.reason else what
 
-    def allow(self, reason: str) -> None:
-        self.decision, self.reason = "allow", reason
-
     def deny(self, reason: str, status: int, rule: str | None = None, unlisted: bool = False) -> None:
         """Refused for ``reason``. Once the client was answered (a tunnel's 200), that status stays and the
         earlier reasons too: the refusal came after them."""

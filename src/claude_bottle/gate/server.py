@@ -38,7 +38,7 @@ from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
 from claude_bottle.gate.settings import Endpoint, GateSettings
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
-from claude_bottle.policy.decide import EgressPolicy
+from claude_bottle.policy.decide import Decision, EgressPolicy
 from claude_bottle.policy.view import policy_view
 
 UPSTREAM_ADDRESS_TTL = 300.0
@@ -113,10 +113,7 @@ class Gate:
         if op != "show":
             self._ctx.egress = policy
             record = AuditRecord("control", "host", op.upper(), entry.strip())
-            if op == "allow":
-                record.allow(f"the user {message} while the gate runs")
-            else:
-                record.deny(f"the user {message} while the gate runs", 0)
+            record.decided(Decision(op == "allow", f"the user {message} while the gate runs"))
             self.audit.write(record)
         return {"message": message, "policy": policy_view(policy, self.config.request_policy)}
 
