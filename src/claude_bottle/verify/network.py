@@ -15,6 +15,12 @@ from dataclasses import dataclass
 from claude_bottle.gate.settings import Limits
 from claude_bottle.runtime.bottle import Run
 from claude_bottle.verify.attack import Attack, Outcome, Verdict
+from claude_bottle.verify.probe import (
+    NEVER_COMES_BACK,
+    NO_ADDRESS_BACK,
+    REFUSED_BEFORE_UPSTREAM,
+    STRIPPED_BEFORE_UPSTREAM,
+)
 from claude_bottle.verify.standins import (
     FRONT,
     PRIVATE_NAME,
@@ -37,6 +43,7 @@ LOOKUP_SECONDS = 5.0
 # when allow_host_loopback is set.
 WELL_KNOWN_RESOLVERS = ("127.0.0.11", "10.0.2.3")
 SLIRP_HOST = "10.0.2.2"
+NO_ADDRESS = "no address"
 
 
 def resolvable_name(names: tuple[str, ...] = LOOKUP_NAMES, seconds: float = LOOKUP_SECONDS) -> tuple[str, bool]:
@@ -77,11 +84,11 @@ class Lookup(Attack[Verification, list[str]]):
         return sorted({line.split()[0] for line in output.splitlines() if line.strip()})
 
     def judge(self, target: Verification, result: list[str]) -> Verdict:
-        return f"resolved to {', '.join(result[:3])}" if result else "no address", not result
+        return f"resolved to {', '.join(result[:3])}" if result else NO_ADDRESS, not result
 
 
 def lookup(name: str) -> Lookup:
-    return Lookup("direct egress", f"a lookup of {name} through the bottle's resolver", "no address", name)
+    return Lookup("direct egress", f"a lookup of {name} through the bottle's resolver", NO_ADDRESS, name)
 
 
 @dataclass(frozen=True)
@@ -121,7 +128,7 @@ def network_attacks(target: Verification) -> list[Outcome]:
     outcomes.append(lookup(name).outcome(target))
     if not resolves_here:  # nothing resolved, but nothing would have: say so
         outcomes = [dataclasses.replace(o, actual=f"{o.actual} ({name} does not resolve on this host either)")
-                    if o.blocked and o.expected in ("no address", "no address comes back") else o for o in outcomes]
+                    if o.blocked and o.expected in (NO_ADDRESS, NO_ADDRESS_BACK) else o for o in outcomes]
     return [judged_by_evidence(target, o) for o in outcomes] + [host_listener(target).outcome(target)]
 
 
@@ -132,15 +139,15 @@ def judged_by_evidence(target: Verification, outcome: Outcome) -> Outcome:
     secret = target.credential.secret
     if secret in outcome.evidence:
         return dataclasses.replace(outcome, actual="the credential came back", blocked=False)
-    if outcome.expected == "the credential never comes back":
+    if outcome.expected == NEVER_COMES_BACK:
         return dataclasses.replace(outcome, actual=f"not in the answer: {outcome.actual}", blocked=True)
-    if outcome.expected == "refused before the upstream":
+    if outcome.expected == REFUSED_BEFORE_UPSTREAM:
         forbidden = outcome.attack.rsplit(" ", 1)[-1]  # the field or server-tool type the attack adds
         got = [r for r in stub_requests(target) if forbidden in r.get("fields", []) + r.get("tool_types", [])]
         if got:
             return dataclasses.replace(outcome, actual=f"the upstream got {forbidden}", blocked=False)
         return dataclasses.replace(outcome, blocked=True, actual=f"the upstream never got it: {outcome.actual}")
-    if outcome.expected == "stripped before the upstream":
+    if outcome.expected == STRIPPED_BEFORE_UPSTREAM:
         seen = stub_requests(target)
         attacker = [r for r in seen if target.attacker_key in json.dumps(r["headers"])]
         injected = [r for r in seen if f"Bearer {secret}" in json.dumps(r["headers"])]

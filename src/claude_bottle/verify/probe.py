@@ -36,6 +36,12 @@ from claude_bottle.verify.gate_requests import (
 )
 from claude_bottle.verify.packets import dns_query, gateways, icmp_echo, ipv6_link, lookup, raw_socket, tcp, udp
 
+# What must happen to the attacks whose outcome verify judges again on the host, from their evidence and from
+# what the stub upstream received (``claude_bottle.verify.network``): their outcome names which this is.
+NEVER_COMES_BACK = "the credential never comes back"
+REFUSED_BEFORE_UPSTREAM = "refused before the upstream"
+STRIPPED_BEFORE_UPSTREAM = "stripped before the upstream"
+NO_ADDRESS_BACK = "no address comes back"
 
 @dataclass(frozen=True)
 class Probe(Attack[None, Verdict]):
@@ -81,7 +87,7 @@ def attacks(targets: dict[str, Any]) -> list[Probe]:
         add(direct, f"UDP to {where}", no_way, functools.partial(udp, address, host_port, b"x"))
     looked_up = targets.get("dns_name", "")
     for resolver in dict.fromkeys(targets.get("resolvers", []) + gateways() + targets["host_addresses"]):
-        add(direct, f"DNS for {looked_up} straight to {resolver}:53", "no address comes back",
+        add(direct, f"DNS for {looked_up} straight to {resolver}:53", NO_ADDRESS_BACK,
             functools.partial(lookup, resolver, looked_up))
     add(direct, "TCP to the cloud metadata address 169.254.169.254:80", no_way, lambda: tcp("169.254.169.254", 80))
     add(direct, f"ICMP echo to {canary}", "no reply", lambda: icmp_echo(canary))
@@ -150,7 +156,7 @@ def attacks(targets: dict[str, Any]) -> list[Probe]:
     for mode in ("echo", "echo-header", "echo-split", "echo-reason"):
         via_api(f"an upstream reflecting the credential ({mode})", "POST", "/v1/messages",
                 {"model": "stub", "max_tokens": 1, "messages": [], "stub": {"mode": mode}},
-                expected="the credential never comes back")
+                expected=NEVER_COMES_BACK)
     hi = {"model": "stub", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
     collector = f"https://{unlisted}/collect"
     for attack, extra_fields in (
@@ -163,10 +169,10 @@ def attacks(targets: dict[str, Any]) -> list[Probe]:
         ("the provider runs code for the bottle: code_execution_20250825",
          {"tools": [{"type": "code_execution_20250825", "name": "code_execution"}]}),
     ):
-        via_api(attack, "POST", "/v1/messages", {**hi, **extra_fields}, expected="refused before the upstream")
+        via_api(attack, "POST", "/v1/messages", {**hi, **extra_fields}, expected=REFUSED_BEFORE_UPSTREAM)
     via_api("an attacker's key sent on the API route", "POST", "/v1/messages",
             {"model": "stub", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]},
-            f"x-api-key: {key}\r\nAuthorization: Bearer {key}\r\n", expected="stripped before the upstream")
+            f"x-api-key: {key}\r\nAuthorization: Bearer {key}\r\n", expected=STRIPPED_BEFORE_UPSTREAM)
     return found
 
 
