@@ -38,8 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from claude_bottle.gate.connection import HttpConnection, PeerGone, serve_http
-from claude_bottle.gate.http1 import Data, EndOfMessage, Headers, LocalProtocolError, ProtocolError, Response
+from claude_bottle.gate.connection import HttpConnection, serve_http
+from claude_bottle.gate.failures import ClientSide
+from claude_bottle.gate.http1 import Data, EndOfMessage, Headers, LocalProtocolError, Response
 from claude_bottle.gate.refusals import answer_or_reset
 
 DEFAULT_TEXT = "Hello from the stub upstream."
@@ -231,10 +232,11 @@ class StubUpstream:
                                       **recorded.outline()}), flush=True)
                 if not await self._answer(conn, recorded) or not conn.can_reuse():
                     break
-        except ProtocolError as exc:  # answered, as real servers do: a probe can tell it got here
-            with contextlib.suppress(PeerGone, LocalProtocolError):
-                await answer_or_reset(conn, exc.status, f"stub: {exc}")
-        except (PeerGone, asyncio.CancelledError):
+        except ClientSide as stop:  # a broken request is answered, as real servers do: a probe can tell it got here
+            if stop.status:
+                with contextlib.suppress(ClientSide, LocalProtocolError):
+                    await answer_or_reset(conn, stop.status, f"stub: {stop.reason}")
+        except asyncio.CancelledError:
             pass
         finally:
             self._tasks.discard(task)

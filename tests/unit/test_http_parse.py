@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from claude_bottle.gate.connection import HttpConnection
+from claude_bottle.gate.failures import ClientSide, UpstreamSide
 from claude_bottle.gate.http1 import (
     ConnectionClosed,
     Data,
     EndOfMessage,
     LocalProtocolError,
-    ProtocolError,
     Request,
     Response,
     State,
@@ -83,10 +83,10 @@ async def test_a_request_arrives_with_lower_case_names_trimmed_values_and_its_fr
 ])
 async def test_what_the_gate_refuses_beyond_llhttp_and_in_its_own_words(data: bytes, status: int, words: str) -> None:
     conn, _ = connection(data)
-    with pytest.raises(ProtocolError) as refused:
+    with pytest.raises(ClientSide) as refused:  # the client's fault, with the status a server answers
         await conn.next_event()
-    assert refused.value.status == status and words in str(refused.value)
-    with pytest.raises(ProtocolError):  # and it stays refused
+    assert refused.value.status == status and words in refused.value.reason
+    with pytest.raises(ClientSide):  # and it stays refused
         await conn.next_event()
 
 
@@ -94,7 +94,7 @@ async def test_a_head_over_the_limit_is_431_whole_or_trickled_in() -> None:
     big = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2000 + b"\r\n\r\n"
     for pieces in ([big], [big[i : i + 100] for i in range(0, len(big), 100)]):
         conn, _ = connection(*pieces, max_header_bytes=1024)
-        with pytest.raises(ProtocolError) as refused:
+        with pytest.raises(ClientSide) as refused:
             await conn.next_event()
         assert refused.value.status == 431
 
@@ -115,7 +115,7 @@ async def test_an_error_in_a_pipelined_request_waits_behind_the_one_before_it() 
     first, end = await events(conn, 2)
     assert isinstance(first, Request) and first.target == b"/a" and isinstance(end, EndOfMessage)
     await answer_and_reuse(conn)
-    with pytest.raises(ProtocolError, match="bare LF"):
+    with pytest.raises(ClientSide, match="bare LF"):
         await conn.next_event()
 
 
@@ -245,13 +245,56 @@ async def test_a_response_ended_by_the_close_is_complete_at_the_close_and_not_re
     (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n", "switched protocols"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx", "chunked"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n", "both"),
-    (b"HTTP/1.1 200 OK\r\nContent-Le", "middle of a message head"),
 ])
 async def test_what_an_upstream_may_not_answer(data: bytes, words: str) -> None:
     conn = await upstream_answering(data, closed=True)
-    with pytest.raises(ProtocolError, match=words):
+    with pytest.raises(UpstreamSide, match=words) as refused:
         while True:
             await conn.next_event()
+    assert refused.value.status == 502 and refused.value.reason.startswith("upstream broke HTTP/1.1")
+
+
+async def test_a_hang_up_is_the_same_in_a_head_or_a_body_on_either_side() -> None:
+    """A close in the middle of a message is a hang-up wherever it falls, never a broken message: the client
+    went away (nothing to answer), the upstream closed (502)."""
+    for cut in (b"GET / HTTP/1.1\r\nHo", b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nok"):
+        conn, _ = connection(cut, b"")
+        with pytest.raises(ClientSide) as client:
+            if await conn.read_request(1) is not None:
+                async for _ in conn.body(1):
+                    pass
+        assert client.value.status == 0 and client.value.reason.startswith("client went away in the middle of a")
+    head = await upstream_answering(b"HTTP/1.1 200 OK\r\nContent-Le", closed=True)
+    assert isinstance(await head.next_event(), ConnectionClosed)  # what the forward path reports as the close
+    body = await upstream_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nok", closed=True)
+    assert isinstance(await body.next_event(), Response)
+    with pytest.raises(UpstreamSide) as upstream:
+        async for _ in body.body(1):
+            pass
+    assert upstream.value.status == 502 and upstream.value.reason == "upstream closed the connection in the middle of a body"
+
+
+async def test_silence_is_the_sides_timeout_in_a_head_or_a_body() -> None:
+    """A client too slow with its head or its body is 408; an upstream too slow with either is 504. Between
+    requests, before a byte of the next head, a client's silence ends nothing."""
+    idle, _ = connection()
+    assert await idle.read_request(0.01) is None
+    slow_head, _ = connection(b"GET / HTTP/1.1\r\nHo")
+    with pytest.raises(ClientSide) as head:
+        await slow_head.read_request(0.01)
+    assert head.value.status == 408 and head.value.reason == "request head not complete within 0.01s"
+    slow_body, _ = connection(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nok")
+    assert await slow_body.read_request(1) is not None
+    with pytest.raises(ClientSide) as body:
+        async for _ in slow_body.body(0.01):
+            pass
+    assert body.value.status == 408 and body.value.reason == "client idle too long"
+    for answer in (b"HTTP/1.1 200 OK\r\nContent-Le", b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nok"):
+        upstream = await upstream_answering(answer)
+        with pytest.raises(UpstreamSide) as silent:
+            while True:
+                await upstream.next_event(0.01)
+        assert silent.value.status == 504 and silent.value.reason == "upstream stopped responding"
 
 
 async def test_a_body_cut_short_ends_in_the_close_for_the_caller_to_judge() -> None:

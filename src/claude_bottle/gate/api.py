@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.failures import Refused, upstream_side
+from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import (
     Outbound,
     RequestFilter,
@@ -109,8 +109,7 @@ class Pooled:
         self._origin: HttpConnection | None = None
 
     async def __aenter__(self) -> HttpConnection:
-        with upstream_side():
-            self._origin = await self._pool.acquire()
+        self._origin = await self._pool.acquire()  # UpstreamSide if it cannot connect
         return self._origin
 
     async def __aexit__(self, *exc_info: object) -> None:

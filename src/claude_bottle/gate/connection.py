@@ -2,9 +2,12 @@
 its flow control, for both sides of every exchange (and the stub upstream).
 
 What arrives is parsed as it arrives and a reader waiting in ``next_event`` is woken only when an event is
-ready; reading pauses while too much waits unread, and writing waits while the transport holds too much. A
-peer that closes or resets raises ``PeerGone``, one that goes silent ``TimeoutError``, one that breaks the
-protocol ``ProtocolError``. The refusals the gate sends on a connection are gate/refusals.py's.
+ready; reading pauses while too much waits unread, and writing waits while the transport holds too much.
+
+A connection knows its side: a server's peer is the client, a client's the upstream. It raises that side's
+failure itself (``ClientSide`` or ``UpstreamSide``, by gate/failures.py's one rule) on every read and write:
+when the peer breaks the protocol, goes silent past its timeout, or closes in the middle of an exchange.
+Callers never assign blame. The refusals the gate sends on a connection are gate/refusals.py's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import struct
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+from claude_bottle.gate.failures import BLAME_CLIENT, BLAME_UPSTREAM
 from claude_bottle.gate.http1 import (
     CONNECTION_CLOSED,
     END_OF_MESSAGE,
@@ -41,21 +45,16 @@ from claude_bottle.gate.http1 import (
 
 READ_SIZE = 64 * 1024
 
-
-class PeerGone(Exception):
-    """The peer closed or reset the connection."""
-
-
-
 # Bytes received and parsed but not yet taken by the connection's reader, above which the connection stops
 # reading from its socket until they are taken (a client pipelining faster than the gate forwards).
 READ_HIGH_WATER = 256 * 1024
 
 
 class HttpConnection(asyncio.Protocol):
-    """One HTTP/1.1 connection, as a server (the default) or, with ``client``, as a client: read messages and
-    body chunks, send messages. It is the transport's protocol: what arrives is parsed as it arrives, and a
-    reader waiting in ``next_event`` is woken only when an event is ready.
+    """One HTTP/1.1 connection, as a server (the default: the peer is the client) or, with ``client``, as a
+    client (the peer is the upstream): read messages and body chunks, send messages. ``side`` is the peer's
+    side, whose failures the connection raises. It is the transport's protocol: what arrives is parsed as it
+    arrives, and a reader waiting in ``next_event`` is woken only when an event is ready.
 
     Writes are coalesced: the head and body pieces of a message still being sent wait in ``_pending`` and go
     out in one write when the message ends, or at the latest when the event loop next waits (a callback
@@ -66,6 +65,7 @@ class HttpConnection(asyncio.Protocol):
 
     def __init__(self, *, client: bool = False, max_header_bytes: int = MAX_HEADER_BYTES) -> None:
         self.client = client
+        self.side = BLAME_UPSTREAM if client else BLAME_CLIENT
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # likewise
         self.peer = "unknown"
@@ -131,7 +131,7 @@ class HttpConnection(asyncio.Protocol):
             self._wake()
         for waiter in self._drain_waiters:
             if not waiter.done():
-                waiter.set_exception(PeerGone(str(exc) if exc else "connection lost"))
+                waiter.set_exception(self.side.gone())
         self._drain_waiters.clear()
         if self._timer is not None:
             self._timer.cancel()
@@ -202,7 +202,10 @@ class HttpConnection(asyncio.Protocol):
                 if timeout is not None:
                     until = self._loop.time() + timeout
                     until = until if deadline is None else min(deadline, until)
-                await self._wait(until)
+                try:
+                    await self._wait(until)
+                except TimeoutError:
+                    raise self.side.silent() from None
             event = self._take()
             if event is not None:
                 return event
@@ -231,16 +234,11 @@ class HttpConnection(asyncio.Protocol):
         elif isinstance(event, Broken):
             events.appendleft(event)  # every later call raises it too
             self.their_state = State.ERROR
-            raise event.error
+            raise self.side.broke(event.error)
         elif event is CONNECTION_CLOSED:
             self.their_state = State.CLOSED
             events.appendleft(event)
         return event  # type: ignore[return-value]
-
-    @property
-    def head_started(self) -> bool:
-        """Some bytes of the next request head have arrived."""
-        return self._incoming.head_started
 
     @property
     def trailing_data(self) -> bytes:
@@ -260,14 +258,27 @@ class HttpConnection(asyncio.Protocol):
         return not self._eof and not self.transport.is_closing()
 
     async def read_request(self, timeout: float | None) -> Request | None:
-        """The next request head, or None when the client closed cleanly between requests. ``timeout``
-        bounds the whole head, however its bytes trickle in."""
+        """The next request head, or None when the client closed, or stayed idle for ``timeout``, between
+        requests (before a byte of the next head). ``timeout`` bounds the whole head, however its bytes
+        trickle in: past it, a head begun is the client's 408."""
         deadline = None if timeout is None else self._loop.time() + timeout
-        event = await self.next_event(deadline=deadline)
+        events, incoming = self._incoming.events, self._incoming
+        event: Event | None = None
+        while event is None:
+            while not events:
+                try:
+                    await self._wait(deadline)
+                except TimeoutError:
+                    if not incoming.head_started:
+                        return None
+                    raise self.side.silent(f"request head not complete within {timeout:g}s") from None
+            event = self._take()
         if isinstance(event, ConnectionClosed):
+            if incoming.head_started:
+                raise self.side.gone("in the middle of a request head")
             return None
         if not isinstance(event, Request):
-            raise ProtocolError(f"unexpected {type(event).__name__} before a request")
+            raise self.side.broke(ProtocolError(f"unexpected {type(event).__name__} before a request"))
         return event
 
     def arrived_body(self) -> bytes | None:
@@ -296,9 +307,9 @@ class HttpConnection(asyncio.Protocol):
             elif event is END_OF_MESSAGE:
                 return
             elif event is CONNECTION_CLOSED:
-                raise PeerGone("connection closed in the middle of a body")
+                raise self.side.gone("in the middle of a body")
             else:
-                raise ProtocolError(f"unexpected {type(event).__name__} in a body")
+                raise self.side.broke(ProtocolError(f"unexpected {type(event).__name__} in a body"))
 
     # -- sending
 
@@ -437,9 +448,10 @@ class HttpConnection(asyncio.Protocol):
         await self._drain()
 
     async def _drain(self) -> None:
-        """Wait while the transport holds more than its high-water mark; PeerGone once the peer is gone."""
+        """Wait while the transport holds more than its high-water mark; the side's failure once the peer is
+        gone."""
         if self._lost:
-            raise PeerGone("connection lost")
+            raise self.side.gone()
         if self._writing_paused:
             waiter = self._loop.create_future()
             self._drain_waiters.append(waiter)

@@ -1,22 +1,26 @@
-"""Whose fault an exchange's end was: the failures, translated once per side.
+"""Whose fault an exchange's end was: a refusal, or one side's failure, each an ``ExchangeStopped``.
 
-Every step the gate takes on a connection runs under ``client_side()`` or ``upstream_side()``, which turn
-what the connection raised (gate/http1.py's ``ProtocolError``, gate/connection.py's ``PeerGone``,
-``TimeoutError``; ``OSError``, TLS and DNS errors) into a ``ClientSide`` or an ``UpstreamSide`` failure with
-its status and reason. A filter that judges a request raises ``Refused``. All three are an
-``ExchangeStopped``; gate/refusals.py's ``answer`` is the one place that turns any of them into an audit
-outcome and what the client receives.
+A filter that judges a request raises ``Refused``. A connection knows its side (gate/connection.py), so it
+raises ``ClientSide`` or ``UpstreamSide`` itself on every read and write, by one rule (``Blame``, the table
+in docs/gate.md), the same whenever in an exchange it happens:
+
+- the peer broke HTTP (in a head or a body): the client's request is refused (``MalformedRequest``) with
+  the parser's status (400, 413, 431, 501, 505), the upstream's response is a 502;
+- the peer went silent past its timeout: 408 for the client, 504 for the upstream;
+- the peer hung up in the middle of a message (from a request head's first byte until its response is
+  sent): nothing can be said to a client that left (status 0), 502 for the upstream.
+
+A client that closes or stays idle between requests, before a byte of the next head, ends nothing: no
+failure, no audit line. Connecting out (DNS, refused connections, TLS) fails on the upstream's side too
+(``upstream_failure``). gate/refusals.py's ``answer`` is the one place any of them becomes an audit outcome
+and what the client receives.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ssl
-from collections.abc import Callable
-from types import TracebackType
 from typing import TypeVar
 
-from claude_bottle.gate.connection import PeerGone
 from claude_bottle.gate.http1 import ProtocolError
 from claude_bottle.gate.resolver import ResolveError
 from claude_bottle.policy.decide import Decision
@@ -73,32 +77,73 @@ class ClientSide(ExchangeStopped):
     """The client broke the exchange: bad HTTP, silence, or leaving."""
 
 
+class MalformedRequest(ClientSide):
+    """The client broke HTTP/1.1: its request is refused with the status a server answers (audited ``deny``,
+    as the gate's other refusals of a request it cannot read), and the connection closes."""
+
+
 class UpstreamSide(ExchangeStopped):
     """The upstream broke the exchange: no connection, bad HTTP, silence, a TLS or DNS failure."""
 
 
-def client_failure(exc: BaseException) -> ClientSide:
-    if isinstance(exc, ClientSide):
-        return exc
-    if isinstance(exc, ProtocolError):
-        return ClientSide(exc.status, f"client broke HTTP/1.1: {exc}")
-    if isinstance(exc, TimeoutError):
-        return ClientSide(408, "client idle too long")
-    if isinstance(exc, ssl.SSLError):
-        return ClientSide(0, f"TLS failure with the client: {exc.reason or exc}")
-    return ClientSide(0, "client went away")
+class Blame:
+    """The one rule by which a connection reports its peer's failures, whenever in an exchange they happen.
+    ``BLAME_CLIENT`` and ``BLAME_UPSTREAM`` are the two sides; a connection holds one (``HttpConnection.side``)."""
+
+    __slots__ = ()
+
+    def broke(self, error: ProtocolError) -> ExchangeStopped:
+        """The peer broke HTTP/1.1 (``error``: the parser's words and the status a server answers)."""
+        raise NotImplementedError
+
+    def silent(self, reason: str | None = None) -> ExchangeStopped:
+        """The peer sent nothing for as long as it may (``reason``: what was late, if not a plain wait)."""
+        raise NotImplementedError
+
+    def gone(self, during: str = "") -> ExchangeStopped:
+        """The peer closed or reset the connection in the middle of an exchange (``during``: where)."""
+        raise NotImplementedError
+
+
+class _ClientBlame(Blame):
+    __slots__ = ()
+
+    def broke(self, error: ProtocolError) -> ExchangeStopped:
+        return MalformedRequest(error.status, f"malformed request: {error}")
+
+    def silent(self, reason: str | None = None) -> ExchangeStopped:
+        return ClientSide(408, reason or "client idle too long")
+
+    def gone(self, during: str = "") -> ExchangeStopped:
+        return ClientSide(0, f"client went away {during}".rstrip())  # no answer: nobody is there to read it
+
+
+class _UpstreamBlame(Blame):
+    __slots__ = ()
+
+    def broke(self, error: ProtocolError) -> ExchangeStopped:
+        return UpstreamSide(502, f"upstream broke HTTP/1.1: {error}")
+
+    def silent(self, reason: str | None = None) -> ExchangeStopped:
+        return UpstreamSide(504, reason or "upstream stopped responding")
+
+    def gone(self, during: str = "") -> ExchangeStopped:
+        return UpstreamSide(502, f"upstream closed the connection {during}".rstrip())
+
+
+BLAME_CLIENT: Blame = _ClientBlame()
+BLAME_UPSTREAM: Blame = _UpstreamBlame()
 
 
 def upstream_failure(exc: BaseException) -> UpstreamSide:
-    """502 for a broken, refused or unreadable upstream, 504 for one that did not answer in time."""
+    """Connecting out failed: 502 for a refused or unreadable upstream or a DNS failure, 504 for one that did
+    not answer in time."""
     if isinstance(exc, UpstreamSide):
         return exc
     if isinstance(exc, TimeoutError):
         return UpstreamSide(504, "upstream stopped responding")
     if isinstance(exc, ResolveError):
         return UpstreamSide(502, f"DNS failure: {exc}")
-    if isinstance(exc, ProtocolError | PeerGone):
-        return UpstreamSide(502, f"upstream broke HTTP/1.1: {exc}")
     tls = _cause(exc, ssl.SSLError)
     if tls is not None:
         hint = " (a private CA? see --extra-ca)" if isinstance(tls, ssl.SSLCertVerificationError) else ""
@@ -116,39 +161,3 @@ def _cause(exc: BaseException, kind: type[E]) -> E | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-# What a connection step can raise; everything else (an ExchangeStopped already, or a fault of the gate's own) passes.
-CONNECTION_ERRORS = (ProtocolError, PeerGone, TimeoutError, OSError, ResolveError)
-
-
-class _Side:
-    """Steps on one side's connection: what they raise becomes that side's failure. A plain class rather than
-    a generator-based context manager: it is entered several times per request on the hot path."""
-
-    __slots__ = ("_translate",)
-
-    def __init__(self, translate: Callable[[BaseException], ExchangeStopped]) -> None:
-        self._translate = translate
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-                 ) -> None:
-        if exc is not None and isinstance(exc, CONNECTION_ERRORS):
-            raise self._translate(exc) from None
-
-
-_CLIENT_SIDE = _Side(client_failure)
-_UPSTREAM_SIDE = _Side(upstream_failure)
-
-
-def client_side() -> contextlib.AbstractContextManager[None]:
-    """Run steps on the client's connection: their errors become ``ClientSide``."""
-    return _CLIENT_SIDE
-
-
-def upstream_side() -> contextlib.AbstractContextManager[None]:
-    """Run steps on the upstream's connection: their errors become ``UpstreamSide``."""
-    return _UPSTREAM_SIDE

@@ -16,9 +16,9 @@ Framing is the gate's own: a body read whole goes with its length, a streamed on
 (length or chunked). Hop-by-hop headers never pass either way, ``Expect`` is answered by the gate itself
 (``100 Continue`` once a filter or the forward starts reading the body), and the status line's reason
 phrase is the gate's. Bodies stream both ways as they arrive; one that arrived whole with its head (a small
-request or response, the common case on the API route) goes as bytes, in one write with its head. Each step
-runs under ``client_side()`` or ``upstream_side()`` (gate/failures.py), so every error arrives at the caller
-already saying whose it was.
+request or response, the common case on the API route) goes as bytes, in one write with its head. Each
+connection raises its own side's failure (gate/failures.py), so every error arrives at the caller already
+saying whose it was.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from dataclasses import dataclass
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.connection import HttpConnection
-from claude_bottle.gate.failures import Refused, UpstreamSide, client_side, upstream_side
+from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.http1 import (
-    END_OF_MESSAGE,
     Data,
     EndOfMessage,
     Headers,
@@ -104,32 +103,16 @@ def outbound(conn: HttpConnection, request: Request, target: bytes, idle: float)
     )
 
 
-async def client_body(conn: HttpConnection, idle: float) -> AsyncIterator[bytes]:
-    """The request body from the client as it arrives; ``idle`` bounds the wait for each piece."""
-    if conn.they_are_waiting_for_100_continue:
-        with client_side():
-            await conn.send(InformationalResponse(100))
-    chunks = conn.body(idle)
-    while True:
-        with client_side():
-            try:
-                chunk = await anext(chunks)
-            except StopAsyncIteration:
-                return
+def client_body(conn: HttpConnection, idle: float) -> AsyncIterator[bytes]:
+    """The request body from the client as it arrives; ``idle`` bounds the wait for each piece. A client
+    waiting for ``100 Continue`` gets it when the body is first read."""
+    return continued(conn, idle) if conn.they_are_waiting_for_100_continue else conn.body(idle)
+
+
+async def continued(conn: HttpConnection, idle: float) -> AsyncIterator[bytes]:
+    await conn.send(InformationalResponse(100))
+    async for chunk in conn.body(idle):
         yield chunk
-
-
-async def upstream_body(origin: HttpConnection, idle: float) -> AsyncIterator[bytes]:
-    """The response body from the upstream as it arrives; a response cut short is an ``UpstreamSide``."""
-    while True:
-        with upstream_side():
-            event = await origin.next_event(idle)
-        if isinstance(event, Data):
-            yield event.data
-        elif event is END_OF_MESSAGE:
-            return
-        else:
-            raise UpstreamSide(502, "upstream closed in the middle of the response")
 
 
 async def read_whole(request: Outbound, max_bytes: int) -> bytes:
@@ -175,43 +158,34 @@ async def forward(
         body = request.body
         if isinstance(body, bytes):
             record.bytes_up += len(body)
-            with upstream_side():
-                await origin.send_whole(head, body)
+            await origin.send_whole(head, body)
         else:
-            with upstream_side():
-                await origin.send(head)
+            await origin.send(head)
             async for chunk in body:
                 record.bytes_up += len(chunk)
-                with upstream_side():
-                    await origin.send(Data(chunk))
-            with upstream_side():
-                await origin.send(EndOfMessage())
-        with upstream_side():
+                await origin.send(Data(chunk))
+            await origin.send(EndOfMessage())
+        event = await origin.next_event(idle)
+        while isinstance(event, InformationalResponse):  # 100 Continue and the like are hop-by-hop
             event = await origin.next_event(idle)
-            while isinstance(event, InformationalResponse):  # 100 Continue and the like are hop-by-hop
-                event = await origin.next_event(idle)
-        if not isinstance(event, Response):
-            raise UpstreamSide(502, "upstream closed without a response")
+        if not isinstance(event, Response):  # the connection's end, the only other event before a response
+            raise origin.side.gone("without a response")
         arrived = origin.arrived_body()
         response = Inbound(event.status_code, end_to_end(event.headers),
-                           upstream_body(origin, idle) if arrived is None else arrived)
+                           origin.body(idle) if arrived is None else arrived)
         for response_filter in response_filters:
             response_filter(response)
         answer, down = Response(response.status, response.headers), response.body
         if isinstance(down, bytes):
-            with client_side():
-                await conn.send_whole(answer, down)
+            await conn.send_whole(answer, down)
             record.status, record.bytes_down = response.status, len(down)
             return
-        with client_side():
-            await conn.send(answer)
+        await conn.send(answer)
         record.status = response.status
         async for chunk in down:
             record.bytes_down += len(chunk)
-            with client_side():
-                await conn.send(Data(chunk))
-        with client_side():
-            await conn.send(EndOfMessage())
+            await conn.send(Data(chunk))
+        await conn.send(EndOfMessage())
 
 
 def set_headers(drop: frozenset[bytes], add: Headers) -> RequestFilter:

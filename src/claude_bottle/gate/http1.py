@@ -230,8 +230,9 @@ class MessageParser:
     def receive_eof(self) -> None:
         if self.broken:
             return
-        if self._in_head and not self._ignoring:
-            self._break(ProtocolError("the peer closed the connection in the middle of a message head"))
+        if self._in_head and not self._ignoring:  # a hang-up, not a broken message: head_started says so
+            self.broken = True
+            self.events.append(CONNECTION_CLOSED)
             return
         if self._in_body and self._until_eof:
             self._in_body = False

@@ -23,7 +23,7 @@ from claude_bottle.gate.audit import OPAQUE, RAW_TCP, TERMINATED, AuditRecord
 from claude_bottle.gate.ca import HostNotPermitted
 from claude_bottle.gate.connection import READ_SIZE, HttpConnection
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.failures import Refused, upstream_side
+from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import forward, outbound, set_headers
 from claude_bottle.gate.http1 import ProtocolError, Request, Response, State, header_values
 from claude_bottle.gate.inspection import answered, inspected
@@ -31,7 +31,7 @@ from claude_bottle.gate.routes import route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
-from claude_bottle.gate.upstream import dial, dial_http
+from claude_bottle.gate.upstream import dial, dial_http, resolve
 from claude_bottle.policy.addresses import IPAddress
 from claude_bottle.policy.decide import Decision, decide_server_name
 from claude_bottle.policy.hosts import (
@@ -107,9 +107,7 @@ async def vetted_addresses(target: Target, record: AuditRecord, ctx: GateContext
     if target.ip is not None:
         candidates = [target.ip]
     else:
-        with upstream_side():
-            async with asyncio.timeout(ctx.config.limits.connect_timeout):
-                candidates = await ctx.resolver.resolve(target.host, target.port)
+        candidates = await resolve(ctx.resolver, target.host, target.port, ctx.config.limits.connect_timeout)
     allowed: list[tuple[IPAddress, Decision]] = []
     refusals: list[tuple[IPAddress, Decision]] = []
     for address in candidates:
@@ -152,13 +150,11 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
         if method == "CONNECT":
             client_tls = terminating(target, ctx, record)
             if client_tls is None:
-                with upstream_side():
-                    upstream = await dial(addresses, target.port, limits.connect_timeout)
+                upstream = await dial(addresses, target.port, limits.connect_timeout)
                 await _tunnel(conn, target, record, ctx, upstream=upstream)
             else:
-                with upstream_side():
-                    kept = await dial_http(addresses, target.port, limits.connect_timeout, ctx.upstream_tls,
-                                           target.host)
+                kept = await dial_http(addresses, target.port, limits.connect_timeout, ctx.upstream_tls,
+                                       target.host)
                 origin = KeptOrigin(addresses, target, ctx.upstream_tls, limits.connect_timeout, kept)
                 await _tunnel(conn, target, record, ctx, origin=origin, client_tls=client_tls)
         else:

@@ -7,8 +7,9 @@ client is told.
   ``X-Deny-Reason`` (and, on the proxy listener, as the status phrase, which is what a client sees of a
   refused CONNECT), and a short body (``explanation``) that says a policy refused it, not the network, and
   what the user can do. A reason names the destination and the rule, never a secret.
-- ``ClientSide``: its status (400/408/413/431/501/505) for a client that broke or stalled its request,
-  nothing for a client that went away; the connection closes.
+- ``ClientSide``: a refusal (``MalformedRequest``, audited ``deny``) with the parser's status for a request
+  that broke HTTP; 408 for a client that went silent, nothing for one that went away (audited ``error``);
+  the connection closes.
 - ``UpstreamSide``: 502 for a broken, refused or unreadable upstream, 504 for one that stopped answering;
   a reset instead once the response has started, so a cut response never looks complete.
 """
@@ -22,9 +23,9 @@ from http import HTTPStatus
 from claude_bottle.gate.audit import CLIENT, UPSTREAM, AuditRecord, Side
 from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.failures import (
-    CONNECTION_ERRORS,
     ClientSide,
     ExchangeStopped,
+    MalformedRequest,
     Refused,
     UpstreamSide,
     explanation,
@@ -56,9 +57,11 @@ async def answer(conn: HttpConnection, record: AuditRecord, stop: ExchangeStoppe
     serve another request."""
     if isinstance(stop, Refused):
         record.deny(stop.reason, stop.status, stop.rule, stop.unlisted)
+    elif isinstance(stop, MalformedRequest):
+        record.deny(stop.reason, stop.status)
     else:
         record.fail(stop.reason, stop.status, side_of(stop))
-    with contextlib.suppress(*CONNECTION_ERRORS, LocalProtocolError):
+    with contextlib.suppress(ClientSide, LocalProtocolError):  # a client gone meanwhile: nothing more to say
         if isinstance(stop, Refused) and stop.unread:
             await refuse_unread(conn, stop.status, stop.reason)
             return False
@@ -111,8 +114,8 @@ async def refuse_request(conn: HttpConnection, status: int, reason: str, timeout
                     break
             else:
                 complete = True
-        except TimeoutError:
-            pass  # a body that stops coming: answer anyway, and close
+        except ClientSide:
+            pass  # a body that stops coming or breaks: answer anyway, and close
         if not complete:
             await send_refusal(conn, status, reason, [(b"connection", b"close")], message)
             return
@@ -120,7 +123,7 @@ async def refuse_request(conn: HttpConnection, status: int, reason: str, timeout
 
 
 async def refuse_unread(conn: HttpConnection, status: int, reason: str) -> None:
-    """Answer without a request to answer (a connection over the limit, a head too slow), then close."""
+    """Answer without reading a request (a connection over the limit), then close."""
     body = (reason + "\n").encode()
     head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
             f"content-length: {len(body)}\r\nx-deny-reason: {_header_text(reason)}\r\n"

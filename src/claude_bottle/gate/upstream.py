@@ -1,4 +1,4 @@
-"""Connecting out: a keep-alive pool for the API upstream, vetted dialling for the proxy. Failures are the
+"""Connecting out: resolving, a keep-alive pool for the API upstream, vetted dialling for the proxy. Failures are the
 upstream's (gate/failures.py)."""
 
 from __future__ import annotations
@@ -11,12 +11,22 @@ from typing import TypeVar
 
 from claude_bottle.gate.connection import HttpConnection, open_http
 from claude_bottle.gate.failures import UpstreamSide, upstream_failure
+from claude_bottle.gate.resolver import ResolveError, Resolver
 from claude_bottle.policy.addresses import IPAddress
 
 STREAM_LIMIT = 256 * 1024  # asyncio stream buffer: larger reads, fewer wake-ups on tunnels
 KEEPALIVE_SECONDS = 30.0  # reuse an idle upstream connection only this long: servers close theirs too
 
 T = TypeVar("T")
+
+
+async def resolve(resolver: Resolver, host: str, port: int, timeout: float) -> list[IPAddress]:
+    """``host``'s addresses, by ``resolver``. Raises UpstreamSide: 502 for a DNS failure, 504 past ``timeout``."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await resolver.resolve(host, port)
+    except (ResolveError, TimeoutError) as exc:
+        raise upstream_failure(exc) from None
 
 
 async def _first(hosts: list[str], timeout: float, open_one: Callable[[str], Awaitable[T]]) -> T:
