@@ -254,7 +254,7 @@ async def test_concurrent_tunnels_are_capped(make_gate: GateFactory) -> None:
         assert third == 503 and "limit 2" in headers["x-deny-reason"]
         for *_, w in open_tunnels:
             w.close()
-        await eventually(lambda: gate.gate._ctx.active_tunnels == 0, what="tunnels to close")  # type: ignore[union-attr]
+        await eventually(lambda: len(gate.records()) == 3, what="the two tunnels' lines: closed")
         again, _, _, writer = await connect_via(gate.proxy, f"127.0.0.2:{echo.port}")
         writer.close()
     assert again == 200

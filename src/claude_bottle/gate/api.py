@@ -67,24 +67,25 @@ class ApiRoute:
                    (identity_only, *reflection_scans(config.injected_secrets)), f"{upstream.host}:{upstream.port}",
                    functools.lru_cache(maxsize=64)(config.api_policy.decide))
 
+    async def exchange(self, conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext
+                       ) -> None:
+        """One request on the API listener (the listener's ``Exchange``, gate/request_loop.py)."""
+        config = ctx.config
+        method = request.method.decode("ascii")
+        target = request.target.decode("ascii")
+        record.target = self.target
+        record.path = target.split("?", 1)[0]
 
-async def api_exchange(conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext) -> None:
-    config, route = ctx.config, ctx.api_route
-    method = request.method.decode("ascii")
-    target = request.target.decode("ascii")
-    record.target = route.target
-    record.path = target.split("?", 1)[0]
+        decision = self.decide(method, target)
+        if not decision.allow:
+            raise Refused.by(decision)
+        record.decided(decision)
 
-    decision = route.decide(method, target)
-    if not decision.allow:
-        raise Refused.by(decision)
-    record.decided(decision)
-
-    messages = method == "POST" and record.path in config.messages_policy.paths
-    idle = config.limits.idle_timeout
-    await forward(conn, outbound(conn, request, (config.upstream.base_path + target).encode(), idle),
-                  lambda: Pooled(ctx.api_pool), record, idle,
-                  route.messages_filters if messages else route.filters, route.response_filters)
+        messages = method == "POST" and record.path in config.messages_policy.paths
+        idle = config.limits.idle_timeout
+        await forward(conn, outbound(conn, request, (config.upstream.base_path + target).encode(), idle),
+                      lambda: Pooled(ctx.api_pool), record, idle,
+                      self.messages_filters if messages else self.filters, self.response_filters)
 
 
 def messages_policy(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:

@@ -1,19 +1,18 @@
-"""What every connection handler shares: settings, policy, audit, upstream pools and counters."""
+"""What every connection handler shares: the gate's settings and its services (policy, audit, resolver, upstream
+connections, the CA, the tunnel count). It holds no route and imports none, so every route may import it."""
 
 from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.resolver import Resolver
 from claude_bottle.gate.settings import GateSettings
+from claude_bottle.gate.tunnel import TunnelSlots
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.decide import EgressPolicy
-
-if TYPE_CHECKING:
-    from claude_bottle.gate.api import ApiRoute
 
 
 class LeafIssuer(Protocol):
@@ -31,6 +30,5 @@ class GateContext:
     egress: EgressPolicy
     api_pool: UpstreamPool
     upstream_tls: ssl.SSLContext  # toward proxied hosts the gate terminates: system store + extra CAs, http/1.1
-    api_route: ApiRoute  # the API listener's filters, made once
+    tunnels: TunnelSlots  # the proxy's open tunnels, against --max-tunnels
     ca: LeafIssuer | None = None  # None: no termination, every tunnel is opaque (still under the name check)
-    active_tunnels: int = 0

@@ -141,10 +141,8 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
     if route is not None and method != "CONNECT":
         raise Refused(403, f"{target} is bound to credential route {route.spec.name}, which is reached over TLS "
                            "only (https://), never plain HTTP")
-    if ctx.active_tunnels >= limits.max_tunnels:
-        raise Refused(503, f"too many concurrent tunnels (limit {limits.max_tunnels})")
-
-    ctx.active_tunnels += 1
+    if not ctx.tunnels.take():
+        raise Refused(503, f"too many concurrent tunnels (limit {ctx.tunnels.limit})")
     try:
         addresses = await vetted_addresses(target, record, ctx)
         if method == "CONNECT":
@@ -166,7 +164,7 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
                           lambda: dialled(addresses, target, limits.connect_timeout), record,
                           limits.idle_timeout, request_filters, answered(target, ctx))
     finally:
-        ctx.active_tunnels -= 1
+        ctx.tunnels.release()
 
 
 @contextlib.asynccontextmanager

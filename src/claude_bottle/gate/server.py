@@ -24,7 +24,7 @@ import uvloop
 
 from claude_bottle.errors import ConfigError, GateError
 from claude_bottle.gate import control
-from claude_bottle.gate.api import ApiRoute, api_exchange
+from claude_bottle.gate.api import ApiRoute
 from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.connection import HttpConnection, serve_http
@@ -36,6 +36,7 @@ from claude_bottle.gate.refusals import answer
 from claude_bottle.gate.request_loop import serve_requests
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
 from claude_bottle.gate.settings import Endpoint, GateSettings
+from claude_bottle.gate.tunnel import TunnelSlots
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
 from claude_bottle.policy.decide import Decision, EgressPolicy
@@ -60,6 +61,7 @@ class Gate:
         self._connections: dict[asyncio.Task[None], HttpConnection] = {}
         self._busy: set[HttpConnection] = set()
         self._ctx: GateContext | None = None
+        self._api_route = ApiRoute.of(config)  # the API listener's filters, made once
         self._upstream_resolved_at = -UPSTREAM_ADDRESS_TTL
         self._upstream_endpoints: frozenset[tuple[IPAddress, int]] = frozenset()  # the last set that resolved
         self._open = {"api": 0, "proxy": 0}  # connections being served, per listener
@@ -82,7 +84,7 @@ class Gate:
             api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
                                   limits.connect_timeout),
             upstream_tls=self.config.ssl_context(),
-            api_route=ApiRoute.of(self.config),
+            tunnels=TunnelSlots(limits.max_tunnels),
             ca=self.ca,
         )
         try:
@@ -176,8 +178,8 @@ class Gate:
         try:
             if listener == "proxy":
                 await self._refresh_protected()
-            await serve_requests(conn, listener, api_exchange if listener == "api" else proxy_exchange, self._ctx,
-                                 self._busy)
+            exchange = self._api_route.exchange if listener == "api" else proxy_exchange
+            await serve_requests(conn, listener, exchange, self._ctx, self._busy)
         except asyncio.CancelledError:
             pass  # shutdown: the connection closes below
         finally:

@@ -21,6 +21,26 @@ HIGH_WATER = 256 * 1024  # stop reading a side while the other side has more tha
 LOW_WATER = 64 * 1024  # and read it again once the queue is down to this
 
 
+class TunnelSlots:
+    """The tunnels open at once, held under ``limit``: one slot per proxied exchange while it runs."""
+
+    __slots__ = ("limit", "open")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def take(self) -> bool:
+        """A slot, if one is free (True); the caller gives it back with ``release``."""
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def release(self) -> None:
+        self.open -= 1
+
+
 @dataclass
 class Traffic:
     up: int = 0  # client -> upstream
