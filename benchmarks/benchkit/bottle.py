@@ -98,10 +98,10 @@ class Bottle:
         # The stub where users' upstream is, for the gate: behind the egress network every gate joins anyway
         # (its two network endpoints, as in use); and a second one on a network of its own, which the gate
         # joins with --upstream-network (a third endpoint) and where `docker run` reaches it.
-        from claude_bottle.runtime import engine
-        from claude_bottle.runtime.bottle import egress_network
+        from claude_bottle.runtime.docker_engine import open_engine
+        from claude_bottle.runtime.pool import egress_network
 
-        egress = egress_network(engine.connect()).name
+        egress = egress_network(open_engine()).name
         for name, network, host in ((f"{self.net}-stub", self.net, "stub"),
                                     (f"{self.net}-egress-stub", egress, self.egress_stub)):
             self.docker("run", "-d", "--name", name, "--label", self.label, "--network", network,
@@ -265,15 +265,15 @@ class Bottle:
         from claude_bottle.agent.load import load_agent
         from claude_bottle.gate.settings import parse_upstream
         from claude_bottle.launch import Launch, claude_command, started
-        from claude_bottle.runtime import bottle as bottle_module
-        from claude_bottle.runtime.bottle import Run
+        from claude_bottle.runtime import removal
+        from claude_bottle.runtime.run import Run
 
         credential, _ = tokens.find()
         agent = load_agent(self.agent, self.workspace)
         reps = self.args.bottle_reps
         log(f"start breakdown: {reps} x run -p in process, each step timed")
         steps: list[dict[str, float]] = []
-        keep_audit, wait_for_gate, release = bottle_module.keep_audit, Run.wait_for_gate, Run.release
+        keep_audit, wait_for_gate, release = removal.keep_audit, Run.wait_for_gate, Run.release
         start = Container.start
 
         def timed(t: dict[str, float], name: str, call: Any) -> Any:
@@ -289,7 +289,7 @@ class Bottle:
             for _ in range(reps):
                 self.deadline.check()
                 t: dict[str, float] = {}
-                bottle_module.keep_audit = timed(t, "teardown_gate_stop", keep_audit)
+                removal.keep_audit = timed(t, "teardown_gate_stop", keep_audit)
                 Run.wait_for_gate = timed(t, "wait_gate_ready", wait_for_gate)  # type: ignore[method-assign]
                 Run.release = timed(t, "release", release)  # type: ignore[method-assign]
                 Container.start = timed(t, "start_bottle", start)  # type: ignore[method-assign]
@@ -310,7 +310,7 @@ class Bottle:
                 t["total"] = time.monotonic() - t0
                 steps.append(t)
         finally:
-            bottle_module.keep_audit = keep_audit
+            removal.keep_audit = keep_audit
             Run.wait_for_gate, Run.release, Container.start = wait_for_gate, release, start  # type: ignore[method-assign]
         median = {k: percentile([s[k] for s in steps], 50) for k in steps[0]}
         self.details["start_breakdown_s"] = {"median": median, "runs": steps}

@@ -27,7 +27,11 @@ from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import Upstream
 from claude_bottle.runtime import engine, images
-from claude_bottle.runtime.bottle import Run, RunSpec, bottle_user, protective_mounts, userns_for
+from claude_bottle.runtime.docker_engine import engine_for
+from claude_bottle.runtime.files import protective_mounts
+from claude_bottle.runtime.run import Run
+from claude_bottle.runtime.spec import RunSpec
+from claude_bottle.runtime.users import bottle_user, userns_for
 
 EXTRA_CA_VARIABLE = "CLAUDE_BOTTLE_EXTRA_CA_CERTS"
 HOST_CA_VARIABLE = "CLAUDE_BOTTLE_HOST_CA_CERTS"  # "0" (or no, false, off): the images do not trust the host's CAs
@@ -98,7 +102,7 @@ class Launch:
 
 def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
     """The bypass-mode warning is accepted in the bottle's read-only ~/.claude/settings.json
-    (``runtime.bottle.CLAUDE_SETTINGS``)."""
+    (``runtime.files.CLAUDE_SETTINGS``)."""
     model = ["--model", agent.model] if agent.model else []
     return ["claude", "--dangerously-skip-permissions", *model, *agent.claude_args, *extra]
 
@@ -177,14 +181,15 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         began = time.monotonic()
         bottle_image, gate_image = build_images(client, agent, progress)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
-        run = Run(client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0]), about))
+        run = Run(client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0]), about),
+                  engine_for(client, about))
         watch = trust.Watch(launch.workspace, run.id)
         try:
             watch.begin(found)
             progress(f"starting gate for agent {agent.name}")
             began = time.monotonic()
             run.start_gate()
-            if about.podman:
+            if run.engine.bridges_on_host:
                 run.check_host_unreachable()
             progress(f"networks and gate created ({time.monotonic() - began:.1f} s)")
             yield run
@@ -200,17 +205,18 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
 def run_headless(launch: Launch, prompt: str, progress: Progress) -> int:
     """``claude -p`` in a bottle; its output goes to stdout, its exit code is returned."""
     with started(launch, progress) as run:
-        bottle = run.start_bottle(claude_command(launch.agent, "-p", prompt))
-        for chunk in bottle.logs(stream=True, follow=True, stdout=True, stderr=False):
+        run.start_bottle(claude_command(launch.agent, "-p", prompt))
+        engine, bottle = run.engine, run.names.bottle
+        for chunk in engine.logs(bottle, stdout=True, stderr=False, follow=True):
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
         # Claude Code has exited, its connections closed: the gate stops while the engine finishes the bottle.
         with ThreadPoolExecutor(1) as pool:
             pool.submit(run.stop_gate)
-            status = bottle.wait()
-        if status.get("StatusCode"):
-            sys.stderr.write(bottle.logs(stdout=False, stderr=True).decode("utf-8", "replace"))
-        return int(status.get("StatusCode", 1))
+            status = engine.wait(bottle)
+        if status:
+            sys.stderr.write(b"".join(engine.logs(bottle, stdout=False, stderr=True)).decode("utf-8", "replace"))
+        return status
 
 
 def docker_cli() -> str:
@@ -223,7 +229,7 @@ def docker_cli() -> str:
 def run_interactive(launch: Launch, progress: Progress, keep: bool) -> int:
     """Interactive Claude Code in this terminal; the Docker CLI handles the terminal (raw mode, resize)."""
     with started(launch, progress, keep=keep) as run:
-        bottle = run.create_bottle(claude_command(launch.agent), tty=True)
+        run.create_bottle(claude_command(launch.agent), tty=True)
         progress(f"starting Claude Code in {launch.workspace}")
         interactive = ["--interactive"] if sys.stdin.isatty() else []
-        return subprocess.call([docker_cli(), "start", "--attach", *interactive, bottle.name])
+        return subprocess.call([docker_cli(), "start", "--attach", *interactive, run.names.bottle])

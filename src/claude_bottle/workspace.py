@@ -4,7 +4,7 @@ A bottle writes its workspace, and the user's tools later read some files there 
 code: git (``.git``), editors (``.vscode/``, ``.idea/``), direnv (``.envrc``), Claude Code on the host
 (``.claude/settings.json``, ``.mcp.json``), commit hooks kept in the tree (``.husky/``,
 ``.pre-commit-config.yaml``). Those paths are *protected*: mounted read-only into the bottle where they
-exist (``claude_bottle.runtime.bottle.protective_mounts``) and fingerprinted before and after every run
+exist (``claude_bottle.runtime.files.protective_mounts``) and fingerprinted before and after every run
 (here), so whatever still changed is reported.
 
 Everything here reads with ``lstat`` and never follows a symlink. Work is bounded: the search for nested

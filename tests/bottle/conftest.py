@@ -25,7 +25,8 @@ from claude_bottle.errors import DockerError
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.runtime import engine
-from claude_bottle.runtime.bottle import WORKSPACE_LABEL, Run
+from claude_bottle.runtime.names import WORKSPACE_LABEL
+from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import stub_container
 from tests.helpers import make_token
 from tests.prerequisites import missing

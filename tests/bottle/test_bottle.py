@@ -26,15 +26,10 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import GateError
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime.bottle import (
-    EGRESS_NETWORK,
-    IMAGE_BUNDLE,
-    READY_FILE,
-    SYSTEM_BUNDLE,
-    Run,
-    bottle_user,
-    state_volume,
-)
+from claude_bottle.runtime.files import IMAGE_BUNDLE, READY_FILE, SYSTEM_BUNDLE
+from claude_bottle.runtime.names import EGRESS_NETWORK, state_volume
+from claude_bottle.runtime.run import Run
+from claude_bottle.runtime.users import bottle_user
 from claude_bottle.stub import DEFAULT_TEXT
 from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, gate_audit, leftovers, on_screen, write_agent
@@ -321,7 +316,7 @@ def test_gates_share_the_egress_network_but_listen_on_their_own_networks_only(
         assert right.gate is not None and right.egress is not None
         right.gate.reload()
         address = right.gate.attrs["NetworkSettings"]["Networks"][EGRESS_NETWORK]["IPAddress"]
-        subnet = right.egress.attrs["IPAM"]["Config"][0]["Subnet"]
+        subnet = right.egress.subnets[0]
         targets = [f"{address}:{port}" for port in (8080, 3128)]
         write_agent("left", f"allow = {json.dumps(targets)}\nallow_tcp = {json.dumps(targets)}\n"
                             f'allow_private = ["{subnet}"]\n')

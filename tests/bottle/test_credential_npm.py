@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import docker
 import pytest
 
-from claude_bottle.runtime.bottle import Run
+from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle
 from tests.bottle.conftest import ImagesFor, Upstream, bottle_against
 from tests.bottle.https_servers import NPM, PORTS, Package, Servers, https_servers, npm_files

@@ -30,7 +30,7 @@ from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist
-from claude_bottle.runtime.bottle import Run
+from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle
 from tests.bottle.conftest import Upstream, leftovers
 from tests.bottle.https_servers import COLLECT, PORTS, Servers, https_servers

@@ -3,7 +3,7 @@
 tcpdump runs on the host in the bottle's network namespace (through nsenter), so it records what leaves the
 bottle whatever sends it: the only peer must be the gate. The gate's audit log names what Claude Code tried
 through the proxy and was refused; docs/refused-destinations.md must list each of those, with Claude Code's
-switches (runtime.bottle.CLAUDE_ENV) and without them.
+switches (runtime.run.CLAUDE_ENV) and without them.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, claude_command, docker_cli, started
-from claude_bottle.runtime import bottle as bottle_module
-from claude_bottle.runtime.bottle import AGENT_LABEL
+from claude_bottle.runtime import run as run_module
+from claude_bottle.runtime.names import AGENT_LABEL
 from claude_bottle.stub import DEFAULT_TEXT
 from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent
 from tests.prerequisites import require
@@ -232,7 +232,7 @@ def test_a_session_talks_only_to_the_gate_and_its_refusals_are_documented(
     built_images: tuple[str, str], capture_tools: None, monkeypatch: pytest.MonkeyPatch, agent: str, setting: str,
 ) -> None:
     if setting == "without":
-        monkeypatch.setattr(bottle_module, "CLAUDE_ENV", {})
+        monkeypatch.setattr(run_module, "CLAUDE_ENV", {})
     write_agent(agent, "")
     launch = Launch(load_agent(agent, workspace), workspace, Credential.parse(token, "test"),
                     parse_upstream(upstream.url), (upstream.network,))

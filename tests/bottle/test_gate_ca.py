@@ -38,8 +38,10 @@ from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.policy.hosts import Allowlist
-from claude_bottle.runtime import bottle as bottle_module
-from claude_bottle.runtime.bottle import CONTROL_SOCKET, SYSTEM_BUNDLE, Run
+from claude_bottle.runtime import run as run_module
+from claude_bottle.runtime.files import SYSTEM_BUNDLE
+from claude_bottle.runtime.gate import CONTROL_SOCKET
+from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, leftovers, write_agent
 from tests.bottle.https_servers import leaf_pem
@@ -149,13 +151,13 @@ def bottle(client: docker.DockerClient, upstream: Upstream, token: str, workspac
            test_ca: RunCA, tls_target: Container, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bottle]:
     announced: list[bytes] = []
 
-    add_ca = bottle_module.add_ca
+    add_ca = run_module.add_ca
 
     def gate_ca_and_the_tests(store: Path, certificate_pem: bytes) -> None:
         announced.append(certificate_pem)
         add_ca(store, certificate_pem + test_ca.certificate_pem)
 
-    monkeypatch.setattr(bottle_module, "add_ca", gate_ca_and_the_tests)
+    monkeypatch.setattr(run_module, "add_ca", gate_ca_and_the_tests)
     write_agent("trusting", f'allow_tcp = ["{TARGET}:{TRUSTED}", "{TARGET}:{UNTRUSTED}"]\n'
                             f'allow_private = ["{upstream.subnet}"]\nextra_packages = {json.dumps(PACKAGES)}\n')
     launch = Launch(load_agent("trusting", workspace), workspace, Credential.parse(token, "test"),

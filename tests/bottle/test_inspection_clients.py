@@ -34,7 +34,7 @@ from docker.models.containers import Container
 from claude_bottle.agent.presets import READ_PRESETS
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.policy.hosts import Allowlist
-from claude_bottle.runtime.bottle import Run
+from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle
 from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, bottle_against, gate_audit
 from tests.bottle.https_servers import leaf_pem

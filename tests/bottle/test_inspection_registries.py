@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from claude_bottle.agent.presets import READ_PRESETS
-from claude_bottle.runtime.bottle import Run
+from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle
 from tests.bottle.conftest import ImagesFor, Upstream, bottle_against, gate_audit
 from tests.bottle.https_servers import NPM, PORTS, PYPI, Package, Servers, https_servers, npm_files, pypi_files

@@ -28,7 +28,9 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.paths import agents_dir
-from claude_bottle.runtime.bottle import API_PORT, CONTROL_SOCKET, PROXY_PORT, Run, control_gate
+from claude_bottle.runtime.gate import CONTROL_SOCKET, control_gate
+from claude_bottle.runtime.run import Run
+from claude_bottle.runtime.spec import API_PORT, PROXY_PORT
 from claude_bottle.verify.standins import in_bottle, stub_container
 from tests.bottle.conftest import TEST_LABEL, Upstream, write_agent
 
@@ -134,7 +136,9 @@ def test_learn_then_suggest_then_a_strict_run_with_approval_while_running(
                                     f"ls -la {CONTROL_SOCKET} 2>&1")[1]
         assert "code=7" in missing and "No such file" in missing
         assert status(strict, f"http://other:{PORT}/v1/models") == "403"
-        assert control_gate(client.containers.get(f"claude-bottle-{strict.id}-gate"), "show")["policy"]["allow"] == \
+        gate = strict.engine.container(strict.names.gate)
+        assert gate is not None
+        assert control_gate(strict.engine, gate, "show")["policy"]["allow"] == \
             [f"target:{PORT}"], "nothing from the bottle changed the gate's policy"
 
         # approve while running: no restart, the bottle's policy file follows

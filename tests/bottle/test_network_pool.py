@@ -23,7 +23,10 @@ from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime.bottle import POOL_KEPT, POOL_LABEL, RUN_LABEL, Run, claim_internal, trim_pool
+from claude_bottle.runtime.docker_engine import DockerEngine
+from claude_bottle.runtime.names import POOL_LABEL, RUN_LABEL, claim_container
+from claude_bottle.runtime.pool import POOL_KEPT, claim_internal, trim_pool
+from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, leftovers, write_agent
 
@@ -70,14 +73,15 @@ def test_claims_made_at_once_never_share_a_network(
     runs = [{RUN_LABEL: f"pool-test-{secrets.token_hex(4)}"} for _ in range(8)]
     try:
         with ThreadPoolExecutor(len(runs)) as pool:
-            networks = list(pool.map(lambda labels: claim_internal(client, gate_image, labels), runs))
+            networks = list(pool.map(lambda labels: claim_internal(DockerEngine(client), gate_image, labels), runs))
         assert len({n.id for n in networks}) == len(runs)
         for network in networks:
-            assert network.attrs["Internal"] is True
-            assert network.attrs["Options"]["com.docker.network.bridge.inhibit_ipv4"] == "true"
+            attrs = client.networks.get(network.id).attrs
+            assert attrs["Internal"] is True
+            assert attrs["Options"]["com.docker.network.bridge.inhibit_ipv4"] == "true"
     finally:
         release_claims(client, runs)
-        trim_pool(client, gate_image)
+        trim_pool(DockerEngine(client), gate_image)
 
 
 def test_a_network_anything_is_on_goes_to_no_other_run(
@@ -89,7 +93,7 @@ def test_a_network_anything_is_on_goes_to_no_other_run(
     _, gate_image = built_images
     with run_of("left", workspace, token, upstream) as left:
         assert left.internal is not None
-        client.containers.get(f"{left.internal.name}-claim").remove(force=True)
+        client.containers.get(claim_container(left.internal.name)).remove(force=True)
         with run_of("right", workspace, token, upstream) as right:
             assert right.internal is not None and right.internal.id != left.internal.id
             for address in (left.gate_ip, bottle_ip(left)):
@@ -121,17 +125,17 @@ def test_free_networks_beyond_the_kept_number_are_removed_but_never_a_claimed_on
     _, gate_image = built_images
     runs = [{RUN_LABEL: f"pool-test-{secrets.token_hex(4)}"} for _ in range(POOL_KEPT + 3)]
     try:
-        networks = [claim_internal(client, gate_image, labels) for labels in runs]
+        networks = [claim_internal(DockerEngine(client), gate_image, labels) for labels in runs]
         held, released = networks[0], networks[1:]
         release_claims(client, runs[1:])
-        trim_pool(client, gate_image)
+        trim_pool(DockerEngine(client), gate_image)
         left = pooled(client)
         assert held.id in left, "a claimed network was removed"
         assert len([n for n in released if n.id in left]) <= POOL_KEPT
         assert len([n for n in left.values() if not on_network(client, n) and n.id != held.id]) <= POOL_KEPT
     finally:
         release_claims(client, runs)
-        trim_pool(client, gate_image)
+        trim_pool(DockerEngine(client), gate_image)
 
 
 def test_stop_all_removes_the_kept_networks_with_every_bottle(

@@ -20,8 +20,8 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime import bottle as bottle_module
 from claude_bottle.runtime import engine
+from claude_bottle.runtime import run as run_module
 from tests.bottle.conftest import podman_client, write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
@@ -72,7 +72,7 @@ def test_start_is_refused_while_the_host_answers_on_the_bottles_bridge(
     there, as on a Podman host without the rule. Start must refuse before any bottle exists, and leave
     nothing."""
     monkeypatch.setenv("DOCKER_HOST", SOCKET)
-    monkeypatch.setattr(bottle_module, "BRIDGE_PREFIX", "exposd-")
+    monkeypatch.setattr(run_module, "BRIDGE_PREFIX", "exposd-")
     made = engine.libpod
 
     def with_a_resolver(client: docker.DockerClient, method: str, path: str, body: dict[str, Any] | None = None) -> Any:

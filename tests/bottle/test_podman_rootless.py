@@ -31,7 +31,9 @@ from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime.bottle import BRIDGE_PREFIX, WORKSPACE_LABEL, Run
+from claude_bottle.runtime.names import WORKSPACE_LABEL
+from claude_bottle.runtime.pool import BRIDGE_PREFIX
+from claude_bottle.runtime.run import Run
 from claude_bottle.verify.network import SLIRP_HOST
 from claude_bottle.verify.standins import in_bottle as inside
 from claude_bottle.verify.standins import stub_container
@@ -224,7 +226,7 @@ def test_the_bottle_reaches_nothing_of_podmans_namespace_and_the_gate_not_the_ho
         addresses = in_rootless_namespace("ip", "-o", "addr", "show", "dev", bridge)
         assert bridge in addresses and " inet " not in addresses, addresses
         assert run.internal is not None
-        subnet = ipaddress.ip_network(run.internal.attrs["IPAM"]["Config"][0]["Subnet"])
+        subnet = ipaddress.ip_network(run.internal.subnets[0])
         resolvers = [line.split()[3].rsplit(":", 1)[0]
                      for line in in_rootless_namespace("ss", "-Hlnu", "sport", "=", "53").splitlines()]
         assert resolvers, "aardvark-dns answers the gate's other networks"

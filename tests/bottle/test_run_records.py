@@ -19,7 +19,9 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.paths import state_dir
-from claude_bottle.runtime.bottle import PROXY_PORT, Run, state_volume
+from claude_bottle.runtime.names import state_volume
+from claude_bottle.runtime.run import Run
+from claude_bottle.runtime.spec import PROXY_PORT
 from claude_bottle.stub import DEFAULT_TEXT
 from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, leftovers, write_agent

@@ -24,7 +24,9 @@ from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules
-from claude_bottle.runtime import bottle as bottle_module
+from claude_bottle.runtime import run as run_module
+from claude_bottle.runtime.files import Protection
+from claude_bottle.runtime.spec import HOME
 from claude_bottle.verify import inspected, standins, suite
 from claude_bottle.verify.attack import Outcome
 from claude_bottle.verify.standins import Verification, verification
@@ -196,16 +198,16 @@ def test_a_host_that_trusts_what_bottles_write_fails_verify(
     def per_agent(agent: str, workspace: Path) -> str:
         return f"claude-bottle-{agent}-state"
 
-    def following_symlinks(workspace: Path, paths: tuple[str, ...] = ()) -> list[bottle_module.Protection]:
+    def following_symlinks(workspace: Path, paths: tuple[str, ...] = ()) -> list[Protection]:
         """Mounts what protected paths lead to, as claude-bottle once did for .git/config, and nothing else."""
-        return [bottle_module.Protection(f"/workspace/{path}", workspace / path) for path in paths
+        return [Protection(f"/workspace/{path}", workspace / path) for path in paths
                 if (workspace / path).is_symlink() and (workspace / path).exists()]
 
-    monkeypatch.setattr(bottle_module, "protective_mounts", following_symlinks)
-    monkeypatch.setattr(bottle_module, "state_volume", per_agent)
+    monkeypatch.setattr(run_module, "protective_mounts", following_symlinks)
+    monkeypatch.setattr(run_module, "state_volume", per_agent)
     monkeypatch.setattr(standins, "state_volume", per_agent)
-    monkeypatch.setattr(bottle_module, "claude_state_mounts",
-                        lambda volume: {volume: {"bind": f"{bottle_module.HOME}/.claude", "mode": "rw"}})
+    monkeypatch.setattr(run_module, "claude_state_mounts",
+                        lambda volume: {volume: {"bind": f"{HOME}/.claude", "mode": "rw"}})
     monkeypatch.setattr(project_module, "PROJECT_FORBIDDEN", {})
     monkeypatch.setattr(trust, "approved_digest", lambda workspace: getattr(read_project_file(workspace), "digest",
                                                                             None))

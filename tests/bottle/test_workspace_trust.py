@@ -22,7 +22,7 @@ from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime.bottle import Run
+from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, leftovers, write_agent
 

@@ -15,16 +15,11 @@ from claude_bottle.credentials import Credential, CredentialKind
 from claude_bottle.errors import ConfigError
 from claude_bottle.launch import Launch, claude_command, run_spec
 from claude_bottle.paths import workspace_key
-from claude_bottle.runtime.bottle import (
-    CLAUDE_SETTINGS,
-    gate_command,
-    seeded_claude_json,
-    seeded_settings,
-    state_volume,
-    upstream_ca_mounts,
-    user_for,
-)
 from claude_bottle.runtime.engine import EngineInfo
+from claude_bottle.runtime.files import CLAUDE_SETTINGS, seeded_claude_json, seeded_settings
+from claude_bottle.runtime.gate import gate_command, upstream_ca_mounts
+from claude_bottle.runtime.names import state_volume
+from claude_bottle.runtime.users import user_for
 from tests.helpers import make_token
 
 
@@ -167,7 +162,7 @@ def test_stand_in_cas_reach_the_gate_as_read_only_mounts(tmp_path: Path) -> None
 
 def test_every_gate_gets_a_control_socket_in_its_own_file_system_and_learn_mode_only_when_asked(
         tmp_path: Path) -> None:
-    from claude_bottle.runtime.bottle import CONTROL_SOCKET
+    from claude_bottle.runtime.gate import CONTROL_SOCKET
 
     launch = Launch(AgentConfig(), tmp_path, Credential.parse(make_token(), "t"))
     command = gate_command(run_spec(launch, "bottle", "gate", "1000:1000"))
@@ -179,7 +174,7 @@ def test_every_gate_gets_a_control_socket_in_its_own_file_system_and_learn_mode_
 
 def test_the_bottles_policy_file_is_written_on_the_host_readable_by_any_user(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from claude_bottle.runtime.bottle import POLICY_FILE, policy_dir, spec_policy, write_policy
+    from claude_bottle.runtime.files import POLICY_FILE, policy_dir, spec_policy, write_policy
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     agent = parse_agent("a", tomllib.loads('version = 1\nallow = ["x.example"]\n'), "a.toml")

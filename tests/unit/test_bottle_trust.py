@@ -4,10 +4,8 @@ the bottle is let go only once the gate listens and the CA is there."""
 
 from __future__ import annotations
 
-import io
 import os
 import socket
-import tarfile
 import threading
 import tomllib
 from collections.abc import Iterator
@@ -20,20 +18,22 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.launch import Launch, run_spec
-from claude_bottle.runtime.bottle import (
+from claude_bottle.runtime.files import (
     CA_ENV,
     IMAGE_BUNDLE,
     IMAGE_BUNDLES_KEPT,
     READY_FILE,
     SYSTEM_BUNDLE,
-    Run,
     add_ca,
     bottle_files,
     image_trust_store,
     policy_dir,
-    startup_lines,
     write_for_bottle,
 )
+from claude_bottle.runtime.gate import startup_lines
+from claude_bottle.runtime.run import Run
+from claude_bottle.runtime.seam import ContainerInfo, ContainerSpec
+from tests.fake_engine import FakeEngine
 from tests.helpers import make_token
 
 ROOTS = b"-----BEGIN CERTIFICATE-----\nMIIroot\n-----END CERTIFICATE-----\n"
@@ -46,54 +46,44 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "state"
 
 
-def archive(name: str, data: bytes, symlink: bool = False) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo(name)
-        if symlink:
-            info.type, info.linkname = tarfile.SYMTYPE, "/tmp/elsewhere"
-        else:
-            info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+def bottle_of_image(engine: FakeEngine, bundle: bytes | None, image: str = "ab" * 32) -> ContainerInfo:
+    """A created bottle of image ``image`` whose system bundle is ``bundle`` (None: no such file; empty:
+    not a regular file)."""
+    bottle = engine.create_container(ContainerSpec(image, f"claude-bottle-a-{len(engine.specs)}-bottle", {}))
+    if bundle is not None:
+        # IMAGE_BUNDLE, not SYSTEM_BUNDLE: the run's file mount is over that one
+        engine.files[(bottle.name, IMAGE_BUNDLE)] = bundle
+    return bottle
 
 
-class FakeContainer:
-    """A created bottle of image ``image`` whose system bundle is ``bundle``; counts the reads."""
-
-    def __init__(self, bundle: bytes, image: str = "sha256:" + "ab" * 32, symlink: bool = False) -> None:
-        self.bundle, self.symlink = bundle, symlink
-        self.attrs = {"Image": image}
-        self.reads = 0
-
-    def get_archive(self, path: str) -> tuple[list[bytes], dict[str, object]]:
-        assert path == IMAGE_BUNDLE  # not SYSTEM_BUNDLE: the run's file mount is over that one
-        self.reads += 1
-        data = archive("ca-certificates.crt", self.bundle, self.symlink)
-        return [data[:100], data[100:]], {}
+def reads(engine: FakeEngine) -> int:
+    return sum(1 for kind, _ in engine.events if kind == "read")
 
 
 def test_the_images_bundle_is_read_once_per_image() -> None:
-    first, again = FakeContainer(ROOTS), FakeContainer(ROOTS.replace(b"root", b"else"))
-    assert image_trust_store(first) == ROOTS  # type: ignore[arg-type]
-    assert image_trust_store(again) == ROOTS  # type: ignore[arg-type]
-    assert (first.reads, again.reads) == (1, 0)
-    other = FakeContainer(ROOTS.replace(b"root", b"other"), image="sha256:" + "cd" * 32)
-    assert image_trust_store(other) == other.bundle  # type: ignore[arg-type]
+    engine = FakeEngine()
+    first, again = bottle_of_image(engine, ROOTS), bottle_of_image(engine, ROOTS.replace(b"root", b"else"))
+    assert image_trust_store(engine, first) == ROOTS
+    assert image_trust_store(engine, again) == ROOTS
+    assert reads(engine) == 1
+    other = bottle_of_image(engine, ROOTS.replace(b"root", b"other"), image="cd" * 32)
+    assert image_trust_store(engine, other) == ROOTS.replace(b"root", b"other")
 
 
 def test_only_the_newest_images_bundles_are_kept(state: Path) -> None:
+    engine = FakeEngine()
     for n in range(IMAGE_BUNDLES_KEPT + 3):
-        image_trust_store(FakeContainer(ROOTS, image=f"sha256:{n:064x}"))  # type: ignore[arg-type]
+        image_trust_store(engine, bottle_of_image(engine, ROOTS, image=f"{n:064x}"))
     assert len(list((state / "claude-bottle" / "image-trust").glob("*.crt"))) == IMAGE_BUNDLES_KEPT
 
 
 @pytest.mark.parametrize("bundle", [b"", b"not a certificate\n"])
 def test_a_bundle_without_certificates_is_refused_and_not_kept(bundle: bytes, state: Path) -> None:
+    engine = FakeEngine()
     with pytest.raises(DockerError, match="holds no certificate: rebuild it"):
-        image_trust_store(FakeContainer(bundle))  # type: ignore[arg-type]
-    with pytest.raises(DockerError, match="holds no certificate: rebuild it"):
-        image_trust_store(FakeContainer(ROOTS, symlink=True))  # type: ignore[arg-type]
+        image_trust_store(engine, bottle_of_image(engine, bundle))
+    with pytest.raises(DockerError, match="the bottle image has no "):
+        image_trust_store(engine, bottle_of_image(engine, None))
     assert not list(state.rglob("*.crt"))
 
 
@@ -164,7 +154,7 @@ def started_run(tmp_path: Path, output: bytes, close: bool = True) -> tuple[Run,
     gates.sendall(output)
     if close:
         gates.close()
-    run.gate = object()  # type: ignore[assignment]  # started: what it said is on ``ours``
+    run.gate_started = True  # what it said is on ``ours``
     run._gate_output = ours
     return run, gates
 

@@ -12,23 +12,22 @@ from click.testing import CliRunner
 from claude_bottle import records
 from claude_bottle.cli import cli
 from claude_bottle.errors import DockerError
-from claude_bottle.runtime import bottle, engine
+from claude_bottle.runtime import docker_engine, engine
+from claude_bottle.runtime import gate as runtime_gate
+from claude_bottle.runtime.names import RunNames
+from tests.fake_engine import FakeEngine
 
 
 @pytest.fixture
-def docker_exec(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """What `exec` would run, and for which AGENT and workspace it looked up the bottle."""
+def docker_exec(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+    """What `exec` would run, on an engine with a bottle of agent dev on ``tmp_path`` and one of agent ops
+    elsewhere."""
     calls: list[Any] = []
-
-    class Bottle:
-        name = "claude-bottle-dev-1-bottle"
-
-    def bottle_of(client: object, agent: str | None, workspace: Path | None = None) -> Bottle:
-        calls.append((agent, workspace))
-        return Bottle()
-
-    monkeypatch.setattr(engine, "connect", lambda: None)
-    monkeypatch.setattr(bottle, "bottle_of", bottle_of)
+    engine = FakeEngine()
+    for run in (RunNames("dev-1", "dev", str(tmp_path)), RunNames("ops-2", "ops", "/elsewhere")):
+        engine.add_container(run.gate, run.labels)
+        engine.add_container(run.bottle, run.labels)
+    monkeypatch.setattr(docker_engine, "open_engine", lambda: engine)
     monkeypatch.setattr("claude_bottle.launch.docker_cli", lambda: "docker")
     monkeypatch.setattr("subprocess.call", lambda argv: calls.append(argv) or 0)
     return calls
@@ -44,8 +43,7 @@ def test_exec_runs_what_follows_the_double_dash_as_the_bottles_own_user(
 ) -> None:
     result = CliRunner().invoke(cli, ["exec", "--workspace", str(tmp_path), *args])
     assert result.exit_code == 0, result.output
-    assert docker_exec[0] == (agent, tmp_path)
-    assert docker_exec[1] == ["docker", "exec", "-i", "claude-bottle-dev-1-bottle", *command], "no -u"
+    assert docker_exec == [["docker", "exec", "-i", "claude-bottle-dev-1-bottle", *command]], "no -u"
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -113,19 +111,20 @@ def gate_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     asked: list[tuple[str, str]] = []
 
-    class Gate:
-        name = "claude-bottle-dev-1-gate"
+    engine = FakeEngine()
+    run = RunNames("dev-1", "dev", "/elsewhere")
+    engine.add_container(run.gate, run.labels)
 
-        def __init__(self) -> None:
-            self.labels = {bottle.AGENT_LABEL: "dev"}
-
-    def control_gate(gate: Gate, op: str, entry: str = "") -> dict[str, Any]:
+    def control(name: str, argv: list[str]) -> tuple[int, bytes]:
+        assert name == run.gate and argv[:3] == [runtime_gate.GATE_PYTHON, "-m", "claude_bottle.gate.control"]
+        op, entry = argv[-2:]
         asked.append((op, entry))
-        return {"ok": True, "message": f"{op}ed {entry}".replace("denyed", "denied"), "policy": {}}
+        message = f"{op}ed {entry}".replace("denyed", "denied")
+        return 0, json.dumps({"ok": True, "message": message, "policy": {}}).encode()
 
-    monkeypatch.setattr(engine, "connect", lambda: None)
-    monkeypatch.setattr(bottle, "gate_of", lambda client, agent, workspace=None: Gate())
-    monkeypatch.setattr(bottle, "control_gate", control_gate)
+    engine.on_exec = control
+    monkeypatch.setattr(docker_engine, "open_engine", lambda: engine)
+    monkeypatch.setattr(runtime_gate, "write_policy", lambda run_id, view: None)
     return asked
 
 

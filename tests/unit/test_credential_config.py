@@ -21,7 +21,9 @@ from claude_bottle.errors import ConfigError, CredentialError
 from claude_bottle.gate import settings as gc
 from claude_bottle.gate.routes import Scheme, parse_route_flag
 from claude_bottle.launch import Launch, run_spec
-from claude_bottle.runtime.bottle import Run, gate_command, gate_input, git_credentials
+from claude_bottle.runtime.files import git_credentials
+from claude_bottle.runtime.gate import gate_command, gate_input
+from claude_bottle.runtime.run import Run
 from tests.helpers import make_token
 
 VALUE = "ghp_" + "V" * 36

@@ -8,7 +8,9 @@ import pytest
 
 from claude_bottle.errors import DockerError
 from claude_bottle.runtime import engine
-from claude_bottle.runtime.bottle import network_gateways, userns_for
+from claude_bottle.runtime.docker_engine import LOG_CONFIG, create_options, network_info
+from claude_bottle.runtime.seam import ContainerSpec
+from claude_bottle.runtime.users import userns_for
 
 PODMAN_VERSION = {"Version": "4.3.1", "Components": [{"Name": "Podman Engine", "Version": "4.3.1"}]}
 
@@ -100,13 +102,27 @@ def test_the_bottle_keeps_the_users_id_on_rootless_podman_only(podman: bool, roo
     assert userns_for(podman, rootless) == mode
 
 
-class Network:
-    def __init__(self, pools: list[dict[str, str]]) -> None:
-        self.attrs = {"IPAM": {"Config": pools}}
+def gateways(pools: list[dict[str, str]]) -> list[str]:
+    return list(network_info({"Id": "n1", "Name": "net", "IPAM": {"Config": pools}}).gateways)
 
 
 def test_gateways_are_addresses_and_podmans_missing_one_is_none() -> None:
-    assert network_gateways(Network([{"Subnet": "10.89.0.0/24", "Gateway": "<nil>"}])) == []  # type: ignore[arg-type]
-    assert network_gateways(Network([{"Subnet": "10.89.0.0/24"}])) == []  # type: ignore[arg-type]
-    assert network_gateways(Network([{"Subnet": "172.18.0.0/16", "Gateway": "172.18.0.1"},  # type: ignore[arg-type]
-                                     {"Subnet": "fd00::/64", "Gateway": "fd00::1"}])) == ["172.18.0.1", "fd00::1"]
+    assert gateways([{"Subnet": "10.89.0.0/24", "Gateway": "<nil>"}]) == []
+    assert gateways([{"Subnet": "10.89.0.0/24"}]) == []
+    assert gateways([{"Subnet": "172.18.0.0/16", "Gateway": "172.18.0.1"},
+                     {"Subnet": "fd00::/64", "Gateway": "fd00::1"}]) == ["172.18.0.1", "fd00::1"]
+    assert network_info({"IPAM": {"Config": [{"Subnet": "10.89.0.0/24"}]}}).subnets == ("10.89.0.0/24",)
+
+
+def test_a_container_spec_becomes_the_sdks_arguments_with_only_what_it_sets() -> None:
+    """The gate's, as the runtime asks for it: hardened whatever the spec says, and nothing it leaves unset."""
+    spec = ContainerSpec("gate:1", "claude-bottle-dev-1-gate", {"claude-bottle": "1"}, command=("--x",),
+                         stdin_open=True, network="n1", read_only=True, tmpfs={"/tmp": "size=16m"}, pids_limit=256,
+                         memory="256m", bounded_logs=True, binds=(("/ca.pem", "/opt/gate/upstream-ca/0.pem", True),))
+    assert create_options(spec) == {
+        "name": "claude-bottle-dev-1-gate", "labels": {"claude-bottle": "1"}, "command": ["--x"],
+        "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "stdin_open": True, "network": "n1",
+        "read_only": True, "tmpfs": {"/tmp": "size=16m"}, "pids_limit": 256, "mem_limit": "256m",
+        "log_config": LOG_CONFIG, "volumes": {"/ca.pem": {"bind": "/opt/gate/upstream-ca/0.pem", "mode": "ro"}}}
+    bare = create_options(ContainerSpec("img", "name", {}))
+    assert bare == {"name": "name", "labels": {}, "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"]}

@@ -13,7 +13,8 @@ import pytest
 from claude_bottle import trust
 from claude_bottle import workspace as ws
 from claude_bottle.errors import ConfigError
-from claude_bottle.runtime.bottle import Protection, protective_mounts
+from claude_bottle.runtime.docker_engine import docker_mount
+from claude_bottle.runtime.files import Protection, protective_mounts
 
 
 @pytest.fixture
@@ -128,14 +129,14 @@ def test_existing_directories_and_files_are_mounted_read_only_symlinks_never(pro
     mounts = {p.target: p.source for p in protective_mounts(project, paths)}
     assert mounts == {"/workspace/.git": project / ".git", "/workspace/.vscode": project / ".vscode",
                       "/workspace/.envrc": project / ".envrc"}
-    assert all(m.mount()["ReadOnly"] for m in protective_mounts(project, paths))
+    assert all(docker_mount(m.mount())["ReadOnly"] for m in protective_mounts(project, paths))
 
 
 def test_a_missing_git_gets_an_empty_read_only_file_system(project: Path) -> None:
     subprocess.run(["rm", "-rf", str(project / ".git")], check=True)
     (protection,) = protective_mounts(project, ws.PROTECTED)
     assert protection == Protection("/workspace/.git", None)
-    mount = protection.mount()
+    mount = docker_mount(protection.mount())
     assert mount["Type"] == "tmpfs" and mount["ReadOnly"] is True
 
 

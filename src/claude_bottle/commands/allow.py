@@ -11,30 +11,33 @@ from claude_bottle.commands import agent_file
 from claude_bottle.errors import ConfigError
 
 if TYPE_CHECKING:
-    from docker.models.containers import Container
+    from claude_bottle.runtime.seam import ContainerInfo, Engine
 
 
-def gate_for(agent: str | None, workspace: str | None) -> Container:
-    """The gate of the bottle to change: ``agent``'s, this workspace's, or the only one running."""
+def gate_for(agent: str | None, workspace: str | None) -> tuple[Engine, ContainerInfo]:
+    """The gate of the bottle to change, with its engine: ``agent``'s, this workspace's, or the only one
+    running."""
     from pathlib import Path
 
-    from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import gate_of
+    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.listing import gate_of
 
-    return gate_of(engine.connect(), agent, Path(workspace or os.getcwd()).expanduser().resolve())
+    engine = open_engine()
+    return engine, gate_of(engine, agent, Path(workspace or os.getcwd()).expanduser().resolve())
 
 
 def allow(agent: str | None, entry: str, workspace: str | None, save: bool, yes: bool) -> None:
     """Allow ``entry`` (HOST[:PORT] as in an allow list) in the running bottle; with ``save`` also add it to
     the agent's file."""
     from claude_bottle import suggest
-    from claude_bottle.runtime.bottle import AGENT_LABEL, control_gate
+    from claude_bottle.runtime.gate import control_gate
+    from claude_bottle.runtime.names import RunNames, run_of
 
-    gate = gate_for(agent, workspace)
-    reply = control_gate(gate, "allow", entry)
-    click.echo(f"{reply['message']} in {gate.name.removeprefix('claude-bottle-').removesuffix('-gate')}")
+    engine, gate = gate_for(agent, workspace)
+    reply = control_gate(engine, gate, "allow", entry)
+    click.echo(f"{reply['message']} in {run_of(gate.name)}")
     if save:
-        name = gate.labels.get(AGENT_LABEL, agent or "")
+        name = RunNames.from_labels(gate.labels).agent or agent or ""
         if reply["message"].removeprefix("allowed ") in agent_file.allowlist(name):
             click.echo(f"agent {name} already lists it")
             return
@@ -46,14 +49,15 @@ def deny(agent: str | None, entry: str, workspace: str | None, save: bool, yes: 
     """Refuse ``entry`` in the running bottle from now on; with ``save`` also remove it from the agent's file
     (ConfigError when the file does not list it as written)."""
     from claude_bottle import suggest
-    from claude_bottle.runtime.bottle import AGENT_LABEL, control_gate
+    from claude_bottle.runtime.gate import control_gate
+    from claude_bottle.runtime.names import RunNames, run_of
 
-    gate = gate_for(agent, workspace)
-    reply = control_gate(gate, "deny", entry)
-    click.echo(f"{reply['message']} in {gate.name.removeprefix('claude-bottle-').removesuffix('-gate')}")
+    engine, gate = gate_for(agent, workspace)
+    reply = control_gate(engine, gate, "deny", entry)
+    click.echo(f"{reply['message']} in {run_of(gate.name)}")
     if not save:
         return
-    name, pattern = gate.labels.get(AGENT_LABEL, agent or ""), reply["message"].removeprefix("denied ")
+    name, pattern = RunNames.from_labels(gate.labels).agent or agent or "", reply["message"].removeprefix("denied ")
     path = agent_file.path_of(name)
     before = path.read_text() if path.exists() else ""
     try:

@@ -13,11 +13,11 @@ def exec_in(agent: str | None, workspace: str | None, command: list[str]) -> int
     from pathlib import Path
 
     from claude_bottle.launch import docker_cli
-    from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import bottle_of
+    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.listing import bottle_of
 
     place = Path(workspace or os.getcwd()).expanduser().resolve()
-    bottle = bottle_of(engine.connect(), agent, place)
+    bottle = bottle_of(open_engine(), agent, place)
     terminal = ["-it"] if sys.stdin.isatty() else ["-i"]
     # no -u: docker exec runs as the container's own user, the one the bottle was started as
     return subprocess.call([docker_cli(), "exec", *terminal, bottle.name, *command])

@@ -38,21 +38,24 @@ def read_audit(agent: str | None, workspace: str | None, run_id: str | None, fol
 
     from claude_bottle import records
     from claude_bottle.errors import DockerError
-    from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import AGENT_LABEL, running_run, runs
+    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.listing import running_run, runs
+    from claude_bottle.runtime.names import RunNames
 
     # with AGENT and no --workspace, any workspace of that agent's
     place = None if agent and workspace is None else Path(workspace or os.getcwd()).expanduser().resolve()
-    live, client = None, None
+    live, engine = None, None
     with contextlib.suppress(DockerError):  # no engine: no running bottle, the recorded runs still show
-        client = engine.connect()
-        live = (run_id if any(r["run"] == run_id for r in runs(client)) else None) if run_id else \
-            running_run(client, agent, place)
-    if live and client is not None:
-        gate = client.containers.get(f"claude-bottle-{live}-gate")
+        engine = open_engine()
+        live = (run_id if any(r["run"] == run_id for r in runs(engine)) else None) if run_id else \
+            running_run(engine, agent, place)
+    if live and engine is not None:
+        gate = engine.container(RunNames(live).gate)
+        if gate is None:
+            raise DockerError(f"run {live} has no gate container; remove it with `claude-bottle stop`")
         lines: Iterator[str] = (chunk.decode("utf-8", "replace") for chunk in
-                                gate.logs(stdout=False, stderr=True, stream=True, follow=follow))
-        owner, source = gate.labels.get(AGENT_LABEL, agent or ""), live
+                                engine.logs(gate.name, stdout=False, stderr=True, follow=follow))
+        owner, source = RunNames.from_labels(gate.labels).agent or agent or "", live
     elif follow:
         raise ConfigError("--follow shows a running bottle's decisions as they come, and none is running here; "
                           "without --follow, the last run's are shown")

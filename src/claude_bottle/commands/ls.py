@@ -9,10 +9,10 @@ import click
 
 def list_runs(as_json: bool) -> None:
     """Print the running bottles as a table, or as JSON."""
-    from claude_bottle.runtime import engine
-    from claude_bottle.runtime.bottle import runs
+    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.listing import runs
 
-    found = runs(engine.connect())
+    found = runs(open_engine())
     if as_json:
         click.echo(json.dumps(found, indent=2))
     elif not found:

@@ -85,7 +85,7 @@ def describe(client: docker.DockerClient) -> EngineInfo:
     return EngineInfo(kind, _numbers(str(about.get("Version", "0"))), runtimes, default, rootless, unenforced)
 
 
-# The bottle's limits (runtime/bottle.py Resources) and the cgroup controller each needs.
+# The bottle's limits (config Resources, set on the bottle in runtime/run.py) and the cgroup controller each needs.
 LIMITS = {"memory": "memory", "CPU": "cpu", "process": "pids"}
 
 

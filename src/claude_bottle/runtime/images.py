@@ -28,6 +28,7 @@ import docker.errors
 import claude_bottle
 from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 from claude_bottle.errors import ConfigError, DockerError
+from claude_bottle.runtime.names import image_repository
 
 BASE_IMAGE = "debian:bookworm-slim"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -65,7 +66,7 @@ class ImageSpec:
         digest.update(json.dumps(self.buildargs, sort_keys=True).encode())
         for path in sorted(self.files):
             digest.update(path.encode() + b"\0" + hashlib.sha256(self.files[path]).digest())
-        return f"claude-bottle-{self.name}:{digest.hexdigest()[:16]}"
+        return f"{image_repository(self.name)}:{digest.hexdigest()[:16]}"
 
 
 def _ca_files(inputs: BuildInputs) -> dict[str, bytes]:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from claude_bottle.gate.settings import Limits
-from claude_bottle.runtime.bottle import Run
+from claude_bottle.runtime.run import Run
 from claude_bottle.verify.attack import Attack, Outcome, Verdict
 from claude_bottle.verify.probe import (
     NEVER_COMES_BACK,

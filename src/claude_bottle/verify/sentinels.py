@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from claude_bottle.runtime.bottle import API_PORT
+from claude_bottle.runtime.spec import API_PORT
 from claude_bottle.verify.attack import Attack, Outcome, Verdict
 from claude_bottle.verify.standins import Verification, in_bottle, stub_requests
 

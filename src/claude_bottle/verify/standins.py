@@ -37,16 +37,10 @@ from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules, make_host_rules
 from claude_bottle.runtime import engine
-from claude_bottle.runtime.bottle import (
-    AGENT_LABEL,
-    LABEL,
-    RUN_LABEL,
-    Run,
-    create_container,
-    network_gateways,
-    remove_run,
-    state_volume,
-)
+from claude_bottle.runtime.docker_engine import DockerEngine, create_container, open_engine
+from claude_bottle.runtime.names import RunNames, state_volume
+from claude_bottle.runtime.removal import remove_run
+from claude_bottle.runtime.run import Run
 
 STUB_PORT = 8000
 PRIVATE_NAME = f"canary:{STUB_PORT}"  # allowlisted on purpose: the name resolves to a private address
@@ -56,7 +50,7 @@ FRONT = "front"  # an allowed host the bottle may reach (its address too), to at
 INSPECTED, READ_ONLY = "inspected", "registry"
 TLS_PORT = 8443
 PROBE_SECONDS = 120
-# The host-side name of the stand-ins' bridge: unlike a bottle's (runtime/bottle.py BRIDGE_PREFIX), the host
+# The host-side name of the stand-ins' bridge: unlike a bottle's (runtime/pool.py BRIDGE_PREFIX), the host
 # serves the gate there (Podman's resolver answers on the bridge's address).
 STAND_IN_BRIDGE = "stand-"
 
@@ -156,10 +150,10 @@ def stub_container(client: docker.DockerClient, image: str, network: str, alias:
 
 
 def _gateways(client: docker.DockerClient, names: list[str]) -> tuple[str, ...]:
-    found = []
+    found: list[str] = []
     for name in names:
-        with contextlib.suppress(docker.errors.NotFound):
-            found += network_gateways(client.networks.get(name))
+        network = DockerEngine(client).network(name)
+        found += network.gateways if network is not None else ()
     return tuple(dict.fromkeys(found))
 
 
@@ -187,8 +181,8 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
     """The stand-ins, removed on the way out (Ctrl-C included), with every bottle started against them."""
     credential = credential or throwaway_credential()
     verify_hex = secrets.token_hex(4)
-    verify_id = f"verify-{verify_hex}"
-    labels = {LABEL: "1", RUN_LABEL: verify_id, AGENT_LABEL: agent.name}
+    names = RunNames(f"verify-{verify_hex}", agent.name)
+    verify_id, labels = names.id, names.labels
     workspaces: list[Path] = []
     with on_stop_signals(interrupt), tempfile.TemporaryDirectory(prefix="claude-bottle-verify-tls-") as tls:
         client = engine.connect()
@@ -196,11 +190,11 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
         try:
             _, gate_image = build_images(client, agent, progress)
             progress("starting the stub upstream and a host outside the bottle")
-            outside = client.networks.create(f"claude-bottle-{verify_id}-outside", driver="bridge", internal=True,
+            outside = client.networks.create(names.container("outside"), driver="bridge", internal=True,
                                              options={"com.docker.network.bridge.name": STAND_IN_BRIDGE + verify_hex},
                                              labels=labels)
             stub, canary, front = (stub_container(client, gate_image, outside.name, alias,
-                                                  f"claude-bottle-{verify_id}-{alias}", labels)
+                                                  names.container(alias), labels)
                                    for alias in ("stub", "canary", FRONT))
             # The stand-ins speak plain HTTP, and these attacks are on what an opaque tunnel carries: tunnels to
             # them stay opaque (still under the first-flight check), else the gate's own TLS to them would fail
@@ -208,7 +202,7 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
             opaque = tuple(HostRules(parse_pattern(p), inspect=False) for p in (PRIVATE_NAME, f"{FRONT}:{STUB_PORT}",
                                                                                FRONT))
             ca, files = _https_files(Path(tls))
-            https = {name: stub_container(client, gate_image, outside.name, name, f"claude-bottle-{verify_id}-{name}",
+            https = {name: stub_container(client, gate_image, outside.name, name, names.container(name),
                                           labels, files[name]) for name in (INSPECTED, READ_ONLY)}
             tested = dataclasses.replace(
                 agent, allow=Allowlist((*agent.allow.patterns, *(parse_pattern(p) for p in (
@@ -222,7 +216,7 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
             raise DockerError(f"verify: {exc.explanation or exc}") from None
         finally:
             with on_stop_signals(lambda signum, frame: None):
-                remove_run(client, verify_id)
+                remove_run(open_engine(client), verify_id)
                 for workspace in workspaces:  # the scratch projects' Claude state: of no later use
                     with contextlib.suppress(docker.errors.APIError):
                         client.volumes.get(state_volume(agent.name, workspace)).remove(force=True)
@@ -323,7 +317,7 @@ def run_probe(target: Verification, targets: dict[str, Any]) -> str:
     probe = create_container(
         run.client, target.gate_image, f"container:{run.bottle.id}" if run.spec.userns else "",
         entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle.verify.probe", json.dumps(targets)],
-        name=f"claude-bottle-{run.id}-probe", labels=run.labels, network_mode=f"container:{run.bottle.id}",
+        name=run.names.container("probe"), labels=run.labels, network_mode=f"container:{run.bottle.id}",
         user=run.spec.user, cap_drop=["ALL"], security_opt=["no-new-privileges"],
         read_only=True)
     try:

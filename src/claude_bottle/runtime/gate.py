@@ -1,0 +1,117 @@
+"""The gate as the host starts and drives it: its arguments and standard input, the start-up lines it
+announces readiness and its CA in, and its control channel."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+from claude_bottle.errors import ConfigError, DockerError, GateError
+from claude_bottle.runtime.files import write_policy
+from claude_bottle.runtime.names import RunNames
+from claude_bottle.runtime.seam import ContainerInfo, Engine
+from claude_bottle.runtime.spec import API_PORT, PROXY_PORT, RunSpec
+
+CONTROL_SOCKET = "/tmp/claude-bottle-control.sock"  # in the gate's own tmpfs: see gate/control.py
+GATE_PYTHON = "/opt/gate/bin/python"
+GATE_READY_SECONDS = 30
+GATE_STOP_SECONDS = 3
+GATE_ALIAS = "gate"  # the gate's name on the internal network, where the engine resolves names there (Docker)
+
+
+def gate_command(spec: RunSpec, listen: str = GATE_ALIAS) -> list[str]:
+    """The gate's arguments: where it listens (``listen``: its name or address on the internal network), its
+    upstream, and the agent's egress and API policy. The token comes on stdin, never here."""
+    allow_args = [arg for pattern in spec.allow.patterns for arg in ("--allow", str(pattern))]
+    tcp_args = [arg for pattern in spec.allow_tcp.patterns for arg in ("--allow-tcp", str(pattern))]
+    private_args = [arg for network in spec.allow_private for arg in ("--allow-private", str(network))]
+    tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
+    ca_args = [arg for path in upstream_ca_mounts(spec).values() for arg in ("--extra-ca", path["bind"])]
+    route_args = [arg for route in spec.routes for arg in ("--credential-route", route.spec.flag())]
+    return ["--api-listen", f"{listen}:{API_PORT}", "--proxy-listen", f"{listen}:{PROXY_PORT}",
+            "--upstream", str(spec.upstream), "--token-file", "-", "--audit-log", "-",
+            "--control-socket", CONTROL_SOCKET, *(["--learn"] if spec.learn else []),
+            *allow_args, *tcp_args, *private_args, *tool_args, *ca_args, *spec.request_policy.args(), *spec.dlp.args(),
+            *route_args]
+
+
+def upstream_ca_mounts(spec: RunSpec) -> dict[str, dict[str, str]]:
+    """``spec.upstream_ca_files`` as read-only mounts into the gate."""
+    return {str(path): {"bind": f"/opt/gate/upstream-ca/{i}.pem", "mode": "ro"}
+            for i, path in enumerate(spec.upstream_ca_files)}
+
+
+def gate_input(spec: RunSpec) -> bytes:
+    """What the gate reads on its stdin: the token, then each route's value, one line each in the order of
+    ``--credential-route`` (``gate_command``)."""
+    return "".join(f"{value}\n" for value in (spec.credential.secret, *(r.secret for r in spec.routes))).encode()
+
+
+def control_gate(engine: Engine, gate: ContainerInfo, op: str, entry: str = "") -> dict[str, Any]:
+    """Change (or with ``show`` read) a running gate's egress policy through its control socket, reached
+    by running ``claude_bottle.gate.control`` inside the gate container; then the bottle's policy file is
+    rewritten. The reply; a ConfigError naming what the gate refused."""
+    try:
+        _, output = engine.exec(gate.name, [GATE_PYTHON, "-m", "claude_bottle.gate.control", CONTROL_SOCKET, op,
+                                            entry])
+    except DockerError as exc:
+        raise DockerError(f"cannot reach the gate {gate.name}: {exc}") from None
+    text = output.decode("utf-8", "replace").strip()
+    try:
+        reply = json.loads(text.splitlines()[-1])
+    except (ValueError, IndexError):
+        raise GateError(f"the gate {gate.name} gave no answer on its control channel ({text[:200] or 'nothing'}); "
+                        "a bottle started by an older claude-bottle has none: restart it") from None
+    if not reply.get("ok"):
+        raise ConfigError(f"{op} {entry}: {reply.get('error', 'refused by the gate')}")
+    if op != "show":
+        write_policy(RunNames.from_labels(gate.labels).id, reply["policy"])
+    return dict(reply)
+
+
+def startup_lines(stream: socket.socket, seconds: float) -> str | None:
+    """A starting gate's standard error, read from its attached ``stream`` (the engine's multiplexed frames:
+    an 8-byte header, then the payload) until the line saying it listens has come (with whatever came in the
+    same read), or to its end if it stopped first. None when neither came within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    text = b""
+    buffer = b""
+    while b"claude-bottle gate: API on" not in text:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        stream.settimeout(left)
+        try:
+            data = stream.recv(65536)
+        except TimeoutError:
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            break
+        buffer += data
+        while len(buffer) >= 8 and len(buffer) >= 8 + int.from_bytes(buffer[4:8], "big"):
+            size = int.from_bytes(buffer[4:8], "big")
+            if buffer[0] == 2:  # standard error
+                text += buffer[8 : 8 + size]
+            buffer = buffer[8 + size :]
+    return text.decode("utf-8", "replace")
+
+
+def announced_ca(lines: str | None) -> bytes:
+    """The CA certificate (PEM) a starting gate announced once it listens, from its start-up lines
+    (``startup_lines``; None: nothing within ``GATE_READY_SECONDS``). A GateError saying why when it did not
+    become ready."""
+    if lines is None:
+        raise GateError(f"the gate did not become ready within {GATE_READY_SECONDS}s")
+    if "claude-bottle gate: API on" not in lines:
+        raise GateError(f"the gate stopped at start: {lines.strip().splitlines()[-1:] or 'no output'}")
+    from claude_bottle.gate.ca import announced_ca as parse  # cryptography: a tenth of a second to import
+
+    certificate = parse(lines)
+    if certificate is None:
+        raise GateError("the gate announced no CA certificate: its image is older than this "
+                        "claude-bottle; run `claude-bottle build`")
+    return certificate

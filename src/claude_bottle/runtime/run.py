@@ -1,0 +1,303 @@
+"""One run of an agent: its internal network, its gate, its bottle, from start to removal.
+
+Everything a run creates carries its labels (``runtime.names``); ``Run.remove`` (and ``claude-bottle stop``)
+removes by them, so an interrupted start leaves nothing behind whatever step it reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+
+from claude_bottle.credentials import CredentialKind
+from claude_bottle.errors import DockerError
+from claude_bottle.runtime.docker_engine import DockerEngine, PodmanEngine
+from claude_bottle.runtime.files import (
+    CA_ENV,
+    GIT_CONFIG,
+    POLICY_DIR,
+    READY_FILE,
+    SYSTEM_BUNDLE,
+    add_ca,
+    bottle_files,
+    claude_state_mounts,
+    git_credentials,
+    image_trust_store,
+    policy_dir,
+    protective_mounts,
+    seeded_claude_json,
+    spec_policy,
+    write_for_bottle,
+    write_policy,
+)
+from claude_bottle.runtime.gate import (
+    GATE_ALIAS,
+    GATE_PYTHON,
+    GATE_READY_SECONDS,
+    GATE_STOP_SECONDS,
+    announced_ca,
+    gate_command,
+    gate_input,
+    startup_lines,
+    upstream_ca_mounts,
+)
+from claude_bottle.runtime.interrupts import uninterrupted
+from claude_bottle.runtime.names import (
+    RunNames,
+    state_volume,
+)
+from claude_bottle.runtime.pool import (
+    BRIDGE_PREFIX,
+    claim_internal,
+    egress_network,
+)
+from claude_bottle.runtime.removal import remove_run
+from claude_bottle.runtime.seam import ContainerSpec, Engine, Mount, NetworkInfo, NetworkSpec
+from claude_bottle.runtime.spec import API_PORT, HOME, PROXY_PORT, RunSpec
+
+# Podman: the internal network has no resolver (nor, with it, a gateway address), and the gate is given this
+# address of its subnet, where it listens.
+PODMAN_GATE_HOST = 2
+HOST_PROBE_SECONDS = 1  # a firewall that drops what comes in from a bridge makes the check wait this long
+
+# Claude Code's own calls home that the bottle never needs (see docs/gate.md).
+CLAUDE_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+}
+
+
+class Run:
+    """A run: ``start_gate()``, then the bottle (``start_bottle``, or ``create_bottle`` to start it yourself);
+    always ``remove()`` (it is idempotent)."""
+
+    def __init__(self, client: docker.DockerClient, spec: RunSpec, engine: Engine | None = None) -> None:
+        """``engine``: by default the implementation ``spec`` names (Docker, or Podman) on ``client``."""
+        self.client = client
+        self.spec = spec
+        self.names = RunNames.new(spec.agent, spec.workspace)
+        self.hex = self.names.hex
+        self.id = self.names.id
+        self.labels = self.names.labels
+        self.engine = engine or (PodmanEngine(client, rootless=bool(spec.userns)) if spec.podman
+                                 else DockerEngine(client))
+        self.internal: NetworkInfo | None = None
+        self.egress: NetworkInfo | None = None
+        # The SDK's objects, for what still reads them (tests, verify, launch): the engine seam names them by
+        # ``names.gate`` and ``names.bottle``.
+        self.gate: Container | None = None
+        self.bottle: Container | None = None
+        self.gate_started = False
+        self.gate_ip = ""
+        self.gate_ca = b""  # the gate's CA certificate (PEM), as it announced it; set by wait_for_gate
+        self._gate_output: socket.socket | None = None  # the gate's attached stream, until it says it listens
+        self.gate_listen = GATE_ALIAS  # the gate's name or (Podman) address on the internal network
+
+    def _internal_network(self) -> NetworkInfo:
+        """The run's own network, the bottle's only one: no route out, and its only other member the gate.
+        Kept between runs where the engine's are alike (``claim_internal``); else made for this run, where
+        the gate listens at ``gate_listen``, an address it is given, when nothing resolves its name there.
+        Either way its bridge is named ``bottle-<hex>``, for firewall rules (docs/engines.md)."""
+        if self.engine.pooled_networks:
+            return claim_internal(self.engine, self.spec.gate_image, self.labels)
+        name = self.names.internal
+        with uninterrupted():
+            network = self.engine.create_network(NetworkSpec(name, self.labels, internal=True, isolated=True,
+                                                             bridge=BRIDGE_PREFIX + self.hex))
+        if not self.engine.internal_names:
+            v4 = [subnet for subnet in map(ipaddress.ip_network, network.subnets) if subnet.version == 4]
+            if not v4:
+                raise DockerError(f"the engine gave the internal network {name} no IPv4 subnet ({network.subnets})")
+            self.gate_listen = str(v4[0].network_address + PODMAN_GATE_HOST)
+        return network
+
+    def start_gate(self) -> None:
+        """The gate joins the egress network, then the run's internal one, and listens on its internal address
+        only. The token goes in over the attached stdin: never an argument, a variable or a file."""
+        spec = self.spec
+        with uninterrupted(), ThreadPoolExecutor(2) as pool:  # its threads inherit the blocked signals
+            internal, egress = pool.submit(self._internal_network), pool.submit(egress_network, self.engine)
+            self.internal, self.egress = internal.result(), egress.result()
+        gate = self.names.gate
+        try:
+            with uninterrupted():
+                self.engine.create_container(ContainerSpec(
+                    spec.gate_image, gate, self.labels, command=tuple(gate_command(spec, self.gate_listen)),
+                    stdin_open=True, network=self.egress.id, read_only=True, tmpfs={"/tmp": "size=16m"},
+                    pids_limit=256, memory="256m", bounded_logs=True,
+                    binds=tuple((source, mount["bind"], True) for source, mount in upstream_ca_mounts(spec).items())))
+            if self.engine.internal_names:
+                self.engine.connect(self.internal.name, gate, alias=GATE_ALIAS)
+            else:  # no names on that network: the address the gate listens on
+                self.engine.connect(self.internal.name, gate, address=self.gate_listen)
+            for name in spec.upstream_networks:
+                self.engine.connect(name, gate)
+            # Attached before it starts, so its start-up lines are all read here (wait_for_gate): no polling.
+            raw = self.engine.start_attached(gate)
+            self.gate_started = True
+            self._gate_output = raw
+            raw.sendall(gate_input(spec))
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_WR)
+            self.gate_ip = self.engine.address(gate, self.internal.name)  # assigned by now, while it boots
+            self.gate = self.client.containers.get(gate) if self.client is not None else None
+        except (DockerError, docker.errors.APIError) as exc:
+            raise DockerError(f"cannot start the gate: {getattr(exc, 'explanation', None) or exc}") from None
+
+    def check_host_unreachable(self) -> None:
+        """A DockerError unless this host is out of the internal network's reach at the bridge's gateway address.
+
+        Docker gives an internal bridge no address on the host (``inhibit_ipv4``); Podman gives it one, and a
+        bottle would reach whatever the host serves there or on 0.0.0.0. The gate, on the same network, dials
+        a port this host listens on at that address: a connection dropped on the way (the firewall rule
+        docs/engines.md gives) or refused is fine; a connection made is refused here, before any bottle
+        exists."""
+        assert self.internal is not None and self.gate_started
+        now = self.engine.network(self.internal.name)
+        gateways = [address for address in (now.gateways if now else ()) if ":" not in address]
+        if not gateways:
+            return
+        with socket.create_server(("0.0.0.0", 0)) as listener:
+            port = listener.getsockname()[1]
+            dial = ("import socket, sys\n"
+                    "try:\n"
+                    f"    socket.create_connection((sys.argv[1], {port}), timeout={HOST_PROBE_SECONDS}).close()\n"
+                    "except OSError:\n"
+                    "    sys.exit(1)\n")
+            try:
+                reached = [address for address in gateways
+                           if self.engine.exec(self.names.gate, [GATE_PYTHON, "-c", dial, address])[0] == 0]
+            except DockerError as exc:
+                raise DockerError(f"cannot check the internal network from the gate: {exc}") from None
+        if reached:
+            raise DockerError(
+                f"this engine gives the bottle's internal network an address on this host ({reached[0]}, bridge "
+                f"{BRIDGE_PREFIX}{self.hex}) and the host answers there, so a bottle could reach this machine's "
+                f"services. As root, drop what arrives from bottles' bridges (`iptables -I INPUT -i "
+                f"{BRIDGE_PREFIX}+ -j DROP`, the same with ip6tables, and the rules that go with them in "
+                "docs/engines.md, \"Podman\"; scripts/podman sets them all up), then start again")
+
+    def wait_for_gate(self) -> None:
+        """Return once the gate listens, with the CA certificate it announced in ``gate_ca``; a gate that exits
+        instead is a GateError with its last words. Read from the gate's attached stream as its lines come."""
+        assert self.gate_started and self._gate_output is not None
+        output, self._gate_output = self._gate_output, None
+        try:
+            lines = startup_lines(output, GATE_READY_SECONDS)
+        finally:
+            output.close()
+        self.gate_ca = announced_ca(lines)
+
+    def bottle_environment(self) -> dict[str, str]:
+        spec = self.spec
+        api, proxy = f"http://{self.gate_ip}:{API_PORT}", f"http://{self.gate_ip}:{PROXY_PORT}"
+        credential_variable = ("CLAUDE_CODE_OAUTH_TOKEN" if spec.credential.kind is CredentialKind.OAUTH
+                               else "ANTHROPIC_API_KEY")
+        return {
+            **spec.env,
+            **CLAUDE_ENV,
+            **CA_ENV,
+            **spec.route_env,
+            "ANTHROPIC_BASE_URL": api,
+            credential_variable: spec.credential.placeholder(),
+            "HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy, "http_proxy": proxy,
+            "NO_PROXY": self.gate_ip, "no_proxy": self.gate_ip,
+            "HOME": HOME,
+        }
+
+    def create_bottle(self, command: list[str], tty: bool) -> Container:
+        """The bottle, created and ready to start: it returns once the gate listens and its CA is in the
+        bottle's trust store (``release``)."""
+        bottle = self._create_bottle(command, tty)
+        self.release()
+        return bottle
+
+    def start_bottle(self, command: list[str]) -> Container:
+        """The bottle, without a terminal, started while the gate boots: its entrypoint holds ``command`` until
+        ``release``, before which this does not return."""
+        bottle = self._create_bottle(command, tty=False)
+        try:
+            self.engine.start(self.names.bottle)
+        except DockerError as exc:
+            raise DockerError(f"cannot start the bottle: {exc}") from None
+        self.release()
+        return bottle
+
+    def _create_bottle(self, command: list[str], tty: bool) -> Container:
+        """The bottle: internal network only, user 1000, no capabilities, no new privileges, limits, and a
+        resolver that answers nothing (its only peer is the gate, addressed by IP). Its trust store and git
+        configuration are host files mounted read-only; its ~/.claude.json is written fresh by its entrypoint."""
+        spec = self.spec
+        assert self.internal is not None
+        resources = spec.resources
+        write_policy(self.id, spec_policy(spec))
+        files = bottle_files(self.id)
+        files.mkdir(parents=True, exist_ok=True)
+        trust = files / "ca-certificates.crt"
+        write_for_bottle(trust, b"")  # a file mount's source must exist; the image's bundle comes below
+        mounts = [*(protection.mount() for protection in protective_mounts(spec.workspace, spec.protected)),
+                  Mount(SYSTEM_BUNDLE, str(trust))]
+        if config := git_credentials(spec.git_routes):
+            write_for_bottle(files / "gitconfig", config)
+            mounts.append(Mount(GIT_CONFIG, str(files / "gitconfig")))
+        seed = seeded_claude_json(spec.credential.kind, spec.credential.placeholder(), spec.mcp_servers)
+        environment = {**self.bottle_environment(), "CLAUDE_BOTTLE_CLAUDE_JSON": seed.decode(),
+                       "CLAUDE_BOTTLE_READY_FILE": READY_FILE}
+        try:
+            state = self.engine.create_volume(state_volume(spec.agent, spec.workspace), self.names.volume_labels)
+        except DockerError as exc:
+            raise DockerError(f"cannot create the bottle: {exc}") from None
+        volumes = {
+            str(spec.workspace): {"bind": "/workspace", "mode": "rw"},
+            **claude_state_mounts(state),
+            str(policy_dir(self.id)): {"bind": POLICY_DIR, "mode": "ro"},
+            **{str(source): {"bind": target, "mode": "ro" if read_only else "rw"}
+               for source, target, read_only in spec.mounts},
+        }
+        try:
+            with uninterrupted():
+                created = self.engine.create_container(ContainerSpec(
+                    spec.bottle_image, self.names.bottle, self.labels, command=tuple(command),
+                    user=spec.user, environment=environment, bounded_logs=True, network=self.internal.name,
+                    dns=(self.gate_ip,), dns_search=(".",), dns_opt=("timeout:1", "attempts:1"),
+                    working_dir="/workspace", tty=tty, stdin_open=tty, runtime=spec.runtime,
+                    pids_limit=resources.pids, memory=resources.memory, nano_cpus=int(resources.cpus * 1e9),
+                    binds=tuple((source, mount["bind"], mount["mode"] == "ro") for source, mount in volumes.items()),
+                    mounts=tuple(mounts), no_ipv6=True, host_user=True))
+            self.bottle = self.client.containers.get(created.id) if self.client is not None else None
+        except (DockerError, docker.errors.APIError) as exc:
+            raise DockerError(f"cannot create the bottle: {getattr(exc, 'explanation', None) or exc}") from None
+        bundle = image_trust_store(self.engine, created)
+        write_for_bottle(trust, bundle if bundle.endswith(b"\n") or not bundle else bundle + b"\n")
+        return self.bottle
+
+    def release(self) -> None:
+        """Wait for the gate to listen, add its CA to the bottle's trust store, and let the bottle's command
+        go on (``READY_FILE``)."""
+        self.wait_for_gate()
+        add_ca(bottle_files(self.id) / "ca-certificates.crt", self.gate_ca)
+        ready = policy_dir(self.id) / READY_FILE.rsplit("/", 1)[1]
+        ready.write_text("the gate listens\n")
+        ready.chmod(0o644)
+
+    def stop_gate(self) -> None:
+        """Stop the gate (SIGTERM: what is in flight finishes, every line is written) ahead of ``remove``, which
+        then only keeps its audit: once the bottle's processes are gone, while the engine finishes with it."""
+        if self.gate_started:
+            with contextlib.suppress(DockerError):
+                self.engine.stop(self.names.gate, timeout=GATE_STOP_SECONDS)
+
+    def remove(self) -> None:
+        if self._gate_output is not None:  # a start that ended before the gate was waited for
+            self._gate_output.close()
+            self._gate_output = None
+        remove_run(self.engine, self.id)

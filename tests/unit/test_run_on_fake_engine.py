@@ -1,0 +1,179 @@
+"""A run's start, its interruption at every step, its end and --keep, on the in-memory engine: what the
+engine is asked for, and that nothing of a run outlives its removal but its pooled network and its audit."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from claude_bottle import records
+from claude_bottle.agent.schema import parse_agent
+from claude_bottle.credentials import Credential
+from claude_bottle.gate.ca import RunCA
+from claude_bottle.launch import Launch, run_spec
+from claude_bottle.runtime.files import IMAGE_BUNDLE, bottle_files, policy_dir
+from claude_bottle.runtime.gate import GATE_ALIAS
+from claude_bottle.runtime.listing import runs
+from claude_bottle.runtime.names import POOL_LABEL
+from claude_bottle.runtime.removal import remove_run
+from claude_bottle.runtime.run import Run
+from claude_bottle.runtime.seam import Engine
+from tests.fake_engine import FakeEngine
+from tests.helpers import make_token
+
+ROOTS = b"-----BEGIN CERTIFICATE-----\nroot\n-----END CERTIFICATE-----\n"
+LISTENING = "claude-bottle gate: API on gate:8080, proxy on gate:3128\n"
+CA = RunCA.generate()
+
+
+def frame(data: bytes) -> bytes:
+    """One standard-error frame of the engine's multiplexed attach stream."""
+    return bytes([2, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    (tmp_path / "project").mkdir()
+    return tmp_path / "project"
+
+
+class BottleEngine(FakeEngine):
+    """The fake engine as a booting gate and a built bottle image answer it: the gate announces its CA and
+    that it listens once started, the bottle's image has its bundle."""
+
+    def create_container(self, spec: Any) -> Any:
+        created = super().create_container(spec)
+        self.files[(spec.name, IMAGE_BUNDLE)] = ROOTS
+        return created
+
+    def start_attached(self, name: str) -> Any:
+        ours = super().start_attached(name)
+        self.attached[name].sendall(frame(f"{CA.announcement()}\n{LISTENING}".encode()))
+        self.output[name] = b'{"decision": "allow", "reason": "in the allowlist"}\n'
+        return ours
+
+
+def new_run(engine: FakeEngine, workspace: Path) -> Run:
+    agent = parse_agent("dev", {"version": 1}, "dev.toml")
+    spec = run_spec(Launch(agent, workspace, Credential.parse(make_token(), "t")), "bottle:1", "gate:1", "1000:1000")
+    return Run(None, spec, engine)
+
+
+def test_a_start_makes_the_gate_then_the_bottle_on_the_runs_own_network(workspace: Path) -> None:
+    engine = BottleEngine()
+    run = new_run(engine, workspace)
+    run.start_gate()
+    assert run.internal is not None and run.egress is not None
+    assert engine.members[run.internal.name] == {run.names.gate} and run.gate_ip
+    gate = engine.specs[run.names.gate]
+    assert gate.network == run.egress.id and gate.stdin_open and gate.read_only and "--token-file" in gate.command
+    assert f"{GATE_ALIAS}:8080" in gate.command, "listening on its name on the internal network"
+    run.start_bottle(["sleep", "600"])
+    bottle = engine.specs[run.names.bottle]
+    assert (bottle.network, bottle.dns, bottle.user) == (run.internal.name, (run.gate_ip,), "1000:1000")
+    assert bottle.no_ipv6 and bottle.host_user and bottle.bounded_logs
+    assert engine.container(run.names.bottle) is not None and engine.container(run.names.bottle).active
+    store = (bottle_files(run.id) / "ca-certificates.crt").read_bytes()
+    assert store == ROOTS + CA.certificate_pem, "the image's bundle, then the gate's CA"
+    assert (policy_dir(run.id) / "ready").exists(), "the bottle's command let go"
+    assert [r["run"] for r in runs(engine)] == [run.id]
+
+
+def test_a_start_without_names_on_the_internal_network_gives_the_gate_an_address(workspace: Path) -> None:
+    engine = BottleEngine(internal_names=False, pooled_networks=False)
+    run = new_run(engine, workspace)
+    run.start_gate()
+    assert run.internal is not None and run.internal.name == run.names.internal
+    assert run.gate_listen == run.internal.subnets[0].replace("0/24", "2")
+    assert f"{run.gate_listen}:8080" in engine.specs[run.names.gate].command
+    run.remove()
+    assert engine.networks(POOL_LABEL) == [] and engine.network(run.names.internal) is None
+
+
+def test_the_end_of_a_run_keeps_its_audit_and_leaves_only_its_pooled_network(workspace: Path) -> None:
+    engine = BottleEngine()
+    run = new_run(engine, workspace)
+    run.start_gate()
+    run.start_bottle(["true"])
+    run.stop_gate()
+    run.remove()
+    assert engine.containers() == [] and len(engine.networks(POOL_LABEL)) == 1
+    assert records.find(run.id).lines == 1
+    assert not bottle_files(run.id).exists()
+    assert engine.volumes, "Claude's state stays for the next run of the agent on the workspace"
+
+
+def test_a_kept_run_stays_listed_until_stop_removes_it(workspace: Path) -> None:
+    engine = BottleEngine()
+    run = new_run(engine, workspace)
+    run.start_gate()
+    run.start_bottle(["sleep", "600"])  # --keep: the start ends without removing it
+    assert [(r["run"], r["status"]) for r in runs(engine)] == [(run.id, "running")]
+    remove_run(engine, run.id)  # `claude-bottle stop`
+    assert runs(engine) == [] and records.find(run.id).run == run.id
+
+
+class Interrupted(BottleEngine):
+    """Ctrl-C at the ``at``-th request the runtime makes, before it reaches the engine or once it is done."""
+
+    def __init__(self, at: int, after: bool) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.at, self.after, self.calls, self.inside = at, after, 0, threading.local()
+
+    def __getattribute__(self, name: str) -> Any:
+        found = super().__getattribute__(name)
+        if name.startswith("_") or not callable(found) or not hasattr(Engine, name):
+            return found
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if getattr(self.inside, "call", False):  # the fake's own use of itself
+                return found(*args, **kwargs)
+            with self.lock:
+                self.calls += 1
+                call = self.calls
+            if call == self.at and not self.after:
+                raise KeyboardInterrupt
+            self.inside.call = True
+            try:
+                result = found(*args, **kwargs)
+            finally:
+                self.inside.call = False
+            if call == self.at:
+                raise KeyboardInterrupt
+            return result
+        return counted
+
+
+def test_a_start_interrupted_at_any_step_leaves_nothing_once_removed(workspace: Path) -> None:
+    """At every request of a start, before it reaches the engine and once it is done, until a start goes
+    through uninterrupted (the image's bundle is read once: later starts make one request fewer)."""
+    for at in range(1, 100):
+        for after in (False, True):
+            engine = Interrupted(at, after)
+            run = new_run(engine, workspace)
+            try:
+                run.start_gate()
+                run.start_bottle(["true"])
+                interrupted = False
+            except KeyboardInterrupt:
+                interrupted = True
+            engine.at = 0  # removal runs to its end (signals are ignored then)
+            run.remove()
+            where = f"interrupted at request {at} ({'after' if after else 'before'} it)"
+            assert engine.containers() == [], where
+            assert all(network.labels.get(POOL_LABEL) or network.name == "claude-bottle-egress"
+                       for network in engine.networks_by_name.values()), where
+            assert not bottle_files(run.id).exists(), where
+        if not interrupted:
+            break
+    assert at > 10, "every step of a start was interrupted"
