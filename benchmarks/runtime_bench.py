@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The bottle on runc and on gVisor (runsc), side by side: its start, and a small workload inside it.
 
-    .venv/bin/python benchmarks/runtime_bench.py [--reps N]
+    .venv/bin/python benchmarks/runtime_bench.py [--reps N] [--no-write]
 
 For each runtime, alternating, N times: a bottle of the same agent is started the way `start` starts one
 (networks, gate, bottle, the gate's CA in its trust store) against verify's stand-ins, timed until it runs;
@@ -184,13 +184,14 @@ def write(doc: dict[str, Any]) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--no-write", dest="write", action="store_false", help="print only")
     args = parser.parse_args()
     try:
         doc = measure(args.reps)
     except BottleError as exc:
         print(f"runtime_bench: {exc}", file=sys.stderr)
         return 1
-    print(write(doc).read_text())
+    print(json.dumps(doc["median"], indent=2) if not args.write else write(doc).read_text())
     return 0
 
 
