@@ -24,6 +24,7 @@ from claude_bottle.launch import Launch, run_spec
 from claude_bottle.runtime.files import git_credentials
 from claude_bottle.runtime.gate import gate_command, gate_input
 from claude_bottle.runtime.run import Run
+from tests.fake_engine import FakeEngine
 from tests.helpers import make_token
 
 VALUE = "ghp_" + "V" * 36
@@ -112,7 +113,7 @@ def test_the_value_goes_to_the_gates_stdin_and_the_sentinel_to_the_bottle(tmp_pa
     flags = [v for k, v in zip(command[::2], command[1::2], strict=True) if k == "--credential-route"]
     assert [parse_route_flag(f) for f in flags] == [routes[0].spec]
     assert gate_input(spec) == f"{spec.credential.secret}\n{VALUE}\n".encode()
-    run = Run(None, spec)  # type: ignore[arg-type]
+    run = Run(None, spec, FakeEngine())
     environment = run.bottle_environment()
     assert environment["GH_TOKEN"] == environment["GITHUB_TOKEN"] == sentinel
     assert VALUE not in repr(environment) and VALUE not in repr(spec) and VALUE not in repr(routes)

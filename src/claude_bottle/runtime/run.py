@@ -80,8 +80,9 @@ class Run:
     """A run: ``start_gate()``, then the bottle (``start_bottle``, or ``create_bottle`` to start it yourself);
     always ``remove()`` (it is idempotent)."""
 
-    def __init__(self, client: docker.DockerClient, spec: RunSpec, engine: Engine | None = None) -> None:
-        """``engine``: by default the implementation ``spec`` names (Docker, or Podman) on ``client``."""
+    def __init__(self, client: docker.DockerClient | None, spec: RunSpec, engine: Engine | None = None) -> None:
+        """``engine``: by default the implementation ``spec`` names (Docker, or Podman) on ``client``. Without
+        a client (an engine of the tests' own), ``gate`` and ``bottle`` stay None: the engine names them."""
         self.client = client
         self.spec = spec
         self.names = RunNames.new(spec.agent, spec.workspace)
