@@ -17,7 +17,7 @@ from claude_bottle import logview, suggest
 from claude_bottle.gate.resolver import StaticResolver
 from claude_bottle.stub import StubUpstream
 from tests.conftest import GateFactory, RunningGate
-from tests.helpers import connect_via, eventually, exchange, read_all
+from tests.helpers import connect_via, eventually, exchange, messages_request, parse_head, read_all
 
 pytestmark = pytest.mark.asyncio
 LOOPBACK = ("127.0.0.0/8",)
@@ -118,3 +118,18 @@ async def test_a_failure_names_its_side(make_gate: GateFactory, target: StubUpst
         await eventually(lambda: len(gate.records()) == 1, what="the failure's line")
         (upstream,) = gate.records()
     assert (upstream["decision"], upstream["status"], upstream["side"]) == ("error", 502, "upstream")
+
+
+async def test_a_fault_of_the_gate_is_answered_through_answer_on_neither_side(
+        make_gate: GateFactory, stub: StubUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with make_gate() as gate:
+        def broken(*args: object) -> None:
+            raise RuntimeError("policy exploded")
+
+        monkeypatch.setattr(type(gate.gate.config.messages_policy), "decide", broken)
+        response = await exchange(gate.api, messages_request({"model": "m", "max_tokens": 1, "messages": []}), 2)
+        (line,) = gate.records()
+    status, headers = parse_head(response)
+    assert (status, headers["x-deny-reason"]) == (500, "internal gate error"), "the exception stays in the audit"
+    assert (line["decision"], line["status"], "side" in line) == ("error", 500, False)
+    assert line["reason"].endswith("gate error: RuntimeError: policy exploded")

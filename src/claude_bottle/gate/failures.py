@@ -82,6 +82,16 @@ class MalformedRequest(ClientSide):
     as the gate's other refusals of a request it cannot read), and the connection closes."""
 
 
+class GateFault(ExchangeStopped):
+    """A fault of the gate's own (a bug in it): 500, audited as an error that names the exception, on
+    neither side; the client is told ``TOLD`` only."""
+
+    TOLD = "internal gate error"
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(500, f"gate error: {type(exc).__name__}: {exc}")
+
+
 class UpstreamSide(ExchangeStopped):
     """The upstream broke the exchange: no connection, bad HTTP, silence, a TLS or DNS failure."""
 

@@ -25,6 +25,7 @@ from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.failures import (
     ClientSide,
     ExchangeStopped,
+    GateFault,
     MalformedRequest,
     Refused,
     UpstreamSide,
@@ -69,8 +70,8 @@ async def answer(conn: HttpConnection, record: AuditRecord, stop: ExchangeStoppe
             await refuse_request(conn, stop.status, stop.reason, idle_timeout, explanation(stop))
             return True
         if stop.status:
-            await answer_or_reset(conn, stop.status, stop.reason,
-                                  explanation(stop) if isinstance(stop, Refused) else stop.reason)
+            told = GateFault.TOLD if isinstance(stop, GateFault) else stop.reason
+            await answer_or_reset(conn, stop.status, told, explanation(stop) if isinstance(stop, Refused) else told)
         else:
             conn.abort()
     return False

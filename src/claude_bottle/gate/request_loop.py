@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.failures import ClientSide, ExchangeStopped
-from claude_bottle.gate.http1 import LocalProtocolError, Request
-from claude_bottle.gate.refusals import answer, answer_or_reset
+from claude_bottle.gate.failures import ClientSide, ExchangeStopped, GateFault
+from claude_bottle.gate.http1 import Request
+from claude_bottle.gate.refusals import answer
 
 Exchange = Callable[[HttpConnection, Request, AuditRecord, GateContext], Awaitable[None]]
 
@@ -40,9 +40,8 @@ async def serve_requests(conn: HttpConnection, listener: str, exchange: Exchange
             if not await answer(conn, record, stop, limits.idle_timeout):
                 return
         except Exception as exc:  # a fault of the gate's own: still one audit line with a reason, then 500
-            record.fail(f"gate error: {type(exc).__name__}: {exc}", 500)
-            with contextlib.suppress(ClientSide, LocalProtocolError, OSError):
-                await answer_or_reset(conn, 500, "internal gate error")
+            with contextlib.suppress(OSError):  # the connection may be in any state after a fault
+                await answer(conn, record, GateFault(exc), limits.idle_timeout)
             return
         finally:
             busy.discard(conn)
