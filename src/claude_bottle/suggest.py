@@ -6,6 +6,10 @@ the proxy becomes an entry per destination, grouped by how the gate judged it: l
 requests (terminated TLS, plain HTTP), the entry carries the methods and paths seen as ``allow`` rules, so a
 strict run passes those and nothing else; more than ``MAX_PATHS`` paths for one method on a host become one
 rule per first path segment (``GET /simple/**``). A tunnel the gate did not read gets a host entry only.
+
+It reads the lines' fields (``decision``, ``status``, ``would_deny``, ``tunnel``, ``method``, ``path``), never
+the words of a reason: a refused destination's reason is only shown, as a comment. A line from an earlier
+gate is first given today's fields (``records.current``).
 """
 
 from __future__ import annotations

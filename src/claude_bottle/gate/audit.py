@@ -31,13 +31,15 @@ Side = Literal["client", "upstream"]
 
 @dataclass
 class AuditRecord:
-    """A decision and what came of it. ``path`` is set on the API listener only, never with a query."""
+    """A decision and what came of it. ``path`` is set where the gate reads requests, never with a query.
+    Set through the decision methods below and, for a refusal or a failure, by gate/refusals.py's ``answer``
+    (``deny``, ``fail``); the forward and tunnel paths add status, bytes and the tunnel's mode."""
 
-    listener: str  # "api" or "proxy"
+    listener: str  # "api", "proxy" or "control"
     client: str  # peer host:port
     method: str
     target: str  # host:port
-    decision: str = "deny"  # "allow", "deny", or "error" (allowed, then the upstream failed)
+    decision: str = "deny"  # "allow", "deny" (refused), or "error" (a side failed the exchange, or the gate)
     reason: str = ""
     status: int = 0  # HTTP status sent to the client; 0 if the connection closed before one was sent
     path: str | None = None
