@@ -6,24 +6,29 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from claude_bottle.errors import ConfigError
 
+if TYPE_CHECKING:
+    from claude_bottle.policy.hosts import Allowlist
 
-def allowlist(name: str) -> tuple[str, ...]:
+
+def allowlist(name: str) -> Allowlist:
     """What the agent file ``name`` lets the bottle reach (its allowlist and raw-TCP targets); empty when there
     is no such file yet."""
     from pathlib import Path
 
     from claude_bottle.agent.load import load_agent
     from claude_bottle.paths import agents_dir
+    from claude_bottle.policy.hosts import Allowlist
 
     if not (agents_dir() / f"{name}.toml").exists():
-        return ()
+        return Allowlist()
     agent = load_agent(name, Path.cwd())
-    return agent.egress_allowlist.texts() + agent.allow_tcp.texts()
+    return Allowlist(agent.egress_allowlist.patterns + agent.allow_tcp.patterns)
 
 
 def path_of(name: str) -> pathlib.Path:

@@ -38,7 +38,7 @@ def allow(agent: str | None, entry: str, workspace: str | None, save: bool, yes:
     click.echo(f"{reply['message']} in {run_of(gate.name)}")
     if save:
         name = RunNames.from_labels(gate.labels).agent or agent or ""
-        if reply["message"].removeprefix("allowed ") in agent_file.allowlist(name):
+        if reply["message"].removeprefix("allowed ") in agent_file.allowlist(name).texts():
             click.echo(f"agent {name} already lists it")
             return
         agent_file.add(name, suggest.host_table(reply["message"].removeprefix("allowed "),

@@ -13,14 +13,13 @@ def suggest_allowlist(agent: str | None, workspace: str | None, run_id: str | No
     """Print the allowlist (agent-file TOML) the chosen run's audit suggests; with ``write_to``, add what that
     agent does not allow yet to its file instead."""
     from claude_bottle import suggest
-    from claude_bottle.policy.hosts import Allowlist
 
     entries, _, source = read_audit(agent, workspace, run_id, False)
     found = suggest.suggest(entries)
     if write_to is None:
         click.echo(suggest.render(found, f"run {source}"), nl=False)
         return
-    added = suggest.additions(found, Allowlist.parse(agent_file.allowlist(write_to)), f"run {source}")
+    added = suggest.additions(found, agent_file.allowlist(write_to), f"run {source}")
     if not added:
         click.echo(f"agent {write_to} already allows every destination of run {source}")
         return
