@@ -27,7 +27,7 @@ CONFIG_VERSION = 1
 DEFAULT_AGENT = "default"
 _RUNTIME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _MEMORY = re.compile(r"\d+[kmg]?", re.IGNORECASE)
-ANTHROPIC_API = parse_upstream(DEFAULT_UPSTREAM)
+ANTHROPIC_API = parse_upstream(DEFAULT_UPSTREAM)  # the upstream of an agent that names none
 
 
 @dataclass(frozen=True)
