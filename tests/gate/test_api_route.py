@@ -236,11 +236,13 @@ async def test_upstream_vanishing_mid_stream_cuts_the_client_and_the_gate_keeps_
 async def test_client_vanishing_mid_stream_is_audited_and_cleaned_up(make_gate: GateFactory) -> None:
     payload = {**STREAM, "stub": {"events": 20, "interval": 0.1}}
     async with make_gate() as gate:
+        tasks_before = len(asyncio.all_tasks())
         reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
         writer.write(messages_request(payload))
         await read_head(reader)
         writer.transport.abort()
-        await eventually(lambda: not gate.gate._connections and gate.records(), what="the connection to end")
+        await eventually(lambda: gate.records() and len(asyncio.all_tasks()) <= tasks_before,
+                         what="the connection to end, its task with it")
         (record,) = gate.records()
     assert record["decision"] == "error" and "went away" in record["reason"]
 

@@ -11,10 +11,18 @@ import pytest
 
 from claude_bottle.gate import server
 from claude_bottle.gate.resolver import StaticResolver
-from claude_bottle.gate.server import UPSTREAM_ADDRESS_TTL
 from claude_bottle.stub import StubUpstream
 from tests.conftest import GateFactory, RunningGate
-from tests.helpers import connect_via, eventually, exchange, messages_request, parse_head, raw_server, read_all
+from tests.helpers import (
+    connect_via,
+    eventually,
+    exchange,
+    messages_request,
+    parse_head,
+    raw_server,
+    read_all,
+    read_head,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -99,9 +107,9 @@ async def test_many_requests_leave_no_tasks_or_sockets_behind(make_gate: GateFac
                 await exchange(gate.api, messages_request({"model": "m", "stream": True}), 2)
                 await exchange(gate.proxy, b"CONNECT nope.example:443 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 2)
                 await exchange(gate.api, b"\x16\x03\x01 not http\r\n\r\n", 2)
-            await eventually(lambda: not gate.gate._connections, what="connections to close")
-        assert len(asyncio.all_tasks()) <= tasks_before
-        assert len(os.listdir("/proc/self/fd")) <= fds_before + 4  # keep-alive upstream connections may stay
+            # Keep-alive upstream connections may stay.
+            await eventually(lambda: len(asyncio.all_tasks()) <= tasks_before
+                             and len(os.listdir("/proc/self/fd")) <= fds_before + 4, what="connections to close")
         assert len(gate.records()) == 1 + 450
 
 
@@ -129,43 +137,71 @@ async def test_a_head_trickled_in_is_cut_at_the_head_deadline(make_gate: GateFac
     assert "request head not complete within 0.5s" in gate.records()[0]["reason"]
 
 
+# A request each listener answers and then keeps the connection for the next (a refusal keeps it too).
+KEPT = {"api": messages_request({"model": "m"}, keep_alive=True),
+        "proxy": b"CONNECT nope.example:443 HTTP/1.1\r\nHost: x\r\n\r\n"}
+
+
+async def held_connection(gate: RunningGate, listener: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection the gate is serving: it answered one request on it, and keeps it open for the next."""
+    endpoint = getattr(gate, listener)
+    reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+    writer.write(KEPT[listener])
+    assert (await read_head(reader))[0] in (200, 403)
+    return reader, writer
+
+
+async def served_again(gate: RunningGate, listener: str) -> None:
+    """Wait until a new connection to ``listener`` is served rather than refused 503 (bounded)."""
+    endpoint = getattr(gate, listener)
+    async with asyncio.timeout(5):
+        while True:
+            reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+            writer.write(KEPT[listener])
+            status = (await read_head(reader))[0]
+            writer.close()
+            if status != 503:
+                return
+            await asyncio.sleep(0.05)
+
+
 @pytest.mark.parametrize("listener", ["api", "proxy"])
 async def test_connections_past_the_cap_are_refused_503_and_the_gate_recovers(
     make_gate: GateFactory, listener: str
 ) -> None:
     async with make_gate(max_connections=3) as gate:
         endpoint = getattr(gate, listener)
-        held = [await asyncio.open_connection(endpoint.host, endpoint.port) for _ in range(3)]
-        await eventually(lambda: gate.gate._open[listener] == 3, what="three connections served")
+        held = [await held_connection(gate, listener) for _ in range(3)]
         extra = await exchange(endpoint, b"", 2)
         status, headers = parse_head(extra)
         for _, writer in held:
             writer.close()
-        await eventually(lambda: gate.gate._open[listener] == 0, what="the held connections to close")
+        await served_again(gate, listener)
         await still_serving(gate)
-        refusal = gate.records()[0]
+        (refusal,) = [record for record in gate.records() if record["status"] == 503][:1]
     assert status == 503 and f"too many connections to the {listener} listener (limit 3)" in headers["x-deny-reason"]
     assert refusal["decision"] == "deny" and refusal["status"] == 503 and refusal["listener"] == listener
 
 
 async def test_the_other_listener_is_not_starved_by_a_flood(make_gate: GateFactory) -> None:
     async with make_gate(max_connections=2) as gate:
-        held = [await asyncio.open_connection(gate.proxy.host, gate.proxy.port) for _ in range(2)]
-        await eventually(lambda: gate.gate._open["proxy"] == 2, what="the proxy listener full")
+        held = [await held_connection(gate, "proxy") for _ in range(2)]
+        assert parse_head(await exchange(gate.proxy, b"", 2))[0] == 503, "the proxy listener is full"
         await still_serving(gate)  # the API listener has its own cap
         for _, writer in held:
             writer.close()
 
 
-async def test_protected_upstream_addresses_survive_a_failed_refresh(make_gate: GateFactory, stub: StubUpstream) -> None:
+async def test_protected_upstream_addresses_survive_a_failed_refresh(make_gate: GateFactory, stub: StubUpstream,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The upstream by name resolves to the stub's address; then its DNS fails. An alias of that address must
     stay refused: the last addresses that resolved stay protected."""
     resolver = StaticResolver({"api.upstream.test": [ipaddress.ip_address("127.0.0.1")],
                                "alias.example.com": [ipaddress.ip_address("127.0.0.1")]})
+    monkeypatch.setattr(server, "UPSTREAM_ADDRESS_TTL", 0.0)  # each proxy connection refreshes them
     async with make_gate(upstream=f"http://api.upstream.test:{stub.port}", allow=(f"alias.example.com:{stub.port}",),
                          allow_private=("127.0.0.0/8",), resolver=resolver) as gate:
         del resolver.table["api.upstream.test"]
-        gate.gate._upstream_resolved_at = -UPSTREAM_ADDRESS_TTL  # due for a refresh on the next connection
         status, headers, _, writer = await connect_via(gate.proxy, f"alias.example.com:{stub.port}")
         writer.close()
         assert resolver.calls.count("api.upstream.test") == 2, "the refresh did run, and failed"
