@@ -17,6 +17,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate import settings as gc
 from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.context import LeafIssuer
+from claude_bottle.gate.options import GateOptions
 from claude_bottle.gate.resolver import Resolver
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.server import Gate
@@ -24,6 +25,9 @@ from claude_bottle.stub import StubUpstream
 from tests.helpers import make_token
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+# Gate tests wait less than a person would; the limits the options carry are set through them.
+TEST_LIMITS = gc.Limits(header_timeout=5, idle_timeout=5, connect_timeout=2, drain_seconds=2)
+OPTION_LIMITS = ("max_tunnels", "max_connections", "idle_timeout", "drain_seconds")
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
@@ -94,27 +98,25 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         **limits: float | int,
     ) -> AsyncIterator[RunningGate]:
         token = token or make_token()
-        request_policy = gc.parse_egress_rules(egress_rules, no_inspect)
-        config = gc.GateSettings(
-            api_listen=gc.Endpoint("127.0.0.1", api_port),
-            proxy_listen=gc.Endpoint("127.0.0.1", proxy_port),
+        options = GateOptions(
+            api_listen=f"127.0.0.1:{api_port}",
+            proxy_listen=f"127.0.0.1:{proxy_port}",
             credential=Credential.parse(token, "test token"),
-            upstream=gc.parse_upstream(upstream or stub.url),
-            allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns
-                                         + gc.route_patterns(tuple(r.spec for r in routes))),
-            allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
-            allow_private=gc.parse_networks(allow_private),
-            api_policy=gc.parse_api_paths(api_paths),
-            messages_policy=gc.parse_server_tools(server_tools),
-            request_policy=request_policy,
+            upstream=upstream or stub.url,
+            allow=allow,
+            allow_tcp=allow_tcp,
+            allow_private=allow_private,
+            allow_api_path=api_paths,
+            allow_server_tool=server_tools,
+            request_policy=gc.parse_egress_rules(egress_rules, no_inspect),
             dlp=gc.parse_dlp((), dlp_off),
-            extra_ca_files=tuple(Path(p) for p in extra_ca),
-            limits=replace(gc.Limits(header_timeout=5, idle_timeout=5, connect_timeout=2, drain_seconds=2),
-                           **limits),
-            learn=learn,
-            control_socket=control_socket,
             routes=routes,
+            extra_ca=extra_ca,
+            learn=learn,
+            control_socket=str(control_socket) if control_socket else None,
+            **{name: limits.get(name, getattr(TEST_LIMITS, name)) for name in OPTION_LIMITS},
         )
+        config = options.settings(replace(TEST_LIMITS, **{n: v for n, v in limits.items() if n not in OPTION_LIMITS}))
         stream = io.StringIO()
         async with Gate(config, AuditLog(stream, secrets=config.injected_secrets), resolver, ca=ca) as gate:
             running = RunningGate(gate, token, stream)

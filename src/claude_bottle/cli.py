@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from claude_bottle import __version__
+from claude_bottle.commands.gate import GateCommand
 from claude_bottle.errors import EXIT_FAILURE, BottleError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -28,62 +29,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
-@cli.command(context_settings=CONTEXT)
-@click.option("--api-listen", required=True, metavar="HOST:PORT",
-              help="Where ANTHROPIC_BASE_URL points: the credential-injecting API route.")
-@click.option("--proxy-listen", required=True, metavar="HOST:PORT",
-              help="Where HTTPS_PROXY/HTTP_PROXY point: the allowlisting egress proxy.")
-@click.option("--upstream", default="https://api.anthropic.com", show_default=True, metavar="URL",
-              help="The Anthropic-compatible API the API route forwards to.")
-@click.option("--token-file", required=True, metavar="PATH",
-              help="File holding the OAuth token or API key (mode 0600); '-' reads standard input.")
-@click.option("--allow", "allow", multiple=True, metavar="PATTERN",
-              help="Allow proxy traffic to HOST or *.SUFFIX, optionally :PORT (default ports 443 and 80). "
-                   "Repeatable.")
-@click.option("--allow-tcp", multiple=True, metavar="PATTERN",
-              help="Let tunnels to this HOST:PORT carry any TCP, not only TLS naming the host (e.g. SSH). "
-                   "Implies --allow. Repeatable.")
-@click.option("--allow-private", multiple=True, metavar="CIDR",
-              help="Let the proxy reach these non-public addresses (refused by default). Repeatable.")
-@click.option("--allow-api-path", multiple=True, metavar="[METHOD] PATH",
-              help="Forward this API path too, besides the ones Claude Code uses. Repeatable.")
-@click.option("--allow-server-tool", multiple=True, metavar="FAMILY",
-              help="Let Messages requests use this provider-side server tool, e.g. web_fetch (refused by "
-                   "default, except the web search Claude Code uses). Repeatable.")
-@click.option("--egress-rule", multiple=True, metavar="'HOST allow|deny METHOD PATH'",
-              help="A method and path rule for an inspected host, e.g. 'api.github.com allow GET /repos/**'; the "
-                   "host joins the allowlist. Repeatable.")
-@click.option("--no-inspect", multiple=True, metavar="HOST",
-              help="Tunnel this host opaquely (certificate pinning, mTLS), under the TLS name check only; it "
-                   "joins the allowlist. Weaker: no rules, no DLP. Repeatable.")
-@click.option("--dlp-rule", multiple=True, metavar="'NAME REGEX'",
-              help="An extra DLP rule refusing requests that match REGEX (bounded length). Repeatable.")
-@click.option("--dlp-off", multiple=True, metavar="NAME", help="Turn a built-in DLP rule off. Repeatable.")
-@click.option("--credential-route", multiple=True, metavar="'NAME SCHEME USERNAME|- SENTINEL HOST[,HOST...]'",
-              help="Hold a credential for these hosts (scheme bearer, token or basic): injected on inspected "
-                   "requests to them in place of the client's; SENTINEL, the bottle's stand-in, is refused "
-                   "elsewhere. Its value is read from standard input after the token (--token-file -), one "
-                   "line per route in order. Repeatable.")
-@click.option("--extra-ca", multiple=True, metavar="PATH", type=click.Path(dir_okay=False),
-              help="Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.")
-@click.option("--audit-log", metavar="PATH", help="Append one JSON line per decision here; '-' for stderr.")
-@click.option("--ca-cert-out", metavar="PATH", type=click.Path(dir_okay=False),
-              help="Write the certificate of the gate's CA (public; its key stays in the gate's memory) here "
-                   "at start, for clients to trust.")
-@click.option("--max-tunnels", type=click.IntRange(1, 100_000), default=256, show_default=True,
-              help="Concurrent proxy tunnels and forwarded requests.")
-@click.option("--max-connections", type=click.IntRange(1, 1_000_000), default=512, show_default=True,
-              help="Open client connections per listener; more are answered 503 and closed.")
-@click.option("--idle-timeout", type=click.FloatRange(1, 86_400), default=600, show_default=True,
-              help="Seconds without traffic before a stream or tunnel is closed.")
-@click.option("--drain-seconds", type=click.FloatRange(0, 3600), default=10, show_default=True,
-              help="On SIGTERM, how long in-flight requests may finish.")
-@click.option("--learn", is_flag=True,
-              help="Learn mode: let destinations outside the allowlist through and audit them as would_deny "
-                   "(never the upstream's host; the address guard, rules and DLP still apply).")
-@click.option("--control-socket", metavar="PATH", type=click.Path(dir_okay=False),
-              help="A unix socket (mode 0600) through which the allowlist can be changed while the gate runs "
-                   "(python -m claude_bottle.gate.control PATH allow|deny|show HOST).")
+@cli.command(cls=GateCommand, context_settings=CONTEXT)
 def gate(**options: Any) -> None:
     """Run the gate: hold the credential, forward API calls, filter egress.
 
@@ -93,7 +39,7 @@ def gate(**options: Any) -> None:
     """
     from claude_bottle.commands.gate import run_gate
 
-    run_gate(**options)
+    run_gate(options)
 
 
 @cli.command("stub-upstream", context_settings=CONTEXT)

@@ -9,6 +9,7 @@ import pytest
 
 from claude_bottle.agent.credential_config import CredentialConfig
 from claude_bottle.agent.schema import AgentConfig
+from claude_bottle.gate.options import GateOptions
 from claude_bottle.gate.routes import Scheme
 from claude_bottle.runtime import gate as runtime_gate
 from claude_bottle.runtime import run as run_module
@@ -51,13 +52,12 @@ def test_a_route_value_in_the_bottle_or_a_gate_without_the_route_fails_verify(
     def handing_over_the_value(self: Run) -> dict[str, str]:
         return {**environment(self), "LEAKED": self.spec.routes[0].secret}
 
-    def without_routes(spec: RunSpec, listen: str = runtime_gate.GATE_ALIAS) -> list[str]:
-        return command(RunSpec(**{**spec.__dict__, "routes": ()}), listen)
+    def without_routes(spec: RunSpec, listen: str = runtime_gate.GATE_ALIAS) -> GateOptions:
+        return options(RunSpec(**{**spec.__dict__, "routes": ()}), listen)
 
-    command = runtime_gate.gate_command
+    options = runtime_gate.gate_options
     monkeypatch.setattr(Run, "bottle_environment", handing_over_the_value)
-    monkeypatch.setattr(run_module, "gate_command", without_routes)
-    monkeypatch.setattr(run_module, "gate_input", lambda spec: f"{spec.credential.secret}\n".encode())
+    monkeypatch.setattr(run_module, "gate_options", without_routes)
     with verification(AgentConfig(name="leaky-route", credentials=(ROUTE,)), quiet) as target:
         outcomes = attack(target)
     sentinel_attacks = {o.attack for o in outcomes if o.group == SENTINELS}

@@ -17,8 +17,9 @@ from claude_bottle.launch import Launch, claude_command, run_spec
 from claude_bottle.paths import workspace_key
 from claude_bottle.runtime.engine import EngineInfo
 from claude_bottle.runtime.files import CLAUDE_SETTINGS, seeded_claude_json, seeded_settings
-from claude_bottle.runtime.gate import gate_command, upstream_ca_mounts
+from claude_bottle.runtime.gate import GATE_ALIAS, gate_options, upstream_ca_mounts
 from claude_bottle.runtime.names import state_volume
+from claude_bottle.runtime.spec import RunSpec
 from claude_bottle.runtime.users import user_for
 from tests.helpers import make_token
 
@@ -29,6 +30,11 @@ def owned(uid: int, gid: int, mode: int) -> os.stat_result:
 
 
 WORKSPACE = Path("/srv/project")
+
+
+def gate_command(spec: RunSpec, listen: str = GATE_ALIAS) -> list[str]:
+    """The run's gate's arguments."""
+    return gate_options(spec, listen).args()
 
 
 @pytest.mark.parametrize(("uid", "gid", "info", "user"), [
@@ -115,8 +121,9 @@ def test_the_agents_server_tools_and_mcp_hosts_reach_the_gate_command(tmp_path: 
         '[mcp.servers.docs]\nurl = "https://mcp.example.com:8443/mcp"\n'), "a.toml")
     spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "bottle", "gate", "1000:1000")
     command = gate_command(spec)
-    assert " ".join(command).endswith("--allow x.example --allow mcp.example.com:8443 "
-                                      "--allow-server-tool web_fetch --allow-server-tool code_execution")
+    pairs = list(zip(command[::2], command[1::2], strict=True))
+    assert [v for k, v in pairs if k == "--allow"] == ["x.example", "mcp.example.com:8443"]
+    assert [v for k, v in pairs if k == "--allow-server-tool"] == ["web_fetch", "code_execution"]
     assert spec.mcp_servers == {"docs": {"type": "http", "url": "https://mcp.example.com:8443/mcp"}}
     assert "--allow-server-tool" not in gate_command(run_spec(Launch(AgentConfig(), tmp_path, spec.credential),
                                                               "bottle", "gate", "1000:1000"))

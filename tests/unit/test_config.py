@@ -240,6 +240,7 @@ def test_hop_by_hop_set() -> None:
 
 
 def test_egress_rules_and_no_inspect_become_the_request_policy_and_join_the_allowlist() -> None:
+    from claude_bottle.gate.options import compose_allowlist
     from claude_bottle.gate.settings import parse_egress_rules
     from claude_bottle.policy.hosts import Target
 
@@ -249,7 +250,7 @@ def test_egress_rules_and_no_inspect_become_the_request_policy_and_join_the_allo
     assert policy.decide("GET", "api.github.com", 443, "/repos/a").allow
     assert not policy.decide("POST", "api.github.com", 443, "/gists").allow
     assert not policy.inspects(Target("pinned.example.net", 443))
-    allowlist = parse_allowlist(["api.github.com", "registry.npmjs.org"], extra=policy.patterns)
+    allowlist = compose_allowlist(parse_allowlist(["api.github.com", "registry.npmjs.org"]).patterns, policy, ())
     assert [str(p) for p in allowlist.patterns] == ["api.github.com", "registry.npmjs.org", "*.example.com:8443",
                                                     "pinned.example.net"]
 
@@ -279,7 +280,7 @@ def test_dlp_flags() -> None:
 
 
 def test_the_gate_command_parses_its_rule_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The flags reach GateSettings: the run is replaced by a recorder of the config it is given."""
+    """The flags reach GateSettings: the run is replaced by a recorder of the settings it is given."""
     from click.testing import CliRunner
 
     from claude_bottle.cli import cli

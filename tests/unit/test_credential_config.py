@@ -22,7 +22,7 @@ from claude_bottle.gate import settings as gc
 from claude_bottle.gate.routes import Scheme, parse_route_flag
 from claude_bottle.launch import Launch, run_spec
 from claude_bottle.runtime.files import git_credentials
-from claude_bottle.runtime.gate import gate_command, gate_input
+from claude_bottle.runtime.gate import gate_options
 from claude_bottle.runtime.run import Run
 from tests.fake_engine import FakeEngine
 from tests.helpers import make_token
@@ -108,11 +108,11 @@ def test_the_value_goes_to_the_gates_stdin_and_the_sentinel_to_the_bottle(tmp_pa
     parsed = agent('[credentials.github]\nenv = "T"\n')
     routes = tuple(tokens.CredentialRoute(c.spec(tokens.new_sentinel(c.name)), VALUE) for c in parsed.credentials)
     spec = run_spec(Launch(parsed, tmp_path, Credential.parse(make_token(), "t"), routes=routes), "b", "g", "1:1")
-    command, sentinel = gate_command(spec), routes[0].spec.sentinel
+    command, sentinel = gate_options(spec).args(), routes[0].spec.sentinel
     assert VALUE not in " ".join(command)
     flags = [v for k, v in zip(command[::2], command[1::2], strict=True) if k == "--credential-route"]
     assert [parse_route_flag(f) for f in flags] == [routes[0].spec]
-    assert gate_input(spec) == f"{spec.credential.secret}\n{VALUE}\n".encode()
+    assert gate_options(spec).stdin() == f"{spec.credential.secret}\n{VALUE}\n".encode()
     run = Run(None, spec, FakeEngine())
     environment = run.bottle_environment()
     assert environment["GH_TOKEN"] == environment["GITHUB_TOKEN"] == sentinel

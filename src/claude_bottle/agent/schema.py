@@ -17,6 +17,7 @@ from claude_bottle.agent.presets import PRESETS, READ_PRESETS
 from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.dlp import DlpPolicy, DlpRule, InvalidDlpRule, parse_builtin_name, parse_dlp_rule
+from claude_bottle.gate.options import compose_allowlist
 from claude_bottle.gate.settings import DEFAULT_UPSTREAM, Upstream, parse_upstream
 from claude_bottle.policy.addresses import IPNetwork, parse_network
 from claude_bottle.policy.hosts import Allowlist, HostPattern, InvalidHost, normalize_host, parse_pattern, parse_port
@@ -79,10 +80,10 @@ class AgentConfig:
     @property
     def egress_allowlist(self) -> Allowlist:
         """The allowlist the gate enforces: listed hosts, the hosts of ``[[egress]]`` entries, of remote MCP
-        servers and of credential routes, each once."""
+        servers and of credential routes, each once (``gate.options.compose_allowlist``)."""
         remote = tuple(s.allow_entry for s in self.mcp_servers if s.allow_entry is not None)
-        bound = tuple(HostPattern(host, False, port) for c in self.credentials for host, port in c.hosts)
-        return Allowlist(tuple(dict.fromkeys(self.allow.patterns + self.egress.patterns + remote + bound)))
+        bound = (host for c in self.credentials for host in c.hosts)
+        return compose_allowlist(self.allow.patterns, self.egress, bound, implied=remote)
 
 
 def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:

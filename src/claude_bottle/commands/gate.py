@@ -6,9 +6,10 @@ Both run inside the gate image, which has no Docker SDK: import nothing of the b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
-from collections.abc import Iterator
-from typing import TextIO
+from collections.abc import Iterator, Mapping
+from typing import Any, TextIO
 
 import click
 
@@ -31,51 +32,63 @@ def audit_stream(path: str | None) -> Iterator[TextIO | None]:
             yield stream
 
 
-def run_gate(
-    api_listen: str, proxy_listen: str, upstream: str, token_file: str, allow: tuple[str, ...],
-    allow_tcp: tuple[str, ...], allow_private: tuple[str, ...], allow_api_path: tuple[str, ...],
-    allow_server_tool: tuple[str, ...], egress_rule: tuple[str, ...], no_inspect: tuple[str, ...],
-    dlp_rule: tuple[str, ...], dlp_off: tuple[str, ...], credential_route: tuple[str, ...],
-    extra_ca: tuple[str, ...], audit_log: str | None,
-    ca_cert_out: str | None, max_tunnels: int, max_connections: int, idle_timeout: float, drain_seconds: float,
-    learn: bool, control_socket: str | None,
-) -> None:
-    """Parse the gate's options (each as its command-line flag names it) and serve until stopped."""
+class GateCommand(click.Command):
+    """The ``gate`` command, whose options are made from ``GateOptions`` (gate/options.py): one per ``Flag``,
+    in its order. They are made when the command is used, not when the CLI loads: the gate's modules take a
+    second to import on a busy machine, and every other command would wait for them."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not self.params:
+            self.params = gate_params()
+        return super().get_params(ctx)
+
+
+def gate_params() -> list[click.Parameter]:
+    """The gate command's options, one per ``Flag`` of ``GateOptions``: a field's type and default say the
+    option's (required, a flag, repeatable, a bounded number); a field with several flags takes each as a
+    repeatable text."""
+    from claude_bottle.gate.options import flags
+
+    params: list[click.Parameter] = []
+    for name, flag, default in flags():
+        kind: Any = click.Path(dir_okay=False) if flag.path else None
+        settings: dict[str, Any] = {"metavar": flag.metavar or None, "help": flag.help,
+                                    "show_default": flag.show_default}
+        if default is dataclasses.MISSING:
+            settings["required"] = True
+        elif isinstance(default, bool):
+            settings["is_flag"] = True
+        elif isinstance(default, tuple) or flag.param != name:
+            settings["multiple"] = True
+        elif isinstance(default, int) and flag.bounds:
+            kind, settings["default"] = click.IntRange(int(flag.bounds[0]), int(flag.bounds[1])), default
+        elif isinstance(default, float) and flag.bounds:
+            kind, settings["default"] = click.FloatRange(*flag.bounds), default
+        else:
+            settings["default"] = default
+        params.append(click.Option([flag.name, flag.param], type=kind, **settings))
+    return params
+
+
+def run_gate(params: Mapping[str, Any]) -> None:
+    """Read the gate's options from its command's parameters (``GateOptions.from_flags``), load them, and
+    serve until stopped."""
     from pathlib import Path
 
-    from claude_bottle.gate import settings as gc
     from claude_bottle.gate.audit import AuditLog
+    from claude_bottle.gate.options import GateOptions
     from claude_bottle.gate.server import serve
+    from claude_bottle.gate.settings import loopback
 
-    request_policy = gc.parse_egress_rules(egress_rule, no_inspect)
-    route_specs = gc.parse_routes(credential_route, request_policy)
-    credential, routes = gc.read_secrets(token_file, route_specs)
-    config = gc.GateSettings(
-        api_listen=gc.parse_listen(api_listen, "--api-listen"),
-        proxy_listen=gc.parse_listen(proxy_listen, "--proxy-listen"),
-        upstream=gc.parse_upstream(upstream),
-        allowlist=gc.parse_allowlist(allow, extra=request_policy.patterns + gc.route_patterns(route_specs)),
-        allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
-        request_policy=request_policy,
-        dlp=gc.parse_dlp(dlp_rule, dlp_off),
-        allow_private=gc.parse_networks(allow_private),
-        api_policy=gc.parse_api_paths(allow_api_path),
-        messages_policy=gc.parse_server_tools(allow_server_tool),
-        extra_ca_files=tuple(Path(p) for p in extra_ca),
-        credential=credential,
-        routes=routes,
-        limits=gc.Limits(max_tunnels=max_tunnels, max_connections=max_connections, idle_timeout=idle_timeout,
-                         drain_seconds=drain_seconds),
-        learn=learn,
-        control_socket=Path(control_socket) if control_socket else None,
-    )
-    config.ssl_context()  # fail now, not on the first request, if an extra CA cannot be loaded
-    if config.upstream.scheme == "http" and not gc.loopback(config.upstream.host):
-        click.echo(f"warning: --upstream {upstream} is plain HTTP: the credential crosses the network "
+    options = GateOptions.from_flags(params)
+    settings = options.settings()
+    settings.ssl_context()  # fail now, not on the first request, if an extra CA cannot be loaded
+    if settings.upstream.scheme == "http" and not loopback(settings.upstream.host):
+        click.echo(f"warning: --upstream {options.upstream} is plain HTTP: the credential crosses the network "
                    "unencrypted", err=True)
-    with audit_stream(audit_log) as stream:
-        serve(config, AuditLog(stream, secrets=config.injected_secrets),
-              ca_cert_out=Path(ca_cert_out) if ca_cert_out else None)
+    with audit_stream(options.audit_log) as stream:
+        serve(settings, AuditLog(stream, secrets=settings.injected_secrets),
+              ca_cert_out=Path(options.ca_cert_out) if options.ca_cert_out else None)
 
 
 def run_stub_upstream(listen: str, text: str | None, log: bool, tls_file: str | None) -> None:

@@ -26,11 +26,9 @@ from claude_bottle.policy.addresses import AddressGuard, IPNetwork, parse_networ
 from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy
 from claude_bottle.policy.hosts import (
     Allowlist,
-    HostPattern,
     InvalidHost,
     Target,
     normalize_host,
-    parse_pattern,
     parse_port,
     split_host_port,
 )
@@ -214,20 +212,19 @@ def parse_networks(texts: tuple[str, ...] | list[str]) -> tuple[IPNetwork, ...]:
         raise ConfigError(f"--allow-private: {exc}") from None
 
 
-def parse_allowlist(texts: tuple[str, ...] | list[str], flag: str = "--allow",
-                    extra: tuple[HostPattern, ...] = ()) -> Allowlist:
-    """``flag``'s patterns, then ``extra`` ones (for ``--allow``: the hosts of ``--egress-rule`` and
-    ``--no-inspect``)."""
+def parse_allowlist(texts: tuple[str, ...] | list[str], flag: str = "--allow") -> Allowlist:
+    """``flag``'s patterns, each once. ``--allow``'s are then composed with the hosts of ``--egress-rule``,
+    ``--no-inspect`` and ``--credential-route`` by ``gate.options.compose_allowlist``."""
     try:
         patterns = Allowlist.parse(texts).patterns
     except InvalidHost as exc:
         raise ConfigError(f"{flag}: {exc}") from None
-    return Allowlist(tuple(dict.fromkeys(patterns + extra)))
+    return Allowlist(tuple(dict.fromkeys(patterns)))
 
 
 def parse_egress_rules(rules: tuple[str, ...] | list[str], no_inspect: tuple[str, ...] | list[str]) -> RequestPolicy:
     """``--egress-rule 'HOST allow|deny METHOD PATH'`` and ``--no-inspect HOST``: the request policy. Each
-    host named joins the allowlist (see ``parse_allowlist``)."""
+    host named joins the allowlist (``gate.options.compose_allowlist``)."""
     try:
         return policy_from_flags(rules, no_inspect)
     except InvalidRule as exc:
@@ -263,12 +260,6 @@ def parse_routes(texts: tuple[str, ...] | list[str], request_policy: RequestPoli
                                   "bound to a credential must be inspected (the gate replaces the client's "
                                   "credentials there); drop one of the two")
     return routes
-
-
-def route_patterns(routes: tuple[RouteSpec, ...]) -> tuple[HostPattern, ...]:
-    """The allowlist entries of the routes' hosts: a bound host is reachable (and only inspected)."""
-    return tuple(parse_pattern(str(Target(host, port, normalize_host(host)[1])))
-                 for route in routes for host, port in route.hosts)
 
 
 def read_secrets(token_file: str, routes: tuple[RouteSpec, ...]) -> tuple[Credential, tuple[CredentialRoute, ...]]:

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from claude_bottle.errors import ConfigError, DockerError, GateError
+from claude_bottle.gate.options import GateOptions
 from claude_bottle.runtime.files import write_policy
 from claude_bottle.runtime.names import RunNames
 from claude_bottle.runtime.seam import ContainerInfo, Engine
@@ -21,32 +22,23 @@ GATE_STOP_SECONDS = 3
 GATE_ALIAS = "gate"  # the gate's name on the internal network, where the engine resolves names there (Docker)
 
 
-def gate_command(spec: RunSpec, listen: str = GATE_ALIAS) -> list[str]:
-    """The gate's arguments: where it listens (``listen``: its name or address on the internal network), its
-    upstream, and the agent's egress and API policy. The token comes on stdin, never here."""
-    allow_args = [arg for pattern in spec.allow.patterns for arg in ("--allow", str(pattern))]
-    tcp_args = [arg for pattern in spec.allow_tcp.patterns for arg in ("--allow-tcp", str(pattern))]
-    private_args = [arg for network in spec.allow_private for arg in ("--allow-private", str(network))]
-    tool_args = [arg for tool in spec.server_tools for arg in ("--allow-server-tool", tool)]
-    ca_args = [arg for path in upstream_ca_mounts(spec).values() for arg in ("--extra-ca", path["bind"])]
-    route_args = [arg for route in spec.routes for arg in ("--credential-route", route.spec.flag())]
-    return ["--api-listen", f"{listen}:{API_PORT}", "--proxy-listen", f"{listen}:{PROXY_PORT}",
-            "--upstream", str(spec.upstream), "--token-file", "-", "--audit-log", "-",
-            "--control-socket", CONTROL_SOCKET, *(["--learn"] if spec.learn else []),
-            *allow_args, *tcp_args, *private_args, *tool_args, *ca_args, *spec.request_policy.args(), *spec.dlp.args(),
-            *route_args]
+def gate_options(spec: RunSpec, listen: str = GATE_ALIAS) -> GateOptions:
+    """What the run's gate is told: where it listens (``listen``: its name or address on the internal network),
+    its upstream, the agent's egress and API policy, and the secrets (which go on its stdin, never in argv)."""
+    return GateOptions(
+        api_listen=f"{listen}:{API_PORT}", proxy_listen=f"{listen}:{PROXY_PORT}", credential=spec.credential,
+        upstream=str(spec.upstream), allow=spec.allow.texts(), allow_tcp=spec.allow_tcp.texts(),
+        allow_private=tuple(str(network) for network in spec.allow_private), allow_server_tool=spec.server_tools,
+        request_policy=spec.request_policy, dlp=spec.dlp, routes=spec.routes,
+        extra_ca=tuple(path["bind"] for path in upstream_ca_mounts(spec).values()), audit_log="-",
+        learn=spec.learn, control_socket=CONTROL_SOCKET,
+    )
 
 
 def upstream_ca_mounts(spec: RunSpec) -> dict[str, dict[str, str]]:
     """``spec.upstream_ca_files`` as read-only mounts into the gate."""
     return {str(path): {"bind": f"/opt/gate/upstream-ca/{i}.pem", "mode": "ro"}
             for i, path in enumerate(spec.upstream_ca_files)}
-
-
-def gate_input(spec: RunSpec) -> bytes:
-    """What the gate reads on its stdin: the token, then each route's value, one line each in the order of
-    ``--credential-route`` (``gate_command``)."""
-    return "".join(f"{value}\n" for value in (spec.credential.secret, *(r.secret for r in spec.routes))).encode()
 
 
 def control_gate(engine: Engine, gate: ContainerInfo, op: str, entry: str = "") -> dict[str, Any]:

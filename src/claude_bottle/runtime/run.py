@@ -42,8 +42,7 @@ from claude_bottle.runtime.gate import (
     GATE_READY_SECONDS,
     GATE_STOP_SECONDS,
     announced_ca,
-    gate_command,
-    gate_input,
+    gate_options,
     startup_lines,
     upstream_ca_mounts,
 )
@@ -128,11 +127,11 @@ class Run:
         with uninterrupted(), ThreadPoolExecutor(2) as pool:  # its threads inherit the blocked signals
             internal, egress = pool.submit(self._internal_network), pool.submit(egress_network, self.engine)
             self.internal, self.egress = internal.result(), egress.result()
-        gate = self.names.gate
+        gate, options = self.names.gate, gate_options(spec, self.gate_listen)
         try:
             with uninterrupted():
                 self.engine.create_container(ContainerSpec(
-                    spec.gate_image, gate, self.labels, command=tuple(gate_command(spec, self.gate_listen)),
+                    spec.gate_image, gate, self.labels, command=tuple(options.args()),
                     stdin_open=True, network=self.egress.id, read_only=True, tmpfs={"/tmp": "size=16m"},
                     pids_limit=256, memory="256m", bounded_logs=True,
                     binds=tuple((source, mount["bind"], True) for source, mount in upstream_ca_mounts(spec).items())))
@@ -146,7 +145,7 @@ class Run:
             raw = self.engine.start_attached(gate)
             self.gate_started = True
             self._gate_output = raw
-            raw.sendall(gate_input(spec))
+            raw.sendall(options.stdin())
             with contextlib.suppress(OSError):
                 raw.shutdown(socket.SHUT_WR)
             self.gate_ip = self.engine.address(gate, self.internal.name)  # assigned by now, while it boots

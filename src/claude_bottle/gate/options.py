@@ -1,0 +1,235 @@
+"""The host-to-gate contract: one frozen ``GateOptions``, the only thing that crosses from the host to a gate.
+
+The host (``runtime``) builds it and turns it into the gate's arguments (``args``) and standard input
+(``stdin``); the ``gate`` command parses those back (``from_flags``) and loads them into the settings the gate
+runs with (``settings``, the one loader); the tests' gate fixtures build it too. Secrets (the Anthropic
+credential, the credential routes' values) travel on standard input only, never in the arguments, which any
+process on the host may read.
+
+Adding a gate option: a field here (with its ``Flag``: the command line is made from it), its use where
+``settings`` loads it (or in the gate), and a test; ``tests/unit/test_gate_options.py`` checks the round trip
+of every field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from claude_bottle.credentials import Credential
+from claude_bottle.gate.dlp import DlpPolicy
+from claude_bottle.gate.routes import CredentialRoute
+from claude_bottle.gate.settings import (
+    DEFAULT_UPSTREAM,
+    GateSettings,
+    Limits,
+    parse_allowlist,
+    parse_api_paths,
+    parse_dlp,
+    parse_egress_rules,
+    parse_listen,
+    parse_networks,
+    parse_routes,
+    parse_server_tools,
+    parse_upstream,
+    read_secrets,
+)
+from claude_bottle.policy.hosts import Allowlist, HostPattern
+from claude_bottle.policy.rules import RequestPolicy
+
+TOKEN_FROM_STDIN = "-"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a field of ``GateOptions`` is written on the gate's command line. ``bounds``: the range of a number;
+    ``path``: a file's path (not a folder); ``show_default``: the help shows the default."""
+
+    name: str
+    help: str
+    metavar: str = ""
+    bounds: tuple[float, float] | None = None
+    path: bool = False
+    show_default: bool = False
+
+    @property
+    def param(self) -> str:
+        """The parameter name the command gives the flag's value (``--allow-tcp``: ``allow_tcp``)."""
+        return self.name.removeprefix("--").replace("-", "_")
+
+
+def _flags(*flags: Flag) -> dict[str, tuple[Flag, ...]]:
+    return {"flags": flags}
+
+
+def compose_allowlist(allow: Iterable[HostPattern], egress: RequestPolicy, bound_hosts: Iterable[tuple[str, int]],
+                      implied: Iterable[HostPattern] = ()) -> Allowlist:
+    """The allowlist rule, in its one place: the listed entries, then the hosts of the ``[[egress]]`` entries
+    (``--egress-rule``, ``--no-inspect``), then ``implied`` ones (the agent's remote MCP servers), then each
+    credential route's bound host (a bound host is reachable, and only inspected). In that order, each once."""
+    bound = (HostPattern(host, False, port) for host, port in bound_hosts)
+    return Allowlist(tuple(dict.fromkeys((*allow, *egress.patterns, *implied, *bound))))
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """Everything the host tells a gate. Values are in the form the command line carries; ``settings`` validates
+    and parses them (a ConfigError naming the flag). ``credential`` and ``routes``' values go on stdin."""
+
+    api_listen: str = field(metadata=_flags(Flag(
+        "--api-listen", "Where ANTHROPIC_BASE_URL points: the credential-injecting API route.", "HOST:PORT")))
+    proxy_listen: str = field(metadata=_flags(Flag(
+        "--proxy-listen", "Where HTTPS_PROXY/HTTP_PROXY point: the allowlisting egress proxy.", "HOST:PORT")))
+    # On standard input (the command's --token-file -), never in the arguments.
+    credential: Credential = field(metadata=_flags(Flag(
+        "--token-file", "File holding the OAuth token or API key (mode 0600); '-' reads standard input.", "PATH")))
+    upstream: str = field(default=DEFAULT_UPSTREAM, metadata=_flags(Flag(
+        "--upstream", "The Anthropic-compatible API the API route forwards to.", "URL", show_default=True)))
+    allow: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+        "--allow", "Allow proxy traffic to HOST or *.SUFFIX, optionally :PORT (default ports 443 and 80). "
+        "Repeatable.", "PATTERN")))
+    allow_tcp: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+        "--allow-tcp", "Let tunnels to this HOST:PORT carry any TCP, not only TLS naming the host (e.g. SSH). "
+        "Implies --allow. Repeatable.", "PATTERN")))
+    allow_private: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+        "--allow-private", "Let the proxy reach these non-public addresses (refused by default). Repeatable.",
+        "CIDR")))
+    allow_api_path: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+        "--allow-api-path", "Forward this API path too, besides the ones Claude Code uses. Repeatable.",
+        "[METHOD] PATH")))
+    allow_server_tool: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+        "--allow-server-tool", "Let Messages requests use this provider-side server tool, e.g. web_fetch "
+        "(refused by default, except the web search Claude Code uses). Repeatable.", "FAMILY")))
+    request_policy: RequestPolicy = field(default=RequestPolicy(), metadata=_flags(
+        Flag("--egress-rule", "A method and path rule for an inspected host, e.g. 'api.github.com allow GET "
+             "/repos/**'; the host joins the allowlist. Repeatable.", "'HOST allow|deny METHOD PATH'"),
+        Flag("--no-inspect", "Tunnel this host opaquely (certificate pinning, mTLS), under the TLS name check "
+             "only; it joins the allowlist. Weaker: no rules, no DLP. Repeatable.", "HOST")))
+    dlp: DlpPolicy = field(default=DlpPolicy(), metadata=_flags(
+        Flag("--dlp-rule", "An extra DLP rule refusing requests that match REGEX (bounded length). Repeatable.",
+             "'NAME REGEX'"),
+        Flag("--dlp-off", "Turn a built-in DLP rule off. Repeatable.", "NAME")))
+    # Each route's value follows the token on standard input, one line each, in this order.
+    routes: tuple[CredentialRoute, ...] = field(default=(), metadata=_flags(Flag(
+        "--credential-route", "Hold a credential for these hosts (scheme bearer, token or basic): injected on "
+        "inspected requests to them in place of the client's; SENTINEL, the bottle's stand-in, is refused "
+        "elsewhere. Its value is read from standard input after the token (--token-file -), one line per route "
+        "in order. Repeatable.", "'NAME SCHEME USERNAME|- SENTINEL HOST[,HOST...]'")))
+    extra_ca: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+        "--extra-ca", "Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.",
+        "PATH", path=True)))
+    audit_log: str | None = field(default=None, metadata=_flags(Flag(
+        "--audit-log", "Append one JSON line per decision here; '-' for stderr.", "PATH")))
+    ca_cert_out: str | None = field(default=None, metadata=_flags(Flag(
+        "--ca-cert-out", "Write the certificate of the gate's CA (public; its key stays in the gate's memory) "
+        "here at start, for clients to trust.", "PATH", path=True)))
+    max_tunnels: int = field(default=Limits.max_tunnels, metadata=_flags(Flag(
+        "--max-tunnels", "Concurrent proxy tunnels and forwarded requests.", bounds=(1, 100_000),
+        show_default=True)))
+    max_connections: int = field(default=Limits.max_connections, metadata=_flags(Flag(
+        "--max-connections", "Open client connections per listener; more are answered 503 and closed.",
+        bounds=(1, 1_000_000), show_default=True)))
+    idle_timeout: float = field(default=Limits.idle_timeout, metadata=_flags(Flag(
+        "--idle-timeout", "Seconds without traffic before a stream or tunnel is closed.", bounds=(1, 86_400),
+        show_default=True)))
+    drain_seconds: float = field(default=Limits.drain_seconds, metadata=_flags(Flag(
+        "--drain-seconds", "On SIGTERM, how long in-flight requests may finish.", bounds=(0, 3600),
+        show_default=True)))
+    learn: bool = field(default=False, metadata=_flags(Flag(
+        "--learn", "Learn mode: let destinations outside the allowlist through and audit them as would_deny "
+        "(never the upstream's host; the address guard, rules and DLP still apply).")))
+    control_socket: str | None = field(default=None, metadata=_flags(Flag(
+        "--control-socket", "A unix socket (mode 0600) through which the allowlist can be changed while the gate "
+        "runs (python -m claude_bottle.gate.control PATH allow|deny|show HOST).", "PATH", path=True)))
+
+    def __post_init__(self) -> None:
+        # The request policy in the form its flags carry (and so the gate sees): entries with rules, then
+        # opaque ones. An inspected entry without rules is an allowlist entry only (``compose_allowlist``).
+        ruled = tuple(entry for entry in self.request_policy.hosts if entry.inspect and (entry.allow or entry.deny))
+        opaque = tuple(entry for entry in self.request_policy.hosts if not entry.inspect)
+        object.__setattr__(self, "request_policy", RequestPolicy(ruled + opaque))
+
+    # -- host side: to the command line and standard input -----------------------------------------------
+
+    def args(self) -> list[str]:
+        """The gate command's arguments (after ``gate``): every field not at its default, nothing secret. The
+        credential and the routes' values are read from standard input (``stdin``)."""
+        args: list[str] = []
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if item.name == "credential":
+                args += ["--token-file", TOKEN_FROM_STDIN]
+            elif item.name == "request_policy" or item.name == "dlp":
+                args += value.args()
+            elif item.name == "routes":
+                args += [arg for route in self.routes for arg in ("--credential-route", route.spec.flag())]
+            elif item.default is not dataclasses.MISSING and value == item.default:
+                continue
+            else:
+                flag = item.metadata["flags"][0].name
+                if isinstance(value, bool):
+                    args.append(flag)
+                elif isinstance(value, tuple):
+                    args += [arg for text in value for arg in (flag, text)]
+                else:
+                    args += [flag, str(value)]
+        return args
+
+    def stdin(self) -> bytes:
+        """What the gate reads on its standard input: the token, then each route's value, one line each in the
+        order of ``routes`` (``--credential-route``)."""
+        values = (self.credential.secret, *(route.secret for route in self.routes))
+        return "".join(f"{value}\n" for value in values).encode()
+
+    # -- gate side: from the command line, then into settings ---------------------------------------------
+
+    @classmethod
+    def from_flags(cls, params: Mapping[str, Any]) -> GateOptions:
+        """The options from the gate command's parameters (one per ``Flag``, named by ``Flag.param``),
+        reading the secrets as ``--token-file`` says (standard input for ``-``). A ConfigError names a bad
+        rule or route, or standard input that does not hold what the routes need."""
+        values = dict(params)
+        request_policy = parse_egress_rules(values.pop("egress_rule"), values.pop("no_inspect"))
+        specs = parse_routes(values.pop("credential_route"), request_policy)
+        credential, routes = read_secrets(values.pop("token_file"), specs)
+        dlp = parse_dlp(values.pop("dlp_rule"), values.pop("dlp_off"))
+        rest: dict[str, Any] = {name: tuple(value) if isinstance(value, list) else value
+                                for name, value in values.items()}
+        return cls(credential=credential, routes=routes, request_policy=request_policy, dlp=dlp, **rest)
+
+    def settings(self, limits: Limits | None = None) -> GateSettings:
+        """The one loader: these options validated and parsed into the settings the gate runs with. The
+        allowlist is composed here (``compose_allowlist``). ``limits``: timeouts the command line does not
+        carry (tests shorten them); the options' own limits replace theirs."""
+        bound_hosts = [host for route in self.routes for host in route.spec.hosts]
+        allowlist = compose_allowlist(parse_allowlist(self.allow).patterns, self.request_policy, bound_hosts)
+        return GateSettings(
+            api_listen=parse_listen(self.api_listen, "--api-listen"),
+            proxy_listen=parse_listen(self.proxy_listen, "--proxy-listen"),
+            upstream=parse_upstream(self.upstream),
+            allowlist=allowlist,
+            allow_tcp=parse_allowlist(self.allow_tcp, "--allow-tcp"),
+            request_policy=self.request_policy,
+            dlp=self.dlp,
+            allow_private=parse_networks(self.allow_private),
+            api_policy=parse_api_paths(self.allow_api_path),
+            messages_policy=parse_server_tools(self.allow_server_tool),
+            extra_ca_files=tuple(Path(p) for p in self.extra_ca),
+            credential=self.credential,
+            routes=self.routes,
+            limits=dataclasses.replace(limits or Limits(), max_tunnels=self.max_tunnels,
+                                       max_connections=self.max_connections, idle_timeout=self.idle_timeout,
+                                       drain_seconds=self.drain_seconds),
+            learn=self.learn,
+            control_socket=Path(self.control_socket) if self.control_socket else None,
+        )
+
+
+def flags() -> list[tuple[str, Flag, Any]]:
+    """Every flag of the gate command in order, with the field it belongs to and that field's default
+    (``dataclasses.MISSING`` for a required one); for a field with several flags, each is a repeatable text."""
+    return [(item.name, flag, item.default) for item in dataclasses.fields(GateOptions)
+            for flag in item.metadata["flags"]]

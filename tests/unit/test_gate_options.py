@@ -1,0 +1,161 @@
+"""The host-to-gate contract: options -> the gate's arguments and standard input -> the same options, through
+the ``gate`` command's own parser, for generated values of every field; secrets on standard input only."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import random
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from claude_bottle.agent.schema import parse_agent
+from claude_bottle.cli import gate as gate_command
+from claude_bottle.credentials import Credential
+from claude_bottle.errors import ConfigError
+from claude_bottle.gate.dlp import BUILTIN_NAMES
+from claude_bottle.gate.options import GateOptions, compose_allowlist, flags
+from claude_bottle.gate.routes import CredentialRoute, RouteSpec, Scheme, new_sentinel
+from claude_bottle.gate.settings import Limits, parse_dlp, parse_egress_rules
+from claude_bottle.launch import Launch, run_spec
+from claude_bottle.policy.hosts import Allowlist, parse_pattern
+from claude_bottle.policy.messages import SERVER_TOOL_FAMILIES
+from claude_bottle.runtime.gate import gate_options
+from tests.helpers import make_token
+
+CASES = 300
+
+
+def parsed(args: list[str], stdin: bytes, monkeypatch: pytest.MonkeyPatch) -> GateOptions:
+    """What the ``gate`` command makes of ``args`` and ``stdin``: its click parser, then ``from_flags``."""
+    context = gate_command.make_context("gate", list(args))
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin.decode()))
+    return GateOptions.from_flags(context.params)
+
+
+def some(rng: random.Random, make: Any, most: int = 3) -> tuple[Any, ...]:
+    return tuple(dict.fromkeys(make(i) for i in range(rng.randint(0, most))))
+
+
+def generated(rng: random.Random) -> GateOptions:
+    """Options with a random, valid value in every field (defaults among them, and empty tuples)."""
+    def host(i: int) -> str:
+        return rng.choice([f"h{i}.example.com", f"*.w{i}.example.org", f"h{i}.example.net:8443", f"10.0.0.{i + 1}",
+                           f"[2001:db8::{i + 1}]:443"])
+
+    rules = some(rng, lambda i: f"r{i}.example.com {rng.choice(['allow', 'deny'])} "
+                                f"{rng.choice(['GET', 'POST', '*'])} /p{rng.randint(0, 9)}/**")
+    opaque = some(rng, lambda i: f"o{i}.example.com")
+    routes = tuple(CredentialRoute(RouteSpec(f"route{i}", ((f"c{i}.example.com", rng.choice([443, 8443])),),
+                                             scheme := rng.choice(list(Scheme)),
+                                             "user" if scheme is Scheme.BASIC else "", new_sentinel(f"route{i}")),
+                                   "v" * 16 + make_token()[-rng.randint(1, 40):])
+                   for i in range(rng.randint(0, 3)))
+    number = rng.choice([None, 1, rng.randint(1, 100_000)])
+    return GateOptions(
+        api_listen=rng.choice(["127.0.0.1:8080", "gate:8080", "[::1]:0", "10.89.0.2:8080"]),
+        proxy_listen=rng.choice(["127.0.0.1:3128", "gate:3128", "[::1]:0"]),
+        credential=Credential.parse(make_token(rng.choice(["oat", "api"])), "generated"),
+        upstream=rng.choice(["https://api.anthropic.com", "http://127.0.0.1:9", "https://llm.example.com/anthropic"]),
+        allow=some(rng, host),
+        allow_tcp=some(rng, lambda i: f"git{i}.example.com:22"),
+        allow_private=some(rng, lambda i: f"10.{i}.0.0/16"),
+        allow_api_path=some(rng, lambda i: rng.choice([f"/v1/x{i}", f"GET /v1/y{i}"])),
+        allow_server_tool=some(rng, lambda i: rng.choice(sorted(SERVER_TOOL_FAMILIES))),
+        request_policy=parse_egress_rules(rules, opaque),
+        dlp=parse_dlp(some(rng, lambda i: f"extra{i} itk{i}_[a-z0-9]{{32}}"),
+                      some(rng, lambda i: rng.choice(BUILTIN_NAMES))),
+        routes=routes,
+        extra_ca=some(rng, lambda i: f"/opt/gate/upstream-ca/{i}.pem"),
+        audit_log=rng.choice([None, "-", "/tmp/audit.jsonl"]),
+        ca_cert_out=rng.choice([None, "/tmp/ca.pem"]),
+        max_tunnels=number or Limits.max_tunnels,
+        max_connections=rng.choice([Limits.max_connections, rng.randint(1, 1_000_000)]),
+        idle_timeout=rng.choice([Limits.idle_timeout, rng.uniform(1, 86_400)]),
+        drain_seconds=rng.choice([Limits.drain_seconds, 0.0, rng.uniform(0, 3600)]),
+        learn=rng.random() < 0.5,
+        control_socket=rng.choice([None, "/tmp/claude-bottle-control.sock"]),
+    )
+
+
+def test_options_survive_the_command_line_and_standard_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    for seed in range(CASES):
+        options = generated(random.Random(seed))
+        assert parsed(options.args(), options.stdin(), monkeypatch) == options, f"seed {seed}"
+        options.settings()  # and the one loader takes them
+
+
+def test_secrets_go_on_standard_input_never_in_the_arguments() -> None:
+    for seed in range(CASES):
+        options = generated(random.Random(seed))
+        argv = " ".join(options.args())
+        secrets = [options.credential.secret, *(route.secret for route in options.routes)]
+        assert not [secret for secret in secrets if secret in argv], f"seed {seed}"
+        assert options.stdin().decode().splitlines() == secrets, f"seed {seed}"
+        assert options.args()[options.args().index("--token-file") + 1] == "-"
+        assert options.credential.secret not in repr(options)
+
+
+def test_every_field_crosses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each field, changed alone from a minimal value, changes what crosses and comes back changed: no field
+    is left out of ``args``/``stdin`` or of the command."""
+    rng = random.Random(7)
+    base = GateOptions(api_listen="127.0.0.1:1", proxy_listen="127.0.0.1:2",
+                       credential=Credential.parse(make_token(), "base"))
+    fields = [item.name for item in dataclasses.fields(GateOptions)]
+    changed = set()
+    for _ in range(200):
+        other = generated(rng)
+        for name in fields:
+            one = dataclasses.replace(base, **{name: getattr(other, name)})
+            if one != base:
+                assert (one.args(), one.stdin()) != (base.args(), base.stdin()), name
+                assert parsed(one.args(), one.stdin(), monkeypatch) == one, name
+                changed.add(name)
+    assert changed == set(fields)
+
+
+def test_the_command_has_a_flag_for_each_field_and_nothing_else() -> None:
+    declared = {flag.name for _, flag, _ in flags()}
+    context = click.Context(gate_command)
+    offered = {option for param in gate_command.get_params(context) for option in param.opts
+               if option.startswith("--")}
+    assert offered - {"--help"} == declared
+    assert {name for name, _, _ in flags()} == {item.name for item in dataclasses.fields(GateOptions)}
+
+
+def test_the_runs_options_survive_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the runtime builds from a full agent crosses as it is."""
+    agent = parse_agent("a", tomllib.loads(
+        'version = 1\nallow = ["x.example"]\nallow_tcp = ["git.example.com:22"]\nallow_private = ["10.0.0.0/8"]\n'
+        'presets = ["npm-read"]\n[api]\nserver_tools = ["web_fetch"]\n'
+        '[[egress]]\nhost = "api.example.com"\nallow = ["GET /v1/**"]\ndeny = ["GET /v1/admin"]\n'
+        '[[egress]]\nhost = "pinned.example.com"\ninspect = false\n[[egress]]\nhost = "open.example.com"\n'
+        '[dlp]\ndisable = ["jwt"]\n[dlp.rules]\nitk = "itk_[a-z0-9]{32}"\n'
+        '[credentials.github]\nenv = "T"\n'), "a.toml")
+    routes = tuple(CredentialRoute(c.spec(new_sentinel(c.name)), "v" * 40) for c in agent.credentials)
+    launch = Launch(agent, tmp_path, Credential.parse(make_token(), "t"), routes=routes, learn=True)
+    options = gate_options(run_spec(launch, "bottle", "gate", "1000:1000"))
+    assert parsed(options.args(), options.stdin(), monkeypatch) == options
+    assert options.settings().allowlist == agent.egress_allowlist
+
+
+def test_the_allowlist_is_composed_once() -> None:
+    policy = parse_egress_rules(["api.github.com allow GET /**"], ["pinned.example.net"])
+    allowlist = compose_allowlist(Allowlist.parse(["x.example", "api.github.com"]).patterns, policy,
+                                  [("github.com", 443), ("::1", 8443)], implied=[parse_pattern("mcp.example.com:8443")])
+    assert allowlist.texts() == ("x.example", "api.github.com", "pinned.example.net", "mcp.example.com:8443",
+                                 "github.com:443", "[::1]:8443")
+
+
+def test_a_bad_value_is_named_by_its_flag_when_loaded() -> None:
+    options = GateOptions(api_listen="0.0.0.0:1", proxy_listen="127.0.0.1:2",
+                          credential=Credential.parse(make_token(), "t"))
+    with pytest.raises(ConfigError, match="--api-listen"):
+        options.settings()
+    with pytest.raises(ConfigError, match="--allow-tcp"):
+        dataclasses.replace(options, api_listen="127.0.0.1:1", allow_tcp=("*",)).settings()
