@@ -179,7 +179,6 @@ def run(args: argparse.Namespace) -> int:
         with os.fdopen(fd, "w") as f:
             f.write(make_token() + "\n")
         cb = claude_bottle_argv()
-        ready = re.compile(r"API on ([\d.]+):(\d+)")
         stub = children.start("stub", [*cb, "stub-upstream", "--listen", f"{LOOPBACK}:0"])
         stub_port = int(stub.wait_for_line(re.compile(r"on http://[\d.]+:(\d+)"), 20)[1])
         upstream = f"http://{LOOPBACK}:{stub_port}"
@@ -189,8 +188,8 @@ def run(args: argparse.Namespace) -> int:
                                                     upstream, str(token)])
         paths = {"direct": (LOOPBACK, stub_port)}
         for name, child in (("unjudged", unjudged), ("judged", judged)):
-            match = child.wait_for_line(ready, 30)
-            paths[name] = (match[1], int(match[2]))
+            ready = child.wait_for_gate(30)
+            paths[name] = (ready.api.host, ready.api.port)
         print("2. end to end: direct, through the gate without the policy, through the gate", flush=True)
         doc["end_to_end"] = end_to_end(paths, samples, 40 if args.quick else 1000)
         doc["machine"]["libraries"] = machine_info()["libraries"]

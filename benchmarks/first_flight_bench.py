@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import re
 import ssl
 import sys
 import tempfile
@@ -135,8 +134,8 @@ def start_gate(children: Children, name: str, token: Path, policy_flag: str, ser
     gate = children.start(name, [*claude_bottle_argv(), "gate", "--api-listen", f"{LOOPBACK}:0", "--proxy-listen",
                                  f"{LOOPBACK}:0", "--upstream", f"http://{LOOPBACK}:9", "--token-file", str(token),
                                  policy_flag, f"{SERVER_NAME}:{server_port}", "--allow-private", "127.0.0.0/8"])
-    m = gate.wait_for_line(re.compile(r"proxy on ([\d.]+):(\d+)"), 30)
-    return m[1], int(m[2])
+    proxy = gate.wait_for_gate(30).proxy
+    return proxy.host, proxy.port
 
 
 def write(doc: dict[str, Any]) -> None:

@@ -448,9 +448,9 @@ def start_routes(args: argparse.Namespace, children: Children, tmp: Path, origin
                                       f"{LOOPBACK}:0", "--upstream", f"http://{LOOPBACK}:9", "--token-file",
                                       str(token), "--allow-private", "127.0.0.0/8", "--max-tunnels", "1024",
                                       "--max-connections", "2048", "--ca-cert-out", str(ca_file), *flags])
-        m = child.wait_for_line(re.compile(r"proxy on ([\d.]+):(\d+)"), 30)
+        proxy = child.wait_for_gate(30).proxy
         gate_ca = ca_file.read_bytes()
-        route = Route(name, (m[1], int(m[2])), target, trusting(origin_pem, gate_ca), target, child)
+        route = Route(name, (proxy.host, proxy.port), target, trusting(origin_pem, gate_ca), target, child)
         issuer = issuer_seen(route)
         terminated = issuer == x509.load_pem_x509_certificate(gate_ca).subject
         if terminated == (name == "gate_terminated"):

@@ -18,7 +18,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from claude_bottle.gate.ready import Ready
 
 HERE = Path(__file__).resolve().parent.parent  # benchmarks/
 ROOT = HERE.parent
@@ -234,6 +237,19 @@ class Child:
                 with contextlib.suppress(OSError):
                     if m := pattern.search(p.read_text(errors="replace")):
                         return m
+            self.ensure_alive()
+            time.sleep(0.02)
+        raise BenchError(f"{self.name} did not start within {timeout:g}s: {self.tail()}")
+
+    def wait_for_gate(self, timeout: float) -> Ready:
+        """What a gate announced once it listens, read by the package's one parser (gate/ready.py)."""
+        from claude_bottle.gate.ready import parse_ready
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with contextlib.suppress(OSError):
+                if (ready := parse_ready(self.stderr.read_text(errors="replace"))) is not None:
+                    return ready
             self.ensure_alive()
             time.sleep(0.02)
         raise BenchError(f"{self.name} did not start within {timeout:g}s: {self.tail()}")

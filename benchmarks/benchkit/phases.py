@@ -80,9 +80,9 @@ def start_loopback(children: Children, tmp: Path, gate_flags: tuple[str, ...] = 
     if profile is not None:
         argv = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "claude_bottle", *argv[len(cb):]]
     gate = children.start("gate", argv)
-    m = gate.wait_for_line(re.compile(r"API on ([\d.]+):(\d+), proxy on ([\d.]+):(\d+)"), 30)
-    return Loopback(token_value, stub, stub_port, sink, (SINK_HOST, sink_port), gate, (m[1], int(m[2])),
-                    (m[3], int(m[4])))
+    ready = gate.wait_for_gate(30)
+    return Loopback(token_value, stub, stub_port, sink, (SINK_HOST, sink_port), gate,
+                    (ready.api.host, ready.api.port), (ready.proxy.host, ready.proxy.port))
 
 
 # ---------------------------------------------------------------------------------------------- phases

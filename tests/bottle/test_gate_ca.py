@@ -33,8 +33,8 @@ from docker.models.containers import Container
 
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
-from claude_bottle.gate import ca as ca_module
 from claude_bottle.gate.ca import RunCA
+from claude_bottle.gate.ready import parse_ready
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.policy.hosts import Allowlist
@@ -227,7 +227,8 @@ def test_the_ca_key_is_nowhere_but_the_gates_memory(client: docker.DockerClient,
     seen.append(run.gate.logs(stdout=True, stderr=True).decode("utf-8", "replace"))
     assert all("PRIVATE KEY" not in text and "BEGIN EC" not in text for text in seen)
     assert bottle.announced.decode() not in seen[-1]  # the log carries it as one base64 line, not as PEM
-    assert ca_module.announced_ca(seen[-1]) == bottle.announced
+    ready = parse_ready(seen[-1])
+    assert ready is not None and ready.ca_pem() == bottle.announced
 
 
 def test_clients_trust_the_leaves_the_real_gate_mints(client: docker.DockerClient, upstream: Upstream, token: str,

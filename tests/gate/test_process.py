@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -17,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from claude_bottle.gate.ca import announced_ca
+from claude_bottle.gate.ready import parse_ready
 from claude_bottle.gate.settings import Endpoint
 from claude_bottle.stub import StubUpstream
 from tests.helpers import exchange, make_token, messages_request, parse_head, read_head
 
 CLI = [sys.executable, "-m", "claude_bottle"]
-READY = re.compile(r"API on (\S+):(\d+), proxy on (\S+):(\d+)")
 
 
 def token_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
@@ -48,12 +46,11 @@ def gate_process(args: list[str], stdin: bytes | None = None) -> Iterator[tuple[
             proc.stdin.write(stdin)
             proc.stdin.close()
         assert proc.stderr is not None
-        lines = [proc.stderr.readline().decode()]  # the CA's certificate, then where it listens
-        if (match := READY.search(lines[-1])) is None:
+        lines = [proc.stderr.readline().decode()]  # its ready line, after a warning or two at most
+        while (ready := parse_ready(lines[-1])) is None and len(lines) < 3 and lines[-1]:
             lines.append(proc.stderr.readline().decode())
-            match = READY.search(lines[-1])
-        assert match, f"gate did not start: {''.join(lines)}" + (proc.stderr.read().decode() if proc.poll() is not None else "")
-        yield proc, Endpoint(match[1], int(match[2])), Endpoint(match[3], int(match[4]))
+        assert ready, f"gate did not start: {''.join(lines)}" + (proc.stderr.read().decode() if proc.poll() is not None else "")
+        yield proc, ready.api, ready.proxy
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -190,10 +187,10 @@ def test_ca_cert_out_writes_the_certificate_the_gate_announces(tmp_path: Path) -
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
-        first, second = proc.stderr.readline(), proc.stderr.readline()
-        assert READY.search(second), first + second
-        announced = announced_ca(first)
-        assert announced is not None and out.read_bytes() == announced
+        first = proc.stderr.readline()
+        ready = parse_ready(first)
+        assert ready is not None, first
+        assert out.read_bytes() == ready.ca_pem()
         assert out.stat().st_mode & 0o777 == 0o644
         assert b"PRIVATE KEY" not in out.read_bytes()
     finally:

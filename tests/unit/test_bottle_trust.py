@@ -17,6 +17,8 @@ from claude_bottle.agent.schema import parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA
+from claude_bottle.gate.ready import Ready
+from claude_bottle.gate.settings import Endpoint
 from claude_bottle.launch import Launch, run_spec
 from claude_bottle.runtime.files import (
     CA_ENV,
@@ -37,7 +39,12 @@ from tests.fake_engine import FakeEngine
 from tests.helpers import make_token
 
 ROOTS = b"-----BEGIN CERTIFICATE-----\nMIIroot\n-----END CERTIFICATE-----\n"
-LISTENING = "claude-bottle gate: API on gate:8080, proxy on gate:3128\n"
+def ready_line(ca: bytes = b"") -> str:
+    """The line a gate says once it listens (gate/ready.py), with ``ca`` (DER) as its CA."""
+    return Ready(Endpoint("gate", 8080), Endpoint("gate", 3128), "https://api.anthropic.com", ca).line() + "\n"
+
+
+LISTENING = ready_line()
 
 
 @pytest.fixture(autouse=True)
@@ -162,7 +169,7 @@ def started_run(tmp_path: Path, output: bytes, close: bool = True) -> tuple[Run,
 
 def test_the_host_takes_the_ca_the_gate_announced(tmp_path: Path) -> None:
     ca = RunCA.generate()
-    run, _ = started_run(tmp_path, frame(2, f"{ca.announcement()}\n{LISTENING}".encode()), close=False)
+    run, _ = started_run(tmp_path, frame(2, ready_line(ca.certificate_der).encode()), close=False)
     run.wait_for_gate()
     assert run.gate_ca == ca.certificate_pem
 
@@ -181,7 +188,7 @@ def test_a_gate_that_stops_at_start_is_reported_with_its_last_words(tmp_path: Pa
 
 def test_the_bottle_is_let_go_only_once_its_trust_store_has_the_gates_ca(tmp_path: Path) -> None:
     ca = RunCA.generate()
-    run, _ = started_run(tmp_path, frame(2, f"{ca.announcement()}\n{LISTENING}".encode()))
+    run, _ = started_run(tmp_path, frame(2, ready_line(ca.certificate_der).encode()))
     files, policy = bottle_files(run.id), policy_dir(run.id)
     files.mkdir(parents=True)
     policy.mkdir(parents=True)

@@ -27,7 +27,8 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate import ca as ca_module
 from claude_bottle.gate import server
 from claude_bottle.gate.audit import AuditLog
-from claude_bottle.gate.ca import LEAF_RENEW_AFTER, HostNotPermitted, InvalidHost, RunCA, announced_ca, server_context
+from claude_bottle.gate.ca import LEAF_RENEW_AFTER, HostNotPermitted, InvalidHost, RunCA, server_context
+from claude_bottle.gate.ready import Ready, parse_ready, ready_said
 from claude_bottle.gate.settings import Endpoint, GateSettings, Upstream, parse_allowlist
 from claude_bottle.policy.hosts import Allowlist
 from tests.helpers import connect_via, make_token
@@ -245,12 +246,18 @@ def test_a_cache_of_no_hosts_is_refused() -> None:
 
 def test_the_announcement_carries_the_certificate_and_nothing_else() -> None:
     ca = run_ca("example.com")
-    line = ca.announcement()
-    assert "\n" not in line
-    output = f"something first\n{line}\nclaude-bottle gate: API on 127.0.0.1:1, proxy on 127.0.0.1:2\n"
-    assert announced_ca(output) == ca.certificate_pem
-    assert announced_ca("claude-bottle gate: API on gate:8080\n") is None
-    assert announced_ca("claude-bottle gate: CA bm90IGEgY2VydGlmaWNhdGU=\n") is None  # base64, not a certificate
+    line = Ready(Endpoint("127.0.0.1", 1), Endpoint("::1", 2), "https://api.example", ca.certificate_der).line()
+    assert "\n" not in line and line.startswith("claude-bottle gate: ready {")
+    ready = parse_ready(f"something first\n{line}\nsomething after\n")
+    assert ready is not None and ready.ca_pem() == ca.certificate_pem
+    assert (ready.api, ready.proxy, ready.upstream) == (Endpoint("127.0.0.1", 1), Endpoint("::1", 2),
+                                                        "https://api.example")
+    assert ready_said(f"{line}\n".encode()) and not ready_said(line.encode())  # whole lines only
+    assert parse_ready("claude-bottle gate: ready {\"api\": \"gate:8080\"}\n") is None
+    assert parse_ready("claude-bottle gate: ready not json\n") is None
+    bad = Ready(Endpoint("gate", 1), Endpoint("gate", 2), "https://api.example", b"not a certificate").line()
+    ready = parse_ready(bad + "\n")
+    assert ready is not None and ready.ca_pem() is None  # base64, not a certificate
 
 
 # -- the key stays in the gate's memory ------------------------------------------------------------------------
@@ -307,7 +314,7 @@ async def test_nothing_the_gate_writes_holds_the_ca_key(tmp_path: Path, monkeypa
 
     def announce(line: str) -> None:
         said.append(line)
-        if "API on" in line:
+        if parse_ready(line) is not None:
             ready.set()
 
     task = asyncio.create_task(server.run(config, AuditLog(audit, (secret,)), announce, cert_out))
@@ -317,8 +324,9 @@ async def test_nothing_the_gate_writes_holds_the_ca_key(tmp_path: Path, monkeypa
         (ca,) = made
         for host in ("a.example.com", "b.example.com", "127.0.0.2"):
             ca.context_for(host)
-        host, port = next(line for line in said if "API on" in line).split("proxy on ")[1].split(",")[0].rsplit(":", 1)
-        status, _, _, writer = await connect_via(Endpoint(host, int(port)), "outside.example:443")
+        announced = parse_ready("\n".join(said))
+        assert announced is not None
+        status, _, _, writer = await connect_via(announced.proxy, "outside.example:443")
         writer.close()
         assert status == 403
     finally:

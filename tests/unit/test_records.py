@@ -23,7 +23,7 @@ def line(n: int, padding: int = 0) -> bytes:
 
 def test_a_runs_audit_lines_are_kept_and_other_output_is_not(state_home: Path) -> None:
     # the gate's log as the engine streams it: chunks that split and join lines
-    stream = b"claude-bottle gate: API on gate:8080\n" + b"\n".join(line(n) for n in range(5)) + b"\nTraceback\n"
+    stream = b'claude-bottle gate: ready {"api": "gate:8080"}\n' + b"\n".join(line(n) for n in range(5)) + b"\nTraceback\n"
     chunks = [stream[i:i + 7] for i in range(0, len(stream), 7)]
     record = records.save("dev-1", "dev", "/srv/a", "2026-01-01T00:00:00Z", chunks)
     assert record.lines == 5 and record.workspace_key == records.workspace_key(Path("/srv/a"))

@@ -13,6 +13,8 @@ from claude_bottle import records
 from claude_bottle.agent.schema import parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.ca import RunCA
+from claude_bottle.gate.ready import Ready
+from claude_bottle.gate.settings import Endpoint
 from claude_bottle.launch import Launch, run_spec
 from claude_bottle.runtime.files import IMAGE_BUNDLE, bottle_files, policy_dir
 from claude_bottle.runtime.gate import GATE_ALIAS
@@ -25,8 +27,9 @@ from tests.fake_engine import FakeEngine
 from tests.helpers import make_token
 
 ROOTS = b"-----BEGIN CERTIFICATE-----\nroot\n-----END CERTIFICATE-----\n"
-LISTENING = "claude-bottle gate: API on gate:8080, proxy on gate:3128\n"
 CA = RunCA.generate()
+LISTENING = Ready(Endpoint("gate", 8080), Endpoint("gate", 3128), "https://api.anthropic.com",
+                  CA.certificate_der).line() + "\n"
 
 
 def frame(data: bytes) -> bytes:
@@ -57,7 +60,7 @@ class BottleEngine(FakeEngine):
 
     def start_attached(self, name: str) -> Any:
         ours = super().start_attached(name)
-        self.attached[name].sendall(frame(f"{CA.announcement()}\n{LISTENING}".encode()))
+        self.attached[name].sendall(frame(LISTENING.encode()))
         self.output[name] = b'{"decision": "allow", "reason": "in the allowlist"}\n'
         return ours
 

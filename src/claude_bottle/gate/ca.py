@@ -30,12 +30,10 @@ kept, least recently used first out.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import datetime as dt
 import ipaddress
 import os
-import re
 import ssl
 import time
 from collections import OrderedDict
@@ -50,7 +48,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from claude_bottle.policy.addresses import IPAddress, IPNetwork
 from claude_bottle.policy.hosts import HostPattern, InvalidHost, normalize_host
 
-ANNOUNCEMENT = "claude-bottle gate: CA "  # followed by the certificate, base64 DER, on one line
 CA_LIFETIME = dt.timedelta(days=365)  # the key dies with the process long before; this only bounds a copy
 LEAF_LIFETIME = dt.timedelta(days=1)
 LEAF_RENEW_AFTER = LEAF_LIFETIME / 2
@@ -59,7 +56,6 @@ MAX_HOSTS = 256
 NOTHING = "invalid"  # RFC 6761: the name permitted when nothing is allowlisted
 ALPN = ["http/1.1"]
 _ALL_ADDRESSES = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
-_ANNOUNCED = re.compile(re.escape(ANNOUNCEMENT) + r"([A-Za-z0-9+/=]+)\s*$", re.MULTILINE)
 
 
 class HostNotPermitted(ValueError):
@@ -132,8 +128,9 @@ def _below(host: str, base: str) -> bool:
 class RunCA:
     """A CA whose private key never leaves this object. Make one with ``RunCA.generate``.
 
-    ``context_for(host)`` is what TLS termination calls; ``certificate_pem`` and ``announcement()`` are the
-    public parts. The object refuses to be pickled or copied, and its ``repr`` names only the certificate."""
+    ``context_for(host)`` is what TLS termination calls; ``certificate_pem`` and ``certificate_der`` (announced at
+    start: gate/ready.py) are the public parts. The object refuses to be pickled or copied, and its ``repr`` names
+    only the certificate."""
 
     def __init__(self, key: ec.EllipticCurvePrivateKey, certificate: x509.Certificate, scope: NameScope,
                  max_hosts: int = MAX_HOSTS, clock: Callable[[], float] = time.time) -> None:
@@ -184,10 +181,10 @@ class RunCA:
     def certificate_pem(self) -> bytes:
         return self.certificate.public_bytes(serialization.Encoding.PEM)
 
-    def announcement(self) -> str:
-        """The line the gate prints at start so the host can take the certificate (``announced_ca``)."""
-        der = self.certificate.public_bytes(serialization.Encoding.DER)
-        return ANNOUNCEMENT + base64.b64encode(der).decode("ascii")
+    @property
+    def certificate_der(self) -> bytes:
+        """The certificate as the gate announces it at start (``gate.ready``)."""
+        return self.certificate.public_bytes(serialization.Encoding.DER)
 
     def __repr__(self) -> str:
         return f"RunCA({self.certificate.subject.rfc4514_string()!r}, {len(self._contexts)} hosts)"
@@ -307,19 +304,4 @@ def _piped(data: bytes) -> Iterator[str]:
             os.close(write)
 
 
-def announced_ca(output: str) -> bytes | None:
-    """The CA certificate (PEM) a gate announced in ``output`` (its start-up lines), or None when there is
-    none. The last announcement counts."""
-    found = _ANNOUNCED.findall(output)
-    if not found:
-        return None
-    try:
-        der = base64.b64decode(found[-1], validate=True)
-        certificate = x509.load_der_x509_certificate(der)
-    except ValueError:
-        return None
-    return certificate.public_bytes(serialization.Encoding.PEM)
-
-
-__all__ = ["ANNOUNCEMENT", "HostNotPermitted", "InvalidHost", "NameScope", "RunCA", "announced_ca",
-           "server_context"]
+__all__ = ["HostNotPermitted", "InvalidHost", "NameScope", "RunCA", "server_context"]

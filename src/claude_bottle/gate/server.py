@@ -32,6 +32,7 @@ from claude_bottle.gate.context import GateContext, LeafIssuer
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.http1 import State
 from claude_bottle.gate.proxy import proxy_exchange
+from claude_bottle.gate.ready import Ready
 from claude_bottle.gate.refusals import answer
 from claude_bottle.gate.request_loop import serve_requests
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
@@ -236,8 +237,8 @@ async def run(config: GateSettings, audit: AuditLog, announce: Callable[[str], N
               ca_cert_out: Path | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate`` (through ``serve``).
 
-    At start it announces its CA's certificate (``RunCA.announcement``), then the line saying where it
-    listens; with ``ca_cert_out`` it first writes the certificate there (a ConfigError if it cannot)."""
+    Once it listens it announces that, with its CA's certificate, in one line (gate/ready.py); with
+    ``ca_cert_out`` it first writes the certificate there (a ConfigError if it cannot)."""
     raise_open_files_limit()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -248,9 +249,7 @@ async def run(config: GateSettings, audit: AuditLog, announce: Callable[[str], N
     if ca_cert_out is not None:
         write_ca_certificate(ca, ca_cert_out)
     async with Gate(config, audit, ca=ca) as gate:
-        say(ca.announcement())
-        say(
-            f"claude-bottle gate: API on {gate.api_address}, proxy on {gate.proxy_address}, "
-            f"upstream {config.upstream.scheme}://{config.upstream.authority.decode()}"
-        )
+        upstream = config.upstream
+        say(Ready(gate.api_address, gate.proxy_address,
+                  f"{upstream.scheme}://{upstream.authority.decode()}{upstream.base_path}", ca.certificate_der).line())
         await stop.wait()

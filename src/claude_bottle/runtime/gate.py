@@ -10,6 +10,7 @@ from typing import Any
 
 from claude_bottle.errors import ConfigError, DockerError, GateError
 from claude_bottle.gate.options import GateOptions
+from claude_bottle.gate.ready import parse_ready, ready_said
 from claude_bottle.runtime.files import write_policy
 from claude_bottle.runtime.names import RunNames
 from claude_bottle.runtime.seam import ContainerInfo, Engine
@@ -65,12 +66,12 @@ def control_gate(engine: Engine, gate: ContainerInfo, op: str, entry: str = "") 
 
 def startup_lines(stream: socket.socket, seconds: float) -> str | None:
     """A starting gate's standard error, read from its attached ``stream`` (the engine's multiplexed frames:
-    an 8-byte header, then the payload) until the line saying it listens has come (with whatever came in the
-    same read), or to its end if it stopped first. None when neither came within ``seconds``."""
+    an 8-byte header, then the payload) until its ready line has come whole (``gate.ready``; with whatever came
+    in the same read), or to its end if it stopped first. None when neither came within ``seconds``."""
     deadline = time.monotonic() + seconds
     text = b""
     buffer = b""
-    while b"claude-bottle gate: API on" not in text:
+    while not ready_said(text):
         left = deadline - time.monotonic()
         if left <= 0:
             return None
@@ -98,11 +99,10 @@ def announced_ca(lines: str | None) -> bytes:
     become ready."""
     if lines is None:
         raise GateError(f"the gate did not become ready within {GATE_READY_SECONDS}s")
-    if "claude-bottle gate: API on" not in lines:
+    if not ready_said(lines.encode()):
         raise GateError(f"the gate stopped at start: {lines.strip().splitlines()[-1:] or 'no output'}")
-    from claude_bottle.gate.ca import announced_ca as parse  # cryptography: a tenth of a second to import
-
-    certificate = parse(lines)
+    ready = parse_ready(lines)
+    certificate = ready.ca_pem() if ready is not None else None
     if certificate is None:
         raise GateError("the gate announced no CA certificate: its image is older than this "
                         "claude-bottle; run `claude-bottle build`")
