@@ -9,10 +9,13 @@ import pytest
 from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.failures import ClientSide, UpstreamSide
 from claude_bottle.gate.http1 import (
+    CONNECTION_CLOSED,
+    END_OF_MESSAGE,
     ConnectionClosed,
     Data,
     EndOfMessage,
     LocalProtocolError,
+    MessageParser,
     Request,
     Response,
     State,
@@ -338,3 +341,17 @@ async def test_reading_pauses_past_the_high_water_mark_and_resumes_when_the_read
     assert not transport.paused
     conn.data_received(b"0\r\n\r\n")
     assert isinstance(await waiting, EndOfMessage)
+
+
+def test_the_parser_alone_turns_bytes_into_events_without_io() -> None:
+    """gate/http1.py needs no connection: bytes in, events out, a hang-up mid-head queued as the close."""
+    parser = MessageParser(client=False, max_header_bytes=1024)
+    parser.receive(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
+    request, data, end = parser.events
+    assert isinstance(request, Request) and request.content_length == 2
+    assert data == Data(b"ok") and end is END_OF_MESSAGE
+    parser.events.clear()
+    parser.receive(b"GET / HTTP/1.1\r\nHo")
+    assert parser.head_started and not parser.events
+    parser.receive_eof()
+    assert list(parser.events) == [CONNECTION_CLOSED] and parser.head_started
