@@ -4,7 +4,11 @@ The bottle is the agent's own (its allowlist, mounts, limits and images) with th
 credential, a stub Messages API as the upstream, and a scratch workspace. A second stub plays a host outside
 the bottle, on a private address: the gate could reach it, the bottle must not; HTTPS stand-ins the gate
 inspects, and a listener on the host, complete them. This is the one module of ``verify`` that speaks to the
-container engine: the attacks reach the bottle, the stand-ins and the probe through the functions here.
+container engine: the attacks reach the bottle, the stand-ins and the probe through the functions here. The
+commands in the bottle, the networks' gateways, the state volumes and the removal go through the engine seam
+(``runtime.seam``); the rest still uses the Docker SDK, for what the seam does not offer yet: a container's
+entrypoint, its network aliases and another's network namespace at creation, a wait with a timeout, and the
+engine's whole description of a container (``docker inspect``).
 """
 
 from __future__ import annotations
@@ -36,11 +40,12 @@ from claude_bottle.persistence import make_repository, share
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules, make_host_rules
-from claude_bottle.runtime import engine
-from claude_bottle.runtime.docker_engine import DockerEngine, create_container, open_engine
+from claude_bottle.runtime.docker_engine import create_container, open_engine
+from claude_bottle.runtime.engine import connect
 from claude_bottle.runtime.names import RunNames, state_volume
 from claude_bottle.runtime.removal import remove_run
 from claude_bottle.runtime.run import Run
+from claude_bottle.runtime.seam import Engine
 
 STUB_PORT = 8000
 PRIVATE_NAME = f"canary:{STUB_PORT}"  # allowlisted on purpose: the name resolves to a private address
@@ -149,10 +154,10 @@ def stub_container(client: docker.DockerClient, image: str, network: str, alias:
     return container
 
 
-def _gateways(client: docker.DockerClient, names: list[str]) -> tuple[str, ...]:
+def _gateways(engine: Engine, names: list[str]) -> tuple[str, ...]:
     found: list[str] = []
     for name in names:
-        network = DockerEngine(client).network(name)
+        network = engine.network(name)
         found += network.gateways if network is not None else ()
     return tuple(dict.fromkeys(found))
 
@@ -162,7 +167,8 @@ class StandIns:
     """What every bottle of a verify run is started against: the throwaway credential, the stub upstream and a
     host outside the bottle (and an allowed front host) on a network only gates join, and the host canary."""
 
-    client: docker.DockerClient
+    client: docker.DockerClient  # what the stand-ins are created with (the engine seam does not make them yet)
+    engine: Engine
     agent: AgentConfig  # the agent under test, with the stand-ins allowed
     credential: Credential
     stub: Container
@@ -185,7 +191,8 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
     verify_id, labels = names.id, names.labels
     workspaces: list[Path] = []
     with on_stop_signals(interrupt), tempfile.TemporaryDirectory(prefix="claude-bottle-verify-tls-") as tls:
-        client = engine.connect()
+        client = connect()
+        engine = open_engine(client)
         host = HostCanary()
         try:
             _, gate_image = build_images(client, agent, progress)
@@ -210,16 +217,16 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
                 egress=dataclasses.replace(agent.egress, hosts=(*agent.egress.hosts, *opaque, *inspected_rules())),
                 allow_private=(*agent.allow_private,
                                *(parse_network(f"{address(c)}/32") for c in (front, *https.values()))))
-            yield StandIns(client, tested, credential, stub, canary, gate_image, outside.name, host, progress, https,
-                           ca, workspaces)
+            yield StandIns(client, engine, tested, credential, stub, canary, gate_image, outside.name, host, progress,
+                           https, ca, workspaces)
         except docker.errors.APIError as exc:
             raise DockerError(f"verify: {exc.explanation or exc}") from None
         finally:
             with on_stop_signals(lambda signum, frame: None):
-                remove_run(open_engine(client), verify_id)
+                remove_run(engine, verify_id)
                 for workspace in workspaces:  # the scratch projects' Claude state: of no later use
-                    with contextlib.suppress(docker.errors.APIError):
-                        client.volumes.get(state_volume(agent.name, workspace)).remove(force=True)
+                    with contextlib.suppress(DockerError):
+                        engine.remove_volume(state_volume(agent.name, workspace))
             host.close()
 
 
@@ -257,7 +264,7 @@ def bottle_on(env: StandIns, workspace: Path) -> Iterator[Verification]:
         assert run.internal is not None and run.egress is not None
         run.start_bottle(["sleep", "infinity"])
         yield Verification(run, env.credential, env.stub, env.canary, env.gate_image, env.host,
-                           _gateways(env.client, ["bridge", run.internal.name, run.egress.name, env.outside]),
+                           _gateways(env.engine, ["bridge", run.internal.name, run.egress.name, env.outside]),
                            env.https)
 
 
@@ -278,7 +285,7 @@ def in_bottle(run: Run, script: str, stdin: str | None = None) -> tuple[int, str
     assert bottle is not None
     if stdin is not None:
         script = f"{script} <<'__CLAUDE_BOTTLE_END__'\n{stdin}\n__CLAUDE_BOTTLE_END__"
-    code, output = bottle.exec_run(["bash", "-c", script])
+    code, output = run.engine.exec(str(bottle.id), ["bash", "-c", script])
     return code, output.decode("utf-8", "replace")
 
 
