@@ -19,6 +19,7 @@ and what the client receives.
 from __future__ import annotations
 
 import ssl
+from abc import ABC, abstractmethod
 from typing import TypeVar
 
 from claude_bottle.gate.http1 import ProtocolError
@@ -96,23 +97,23 @@ class UpstreamSide(ExchangeStopped):
     """The upstream broke the exchange: no connection, bad HTTP, silence, a TLS or DNS failure."""
 
 
-class Blame:
+class Blame(ABC):
     """The one rule by which a connection reports its peer's failures, whenever in an exchange they happen.
     ``BLAME_CLIENT`` and ``BLAME_UPSTREAM`` are the two sides; a connection holds one (``HttpConnection.side``)."""
 
     __slots__ = ()
 
+    @abstractmethod
     def broke(self, error: ProtocolError) -> ExchangeStopped:
         """The peer broke HTTP/1.1 (``error``: the parser's words and the status a server answers)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def silent(self, reason: str | None = None) -> ExchangeStopped:
         """The peer sent nothing for as long as it may (``reason``: what was late, if not a plain wait)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def gone(self, during: str = "") -> ExchangeStopped:
         """The peer closed or reset the connection in the middle of an exchange (``during``: where)."""
-        raise NotImplementedError
 
 
 class _ClientBlame(Blame):
