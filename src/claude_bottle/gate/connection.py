@@ -41,6 +41,8 @@ from claude_bottle.gate.http1 import (
     State,
     message_head,
     phrase,
+    request_framing,
+    response_framing,
 )
 
 READ_SIZE = 64 * 1024
@@ -382,15 +384,9 @@ class HttpConnection(asyncio.Protocol):
     def _request_head(self, request: Request) -> bytes:
         if not self.client or self.our_state is not State.IDLE:
             raise LocalProtocolError("a request on a server connection, or before the last exchange ended")
-        self._framing, self._remaining = Framing.LENGTH, 0
-        for name, value in request.headers:
-            name = name.lower()
-            if name == b"content-length":
-                self._remaining = int(value)
-            elif name == b"transfer-encoding":
-                self._framing = Framing.CHUNKED
-            elif name == b"connection" and b"close" in value.lower():
-                self._keep_alive = False
+        self._framing, self._remaining, close = request_framing(request.headers)
+        if close:
+            self._keep_alive = False
         self._incoming.head_request = request.method == b"HEAD"
         self.our_state = State.SEND_BODY
         return message_head(request.method + b" " + request.target + b" HTTP/1.1\r\n", request.headers)
@@ -398,40 +394,9 @@ class HttpConnection(asyncio.Protocol):
     def _response_head(self, response: Response) -> bytes:
         if self.client or self.our_state not in (State.IDLE, State.SEND_RESPONSE):
             raise LocalProtocolError("a response on a client connection, or a second one for a request")
-        status, method, headers = response.status_code, self._request_method, response.headers
-        length: int | None = None
-        chunked = close = False
-        for name, value in headers:
-            name = name.lower()
-            if name == b"content-length":
-                if length is not None and int(value) != length:
-                    raise LocalProtocolError("conflicting Content-Length headers")
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = True
-            elif name == b"connection" and b"close" in value.lower():
-                close = True
-        if status in (204, 304) or (method == b"CONNECT" and 200 <= status < 300):
-            self._framing, self._remaining = Framing.LENGTH, 0
-        elif chunked or length is None:
-            # A body of unknown length: chunked for an HTTP/1.1 peer; for an HTTP/1.0 one (or no valid
-            # request at all), no framing header and the connection's end closes the body.
-            headers = [(n, v) for n, v in headers if n.lower() not in (b"content-length", b"transfer-encoding")]
-            if self._their_version == b"1.1":
-                headers.append((b"transfer-encoding", b"chunked"))
-                self._framing = Framing.CHUNKED
-            else:
-                self._framing = Framing.UNTIL_CLOSE
-                if method != b"HEAD":
-                    self._keep_alive = False
-        else:
-            self._framing, self._remaining = Framing.LENGTH, length
-        if method == b"HEAD":
-            self._framing, self._remaining = Framing.LENGTH, 0
-        if close:
-            self._keep_alive = False
-        elif not self._keep_alive:
-            headers = [*headers, (b"connection", b"close")]
+        status, method = response.status_code, self._request_method
+        self._framing, self._remaining, self._keep_alive, headers = response_framing(
+            status, method, response.headers, self._their_version, self._keep_alive)
         reason = response.reason or phrase(status)
         self.our_state = State.SWITCHED if method == b"CONNECT" and 200 <= status < 300 else State.SEND_BODY
         return message_head(b"HTTP/1.1 %d %s\r\n" % (status, reason), headers)
