@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,6 +179,17 @@ def test_a_gate_that_announces_no_ca_is_refused(tmp_path: Path) -> None:
     run, _ = started_run(tmp_path, frame(2, LISTENING.encode()))
     with pytest.raises(GateError, match="announced no CA certificate"):
         run.wait_for_gate()
+
+
+def test_a_gate_image_older_than_the_ready_line_is_told_to_be_rebuilt_at_once(tmp_path: Path) -> None:
+    """An image built before the ready line says where it listens in its old words, keeps running and never
+    says ``ready``: the host stops reading there and says to rebuild, not that the gate timed out."""
+    older = "claude-bottle gate: CA MIIB\nclaude-bottle gate: API on gate:8080, proxy on gate:3128, upstream x\n"
+    run, _ = started_run(tmp_path, frame(2, older.encode()), close=False)
+    started = time.monotonic()
+    with pytest.raises(GateError, match=r"image is older than this claude-bottle.*run `claude-bottle build`"):
+        run.wait_for_gate()
+    assert time.monotonic() - started < 5
 
 
 def test_a_gate_that_stops_at_start_is_reported_with_its_last_words(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from claude_bottle.gate import ca as ca_module
 from claude_bottle.gate import server
 from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.ca import LEAF_RENEW_AFTER, HostNotPermitted, InvalidHost, RunCA, server_context
-from claude_bottle.gate.ready import Ready, parse_ready, ready_said
+from claude_bottle.gate.ready import Ready, older_gate_said, parse_ready, ready_said
 from claude_bottle.gate.settings import Endpoint, GateSettings, Upstream, parse_allowlist
 from claude_bottle.policy.hosts import Allowlist
 from tests.helpers import connect_via, make_token
@@ -258,6 +258,14 @@ def test_the_announcement_carries_the_certificate_and_nothing_else() -> None:
     bad = Ready(Endpoint("gate", 1), Endpoint("gate", 2), "https://api.example", b"not a certificate").line()
     ready = parse_ready(bad + "\n")
     assert ready is not None and ready.ca_pem() is None  # base64, not a certificate
+
+
+def test_an_older_gate_images_words_once_it_listens_are_told_apart_from_the_ready_line() -> None:
+    older = "claude-bottle gate: API on gate:8080, proxy on gate:3128, upstream https://api.anthropic.com"
+    assert older_gate_said(f"starting\n{older}\n".encode()) and not older_gate_said(older.encode())
+    assert not ready_said(f"{older}\n".encode()) and parse_ready(f"{older}\n") is None
+    line = Ready(Endpoint("gate", 1), Endpoint("gate", 2), "https://api.example", b"").line()
+    assert not older_gate_said(f"{line}\n".encode())
 
 
 # -- the key stays in the gate's memory ------------------------------------------------------------------------

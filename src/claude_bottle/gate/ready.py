@@ -7,7 +7,8 @@ Once it listens, the gate prints one line on standard error::
 
 (on one line): where its two listeners are, the upstream it forwards to, and its CA's certificate (public; the
 key never leaves the gate's memory). The host's runtime, the tests and the benchmarks read it with
-``parse_ready``; nothing else matches the gate's output.
+``parse_ready``; nothing else matches the gate's output. A gate image built before this line said
+``claude-bottle gate: API on ...`` instead, and never says it: ``older_gate_said`` tells the host so.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from claude_bottle.errors import ConfigError
 from claude_bottle.gate.settings import Endpoint, parse_listen
 
 READY = "claude-bottle gate: ready "
+OLDER_READY = "claude-bottle gate: API on "  # what a gate image built before the ready line said once it listened
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,17 @@ class Ready:
 def ready_said(output: bytes) -> bool:
     """Whether ``output`` holds a whole announcement line (its newline come), well-formed or not: a reader of
     a starting gate's output stops there."""
-    start = output.rfind(READY.encode())
+    return _whole_line_said(output, READY)
+
+
+def older_gate_said(output: bytes) -> bool:
+    """Whether ``output`` holds the whole line an older gate image (built before the ready line) said once it
+    listened: such a gate is running but will never announce itself as this claude-bottle expects."""
+    return _whole_line_said(output, OLDER_READY)
+
+
+def _whole_line_said(output: bytes, prefix: str) -> bool:
+    start = output.rfind(prefix.encode())
     return start >= 0 and output.find(b"\n", start) >= 0
 
 

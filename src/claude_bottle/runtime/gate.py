@@ -10,7 +10,7 @@ from typing import Any
 
 from claude_bottle.errors import ConfigError, DockerError, GateError
 from claude_bottle.gate.options import GateOptions
-from claude_bottle.gate.ready import parse_ready, ready_said
+from claude_bottle.gate.ready import older_gate_said, parse_ready, ready_said
 from claude_bottle.runtime.files import write_policy
 from claude_bottle.runtime.names import RunNames
 from claude_bottle.runtime.seam import ContainerInfo, Engine
@@ -67,11 +67,12 @@ def control_gate(engine: Engine, gate: ContainerInfo, op: str, entry: str = "") 
 def startup_lines(stream: socket.socket, seconds: float) -> str | None:
     """A starting gate's standard error, read from its attached ``stream`` (the engine's multiplexed frames:
     an 8-byte header, then the payload) until its ready line has come whole (``gate.ready``; with whatever came
-    in the same read), or to its end if it stopped first. None when neither came within ``seconds``."""
+    in the same read), or the line an older gate image says instead, or to its end if it stopped first. None
+    when none of these came within ``seconds``."""
     deadline = time.monotonic() + seconds
     text = b""
     buffer = b""
-    while not ready_said(text):
+    while not (ready_said(text) or older_gate_said(text)):
         left = deadline - time.monotonic()
         if left <= 0:
             return None
@@ -93,13 +94,18 @@ def startup_lines(stream: socket.socket, seconds: float) -> str | None:
     return text.decode("utf-8", "replace")
 
 
-def announced_ca(lines: str | None) -> bytes:
-    """The CA certificate (PEM) a starting gate announced once it listens, from its start-up lines
-    (``startup_lines``; None: nothing within ``GATE_READY_SECONDS``). A GateError saying why when it did not
-    become ready."""
+def ca_from_ready_line(lines: str | None) -> bytes:
+    """The CA certificate (PEM) in the ready line a starting gate said once it listens, taken from its start-up
+    lines (``startup_lines``; None: nothing within ``GATE_READY_SECONDS``). A GateError saying why when it did
+    not become ready: it said nothing in time, it stopped (with its last words), its image is older than this
+    claude-bottle (it says another line, or announces no CA)."""
     if lines is None:
         raise GateError(f"the gate did not become ready within {GATE_READY_SECONDS}s")
-    if not ready_said(lines.encode()):
+    said = lines.encode()
+    if not ready_said(said) and older_gate_said(said):
+        raise GateError("the gate's image is older than this claude-bottle (it does not announce itself as this "
+                        "version expects); run `claude-bottle build`")
+    if not ready_said(said):
         raise GateError(f"the gate stopped at start: {lines.strip().splitlines()[-1:] or 'no output'}")
     ready = parse_ready(lines)
     certificate = ready.ca_pem() if ready is not None else None

@@ -41,7 +41,7 @@ from claude_bottle.runtime.gate import (
     GATE_PYTHON,
     GATE_READY_SECONDS,
     GATE_STOP_SECONDS,
-    announced_ca,
+    ca_from_ready_line,
     gate_options,
     startup_lines,
     upstream_ca_mounts,
@@ -195,7 +195,7 @@ class Run:
             lines = startup_lines(output, GATE_READY_SECONDS)
         finally:
             output.close()
-        self.gate_ca = announced_ca(lines)
+        self.gate_ca = ca_from_ready_line(lines)
 
     def bottle_environment(self) -> dict[str, str]:
         spec = self.spec
