@@ -106,6 +106,9 @@ def end_to_end(paths: dict[str, tuple[str, int]], samples: dict[str, bytes], n: 
             while done < count:  # interleaved blocks, so drift affects every path alike
                 m = min(block, count - done)
                 for k, c in conns.items():
+                    # A block of 10 MB bodies through the gate can outlast the gate's keep-alive idle time
+                    # (30 s on a loaded host), and the other paths' connections wait idle meanwhile.
+                    c.reopen_if_closed()
                     for _ in range(m):
                         t0 = time.perf_counter_ns()
                         c.exchange(request)

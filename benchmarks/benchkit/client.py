@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import select
 import socket
 import struct
 import sys
@@ -104,14 +105,33 @@ class SyncHttp:
     """One keep-alive connection with blocking sockets: the lowest-overhead client for sequential work."""
 
     def __init__(self, host: str, port: int) -> None:
+        self.address = (host, port)
         self.authority = f"{host}:{port}"
-        self.sock = socket.create_connection((host, port), timeout=SOCKET_TIMEOUT_S)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.conn = h11.Connection(h11.CLIENT)
+        self.sock, self.conn = self._connect()
+
+    def _connect(self) -> tuple[socket.socket, h11.Connection]:
+        sock = socket.create_connection(self.address, timeout=SOCKET_TIMEOUT_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock, h11.Connection(h11.CLIENT)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+    def reopen_if_closed(self) -> None:
+        """Connect again if the server closed this connection while it sat idle between requests, as the gate
+        does past its keep-alive idle time (30 s, its header timeout): a request written into a connection the
+        server closed fails with a broken pipe. Call it between timed requests, never inside: it costs a
+        system call."""
+        if not select.select([self.sock], [], [], 0)[0]:
+            return  # nothing to read: still open
+        try:
+            closed = self.sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            closed = True
+        if closed:
+            self.close()
+            self.sock, self.conn = self._connect()
 
     def exchange(self, request: Request, sse: SseScanner | None = None) -> tuple[int, int]:
         """Send one request, read the whole response. Returns (status, body bytes)."""
