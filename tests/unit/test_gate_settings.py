@@ -1,4 +1,4 @@
-"""Flag parsing for the gate, and the end-to-end header filter."""
+"""gate/settings.py: the gate's flag values parsed into its settings; and the end-to-end header filter."""
 
 from __future__ import annotations
 
