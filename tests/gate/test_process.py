@@ -62,7 +62,7 @@ def gate_process(args: list[str], stdin: bytes | None = None) -> Iterator[tuple[
     ("not-a-token\n", 0o600, "does not hold an Anthropic token"),
     (make_token(), 0o644, "chmod 600"),
     (make_token(), 0o640, "chmod 600"),
-])
+], ids=["empty", "not a token", "world-readable", "group-readable"])
 def test_bad_token_files_are_refused_at_start(tmp_path: Path, content: str, mode: int, words: str) -> None:
     result = subprocess.run(gate_args(token_file(tmp_path, content, mode)), capture_output=True, timeout=30)
     assert result.returncode == 2
