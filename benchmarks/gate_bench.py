@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from benchkit import (
     Entry,
     command_line,
     details_block,
+    interrupt_on_sigterm,
     kb_to_mb,
     log,
     machine_info,
@@ -265,11 +265,7 @@ def main() -> int:
     args.sse_streams = max(1, args.sse_streams or (2 if args.quick else 5))
     args.tunnel_bytes = max(1, args.tunnel_mb or (200 if args.quick else 1024)) * 2**20
     args.tunnel_reps = max(1, args.tunnel_reps or (1 if args.quick else 3))
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    interrupt_on_sigterm()
     return run(args)
 
 

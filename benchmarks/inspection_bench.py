@@ -28,7 +28,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -54,6 +53,7 @@ from benchkit import (
     command_line,
     details_block,
     fmt,
+    interrupt_on_sigterm,
     kb_to_mb,
     machine_info,
     machine_line,
@@ -637,11 +637,7 @@ def main() -> int:
     args.setups = max(1, args.setups or (100 if args.quick else 500))
     args.download_bytes = max(1, args.download_mb or (64 if args.quick else 256)) * 2**20
     args.download_reps = max(1, args.download_reps or (1 if args.quick else 3))
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    interrupt_on_sigterm()
     return run(args)
 
 

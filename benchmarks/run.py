@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from benchkit import (
     details_block,
     floor,
     free_port,
+    interrupt_on_sigterm,
     log,
     machine_info,
     messages_request,
@@ -555,11 +555,7 @@ def main() -> int:
     args.tunnel_bytes = (200 if q else 1024) * 2**20
     args.tunnel_reps = 1 if q else 3
     args.bottle_reps = 2 if q else 11
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    interrupt_on_sigterm()
     return run(args)
 
 

@@ -27,6 +27,7 @@ from .core import (
     command_line,
     fmt,
     free_port,
+    interrupt_on_sigterm,
     kb_to_mb,
     log,
     machine_info,
@@ -47,8 +48,8 @@ from .results import details_block, machine_line, results_table, status_lines, t
 __all__ = [
     "HERE", "LOOPBACK", "MB", "RESULTS", "ROOT", "SINK_HOST", "SMALL_PAYLOAD", "BenchError", "Child", "Children",
     "Deadline", "Entry", "SseScanner", "SyncHttp", "claude_bottle_argv", "command_line", "details_block", "fmt",
-    "free_port", "kb_to_mb", "log", "machine_info", "machine_line", "make_token", "messages_request", "open_tunnel",
-    "percentile", "post", "print_verdicts", "proc_cpu_s", "proc_status_kb", "push_bytes", "ratio", "results_table",
-    "rounded", "status_lines", "stream_once", "stream_payload", "target_lines", "tool_version", "tree_cpu",
-    "tree_kb", "wait_port", "write_results",
+    "free_port", "interrupt_on_sigterm", "kb_to_mb", "log", "machine_info", "machine_line", "make_token",
+    "messages_request", "open_tunnel", "percentile", "post", "print_verdicts", "proc_cpu_s", "proc_status_kb",
+    "push_bytes", "ratio", "results_table", "rounded", "status_lines", "stream_once", "stream_payload",
+    "target_lines", "tool_version", "tree_cpu", "tree_kb", "wait_port", "write_results",
 ]

@@ -9,6 +9,7 @@ import os
 import platform
 import re
 import secrets
+import signal
 import socket
 import statistics
 import string
@@ -203,6 +204,16 @@ def tool_version(argv: list[str]) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ subprocesses
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (a CI job's cancel, ``timeout``) ends the benchmark as Ctrl-C does: its ``finally`` stops every
+    child it started and writes what was measured."""
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 @dataclass
