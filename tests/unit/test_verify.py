@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import struct
@@ -13,7 +14,7 @@ import pytest
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.verify import gate_requests, packets, probe
-from claude_bottle.verify.attack import Outcome
+from claude_bottle.verify.attack import Outcome, Proof
 from claude_bottle.verify.checks import BOTTLE_CHECKS, FILE_SEARCH, judged_for_each
 from claude_bottle.verify.inspected import CONTROLS, INSPECTED_ATTACKS, Inspecting, Sent
 from claude_bottle.verify.network import judged_by_evidence, resolvable_name
@@ -88,7 +89,14 @@ def test_the_report_says_which_attack_leaked() -> None:
 def test_the_json_report_leaves_out_the_evidence() -> None:
     data = json.loads(as_json(AgentConfig(name="x"), OUTCOMES))
     assert (data["agent"], data["attacks"], data["leaks"]) == ("x", 2, 1)
-    assert all("evidence" not in r for r in data["results"])
+    assert all(set(r) == {"group", "attack", "expected", "actual", "blocked"} for r in data["results"])
+
+
+def test_an_outcome_comes_back_from_the_probe_as_it_went() -> None:
+    sent = Outcome("API route", "a", "refused before the upstream", "HTTP/1.1 403", True, "raw",
+                   Proof.UPSTREAM_NEVER_GOT, "mcp_servers")
+    assert Outcome.from_json(sent.to_json()) == sent
+    assert Outcome.from_json(OUTCOMES[1].to_json()) == OUTCOMES[1]
 
 
 def test_the_host_canary_counts_what_arrives() -> None:
@@ -192,13 +200,16 @@ def test_an_answer_the_gate_fetched_is_not_blocked() -> None:
     assert gate_requests.judged(None, b"") == ("connection closed without an answer", True)
 
 
+TARGETS = {"gate": "10.0.0.2", "api_port": 8080, "proxy_port": 3128, "canary_ip": "10.1.0.3", "canary_port": 8000,
+           "private_name": "canary:8000", "api_host": "stub:8000", "unlisted_host": "exfiltrate.example",
+           "attacker_key": "k", "host_port": 1, "host_addresses": ["172.17.0.1"], "public_ipv4": ["1.1.1.1"],
+           "public_ipv6": ["2606:4700:4700::1111"], "front_host": "front", "front_port": 8000,
+           "header_timeout": 30, "max_connections": 512, "dns_name": "pypi.org", "resolvers": ["10.0.0.2"],
+           "host_loopback": ["10.0.2.2"]}
+
+
 def test_the_suite_covers_every_group() -> None:
-    targets = {"gate": "10.0.0.2", "api_port": 8080, "proxy_port": 3128, "canary_ip": "10.1.0.3", "canary_port": 8000,
-               "private_name": "canary:8000", "api_host": "stub:8000", "unlisted_host": "exfiltrate.example",
-               "attacker_key": "k", "host_port": 1, "host_addresses": ["172.17.0.1"], "public_ipv4": ["1.1.1.1"],
-               "public_ipv6": ["2606:4700:4700::1111"], "front_host": "front", "front_port": 8000,
-               "header_timeout": 30, "max_connections": 512, "dns_name": "pypi.org", "resolvers": ["10.0.0.2"],
-               "host_loopback": ["10.0.2.2"]}
+    targets = TARGETS
     suite = probe.attacks(targets)
     assert {a.group for a in suite} == {"direct egress", "egress proxy", "API route"}
     assert len({a.name for a in suite}) == len(suite), "attack names are unique"
@@ -230,9 +241,20 @@ def test_a_provider_side_fetch_is_judged_by_what_the_upstream_received(
     target = Verification.__new__(Verification)
     target.credential = Credential.parse("sk-ant-oat01-" + "s" * 60, "t")
     target.stub = FakeStub(received)  # type: ignore[assignment]
-    outcome = Outcome("API route", attack, "refused before the upstream", "HTTP/1.1 403 Forbidden", True)
+    forbidden = attack.rsplit(" ", 1)[-1]
+    outcome = Outcome("API route", attack, "refused before the upstream", "HTTP/1.1 403 Forbidden", True,
+                      proof=Proof.UPSTREAM_NEVER_GOT, forbidden=forbidden)
     judged = judged_by_evidence(target, outcome)
     assert judged.blocked is blocked and words in judged.actual
+    reworded = dataclasses.replace(outcome, attack="reworded", expected="reworded")
+    assert judged_by_evidence(target, reworded).blocked is blocked, "judged by its proof, not by its words"
+
+
+def test_the_probe_names_what_the_upstream_must_never_get() -> None:
+    suite = probe.attacks(TARGETS)
+    refused = [a for a in suite if a.proof is Proof.UPSTREAM_NEVER_GOT]
+    assert len(refused) == 3 and all(a.forbidden and a.name.endswith(a.forbidden) for a in refused)
+    assert {a.proof for a in suite} == {None, *Proof}
 
 
 def test_the_credential_in_the_status_line_is_a_leak() -> None:
@@ -240,10 +262,9 @@ def test_the_credential_in_the_status_line_is_a_leak() -> None:
     target.credential = Credential.parse("sk-ant-oat01-" + "s" * 60, "t")
     outcome = Outcome("API route", "an upstream reflecting the credential (echo-reason)",
                       "the credential never comes back", "HTTP/1.1 200 OK", False,
-                      f"HTTP/1.1 200 Bearer {target.credential.secret}\r\n\r\n")
+                      f"HTTP/1.1 200 Bearer {target.credential.secret}\r\n\r\n", Proof.ANSWER)
     assert judged_by_evidence(target, outcome).blocked is False
-    safe = judged_by_evidence(target, Outcome(outcome.group, outcome.attack, outcome.expected, outcome.actual,
-                                               False, "HTTP/1.1 200 OK\r\n\r\n"))
+    safe = judged_by_evidence(target, dataclasses.replace(outcome, evidence="HTTP/1.1 200 OK\r\n\r\n"))
     assert safe.blocked is True
 
 

@@ -14,13 +14,7 @@ from dataclasses import dataclass
 
 from claude_bottle.gate.settings import Limits
 from claude_bottle.runtime.run import Run
-from claude_bottle.verify.attack import Attack, Outcome, Verdict
-from claude_bottle.verify.probe import (
-    NEVER_COMES_BACK,
-    NO_ADDRESS_BACK,
-    REFUSED_BEFORE_UPSTREAM,
-    STRIPPED_BEFORE_UPSTREAM,
-)
+from claude_bottle.verify.attack import Attack, Outcome, Proof, Verdict
 from claude_bottle.verify.standins import (
     FRONT,
     PRIVATE_NAME,
@@ -88,7 +82,8 @@ class Lookup(Attack[Verification, list[str]]):
 
 
 def lookup(name: str) -> Lookup:
-    return Lookup("direct egress", f"a lookup of {name} through the bottle's resolver", NO_ADDRESS, name)
+    return Lookup("direct egress", f"a lookup of {name} through the bottle's resolver", NO_ADDRESS, name,
+                  proof=Proof.NAME_LOOKUP)
 
 
 @dataclass(frozen=True)
@@ -124,30 +119,31 @@ def network_attacks(target: Verification) -> list[Outcome]:
         "host_loopback": [SLIRP_HOST],
     }
     output = run_probe(target, targets)
-    outcomes = [Outcome(**json.loads(line)) for line in output.splitlines() if line.startswith("{")]
+    outcomes = [Outcome.from_json(line) for line in output.splitlines() if line.startswith("{")]
     outcomes.append(lookup(name).outcome(target))
     if not resolves_here:  # nothing resolved, but nothing would have: say so
         outcomes = [dataclasses.replace(o, actual=f"{o.actual} ({name} does not resolve on this host either)")
-                    if o.blocked and o.expected in (NO_ADDRESS, NO_ADDRESS_BACK) else o for o in outcomes]
+                    if o.blocked and o.proof is Proof.NAME_LOOKUP else o for o in outcomes]
     return [judged_by_evidence(target, o) for o in outcomes] + [host_listener(target).outcome(target)]
 
 
 def judged_by_evidence(target: Verification, outcome: Outcome) -> Outcome:
     """What came back from the gate is the proof: the credential must never be in it, the attacker's key
     must never reach the upstream, which must get the real credential instead, and a request asking the
-    provider to reach out for the bottle must never reach the upstream."""
+    provider to reach out for the bottle must never reach the upstream. Which of these applies is the
+    outcome's ``proof``."""
     secret = target.credential.secret
     if secret in outcome.evidence:
         return dataclasses.replace(outcome, actual="the credential came back", blocked=False)
-    if outcome.expected == NEVER_COMES_BACK:
+    if outcome.proof is Proof.ANSWER:
         return dataclasses.replace(outcome, actual=f"not in the answer: {outcome.actual}", blocked=True)
-    if outcome.expected == REFUSED_BEFORE_UPSTREAM:
-        forbidden = outcome.attack.rsplit(" ", 1)[-1]  # the field or server-tool type the attack adds
+    if outcome.proof is Proof.UPSTREAM_NEVER_GOT:
+        forbidden = outcome.forbidden
         got = [r for r in stub_requests(target) if forbidden in r.get("fields", []) + r.get("tool_types", [])]
         if got:
             return dataclasses.replace(outcome, actual=f"the upstream got {forbidden}", blocked=False)
         return dataclasses.replace(outcome, blocked=True, actual=f"the upstream never got it: {outcome.actual}")
-    if outcome.expected == STRIPPED_BEFORE_UPSTREAM:
+    if outcome.proof is Proof.UPSTREAM_GOT_REAL_CREDENTIAL:
         seen = stub_requests(target)
         attacker = [r for r in seen if target.attacker_key in json.dumps(r["headers"])]
         injected = [r for r in seen if f"Bearer {secret}" in json.dumps(r["headers"])]

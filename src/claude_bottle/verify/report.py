@@ -1,8 +1,7 @@
-"""The report of ``claude-bottle verify``: a table by group, or JSON (without the evidence)."""
+"""The report of ``claude-bottle verify``: a table by group, or JSON (what the table shows: never the evidence)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 from claude_bottle.agent.schema import AgentConfig
@@ -26,5 +25,6 @@ def report(outcomes: list[Outcome]) -> str:
 def as_json(agent: AgentConfig, outcomes: list[Outcome]) -> str:
     return json.dumps({
         "agent": agent.name, "attacks": len(outcomes), "leaks": sum(not o.blocked for o in outcomes),
-        "results": [{k: v for k, v in dataclasses.asdict(o).items() if k != "evidence"} for o in outcomes],
+        "results": [{"group": o.group, "attack": o.attack, "expected": o.expected, "actual": o.actual,
+                     "blocked": o.blocked} for o in outcomes],
     }, indent=2)
