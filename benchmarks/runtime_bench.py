@@ -37,7 +37,7 @@ from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.errors import BottleError
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist
-from claude_bottle.runtime import engine
+from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.verify.standins import bottle_on, in_bottle, scratch_workspace, stand_ins
 
 REGISTRY = "registry"
@@ -121,8 +121,8 @@ def timed(run: Any, script: str) -> float:
 
 
 def measure(reps: int) -> dict[str, Any]:
-    client = engine.connect()
-    if "runsc" not in engine.describe(client).runtimes:
+    about = open_engine().describe()
+    if "runsc" not in about.runtimes:
         raise BottleError("the engine has no runsc runtime: scripts/gvisor installs and registers it")
     agent = AgentConfig(name="bench-runtimes", extra_packages=("nodejs", "npm"),
                         allow=Allowlist.parse([f"{REGISTRY}:{PORT}"]),
@@ -160,7 +160,6 @@ def measure(reps: int) -> dict[str, Any]:
                         samples[runtime]["test_suite"].append(timed(run, "cd /tmp/project && node --test test/"))
                 print(f"rep {i + 1} {runtime}: " + ", ".join(f"{k} {v[-1]:.2f} s"
                                                             for k, v in samples[runtime].items()), file=sys.stderr)
-    about = engine.describe(client)
     return {"engine": about.describe(), "runtimes": list(about.runtimes), "reps": reps, "cpus": os.cpu_count(),
             "load_average_1m_at_end": os.getloadavg()[0], "samples": samples,
             "median": {r: {k: statistics.median(v) for k, v in s.items()} for r, s in samples.items()}}

@@ -7,9 +7,21 @@ import dataclasses
 import itertools
 import socket
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from claude_bottle.errors import DockerError
-from claude_bottle.runtime.seam import ContainerInfo, ContainerSpec, Engine, NameTaken, NetworkInfo, NetworkSpec
+from claude_bottle.runtime.engine import EngineInfo
+from claude_bottle.runtime.seam import (
+    BuildFailed,
+    ContainerInfo,
+    ContainerSpec,
+    Engine,
+    NameTaken,
+    NetworkInfo,
+    NetworkSpec,
+)
+
+DOCKER = EngineInfo("Docker", (27, 1, 0), ("runc",), "runc", rootless=False)
 
 Exec = Callable[[str, list[str]], tuple[int, bytes]]
 
@@ -26,10 +38,11 @@ class FakeEngine(Engine):
     a command in a container answers (by default exit 0, no output); ``files``: what ``read_file`` finds, by
     (container, path); ``specs``: how each container was asked for; ``attached``: the container's end of each
     attached stream, to write its start-up lines on; ``fail``: operation names that raise a DockerError, to
-    test what a failing engine leaves."""
+    test what a failing engine leaves. Images: ``tags``, the references it has; ``build_output``, what a
+    build writes (a build that fails raises BuildFailed after it); ``about``: what it says of itself."""
 
-    def __init__(self, internal_names: bool = True, pooled_networks: bool = True) -> None:
-        self.internal_names, self.pooled_networks = internal_names, pooled_networks
+    def __init__(self, internal_names: bool = True, pooled_networks: bool = True, about: EngineInfo = DOCKER) -> None:
+        self.internal_names, self.pooled_networks, self.about = internal_names, pooled_networks, about
         self.containers_by_name: dict[str, ContainerInfo] = {}
         self.networks_by_name: dict[str, NetworkInfo] = {}
         self.members: dict[str, set[str]] = {}  # network name -> container names
@@ -42,6 +55,9 @@ class FakeEngine(Engine):
         self.specs: dict[str, ContainerSpec] = {}
         self.attached: dict[str, socket.socket] = {}
         self.events: list[tuple[str, str]] = []
+        self.tags: set[str] = set()
+        self.build_output: list[str] = []
+        self.contexts: dict[str, dict[str, bytes]] = {}  # tag -> the build context's files, as it was built
         self._ids = itertools.count(1)
 
     def _check(self, operation: str) -> None:
@@ -62,6 +78,9 @@ class FakeEngine(Engine):
         return container
 
     # ---- the seam ----------------------------------------------------------------------------------------
+
+    def describe(self) -> EngineInfo:
+        return self.about
 
     def containers(self, label: str | None = None, network: NetworkInfo | None = None) -> list[ContainerInfo]:
         self._check("containers")
@@ -194,3 +213,34 @@ class FakeEngine(Engine):
 
     def image_ids(self, repository: str) -> list[str]:
         return list(self.images.get(repository, []))
+
+    def image_exists(self, reference: str) -> bool:
+        return reference in self.tags
+
+    def build_image(self, context: Path, tag: str, buildargs: dict[str, str]) -> Iterator[str]:
+        self.events.append(("build", tag))
+        self.contexts[tag] = {path.relative_to(context).as_posix(): path.read_bytes()
+                              for path in sorted(context.rglob("*")) if path.is_file()}
+        yield from self.build_output
+        if "build_image" in self.fail:
+            raise BuildFailed("The command '/bin/sh -c exit 1' returned a non-zero code: 1 (fake)")
+        self.tags.add(tag)
+
+    def pull_image(self, reference: str) -> None:
+        self._check("pull_image")
+        self.events.append(("pull", reference))
+        self.tags.add(reference)
+
+    def import_image(self, archive: Path, repository: str, tag: str, changes: tuple[str, ...] = ()) -> None:
+        self.events.append(("import", f"{repository}:{tag}"))
+        self.tags.add(f"{repository}:{tag}")
+
+    def prune_images(self, label: str) -> None:
+        self._check("prune_images")
+        self.events.append(("prune", label))
+
+    def attach_command(self, name: str, interactive: bool) -> list[str]:
+        return ["engine", "start", "--attach", *(["--interactive"] if interactive else []), name]
+
+    def exec_command(self, name: str, argv: list[str], tty: bool) -> list[str]:
+        return ["engine", "exec", "-it" if tty else "-i", name, *argv]

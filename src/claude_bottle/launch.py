@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,20 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-import docker
-
 from claude_bottle import trust, workspace
 from claude_bottle.agent.mounts import check_mounts
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.claude_code import LATEST
 from claude_bottle.credentials import Credential
-from claude_bottle.errors import ConfigError, DockerError
+from claude_bottle.errors import ConfigError
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import Upstream
 from claude_bottle.runtime import engine, images
-from claude_bottle.runtime.docker_engine import engine_for
+from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.files import protective_mounts
 from claude_bottle.runtime.run import Run
+from claude_bottle.runtime.seam import Engine
 from claude_bottle.runtime.spec import RunSpec
 from claude_bottle.runtime.users import bottle_user, userns_for
 
@@ -66,16 +64,16 @@ def build_inputs(agent: AgentConfig, environ: dict[str, str] | None = None,
     )
 
 
-def build_images(client: docker.DockerClient, agent: AgentConfig, progress: Progress) -> tuple[str, str]:
-    """Both images, built where missing; ``claude.version = "latest"`` is resolved to a release first, so the
-    bottle image's tag names what it holds."""
+def build_images(engine: Engine, agent: AgentConfig, progress: Progress) -> tuple[str, str]:
+    """Both images, built on ``engine`` where missing; ``claude.version = "latest"`` is resolved to a release
+    first, so the bottle image's tag names what it holds."""
     inputs = build_inputs(agent)
     version = images.resolve_claude_version(inputs.claude_code_version, inputs.extra_ca_files)
     if version != inputs.claude_code_version:
         progress(f"Claude Code {LATEST}: {version}")
         inputs = dataclasses.replace(inputs, claude_code_version=version)
-    return images.build(client, images.bottle_spec(inputs), progress), \
-        images.build(client, images.gate_spec(inputs), progress)
+    return images.build(engine, images.bottle_spec(inputs), progress), \
+        images.build(engine, images.gate_spec(inputs), progress)
 
 
 def workspace_of(path: str | None) -> Path:
@@ -173,16 +171,15 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         user = bottle_user(os.getuid(), os.getgid(), launch.workspace)
         found = workspace.protected_paths(launch.workspace)
         protective_mounts(launch.workspace, found[0])  # a .git that cannot be mounted safely fails here
-        client = engine.connect()
-        about = engine.describe(client)
+        opened = open_engine()
+        about = opened.describe()
         engine.check_runtime(about, agent.runtime, f"agent {agent.name}: runtime")
         if limits := engine.unenforced_limits(about):
             progress(f"warning: {limits}")
         began = time.monotonic()
-        bottle_image, gate_image = build_images(client, agent, progress)
+        bottle_image, gate_image = build_images(opened, agent, progress)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
-        run = Run(client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0]), about),
-                  engine_for(client, about))
+        run = Run(opened.client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0]), about), opened)
         watch = trust.Watch(launch.workspace, run.id)
         try:
             watch.begin(found)
@@ -219,17 +216,10 @@ def run_headless(launch: Launch, prompt: str, progress: Progress) -> int:
         return status
 
 
-def docker_cli() -> str:
-    cli = shutil.which("docker")
-    if cli is None:
-        raise DockerError("the docker command is needed to attach a terminal; install the Docker CLI")
-    return cli
-
-
 def run_interactive(launch: Launch, progress: Progress, keep: bool) -> int:
-    """Interactive Claude Code in this terminal; the Docker CLI handles the terminal (raw mode, resize)."""
+    """Interactive Claude Code in this terminal; the engine's own client handles the terminal (raw mode,
+    resizing: ``Engine.attach_command``)."""
     with started(launch, progress, keep=keep) as run:
         run.create_bottle(claude_command(launch.agent), tty=True)
         progress(f"starting Claude Code in {launch.workspace}")
-        interactive = ["--interactive"] if sys.stdin.isatty() else []
-        return subprocess.call([docker_cli(), "start", "--attach", *interactive, run.names.bottle])
+        return subprocess.call(run.engine.attach_command(run.names.bottle, interactive=sys.stdin.isatty()))

@@ -24,7 +24,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, build_images, started
-from claude_bottle.runtime import engine
+from claude_bottle.runtime.docker_engine import connect, open_engine
 from claude_bottle.runtime.names import WORKSPACE_LABEL
 from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import stub_container
@@ -38,7 +38,7 @@ TEST_LABEL = "claude-bottle.test"
 def client() -> docker.DockerClient:
     """The engine; without one the tests are skipped visibly, and under CI (CI=true) they fail."""
     try:
-        return engine.connect()
+        return connect()
     except DockerError as exc:
         missing(f"no Docker engine: {exc}", "scripts/test installs and starts one")
 
@@ -53,7 +53,7 @@ def build_test_images(client: docker.DockerClient, packages: tuple[str, ...] = (
     """The tests' (bottle image, gate image) on ``client``'s engine, built where missing: Claude Code
     ``claude_version()``, and ``packages`` (Debian's) added to the bottle image."""
     agent = AgentConfig(claude_version=claude_version(), extra_packages=packages)
-    return build_images(client, agent, lambda line: None)
+    return build_images(open_engine(client), agent, lambda line: None)
 
 
 ImagesFor = Callable[..., tuple[str, str]]

@@ -8,6 +8,7 @@ import pytest
 
 from claude_bottle.errors import DockerError
 from claude_bottle.runtime import images
+from claude_bottle.runtime.docker_engine import DockerEngine
 
 pytestmark = pytest.mark.docker
 
@@ -25,20 +26,20 @@ def test_a_certificate_failure_ends_with_the_step_and_the_ca_settings(
                    "echo 'npm error self-signed certificate in certificate chain' >&2 && exit 1")
     lines: list[str] = []
     with pytest.raises(DockerError) as raised:
-        images.build(client, spec, lines.append)
+        images.build(DockerEngine(client), spec, lines.append)
     text = str(raised.value)
     assert text.startswith("building the probe image failed at step 3/3 (RUN echo 'npm error code")
     assert "self-signed certificate in certificate chain" in text
     assert "CLAUDE_BOTTLE_EXTRA_CA_CERTS" in text and "update-ca-certificates" in text
     assert any("step 3/3" in line for line in lines)
-    assert not images.image_exists(client, spec.tag)
+    assert not DockerEngine(client).image_exists(spec.tag)
 
 
 def test_any_other_failing_step_says_so_without_the_ca_hint(
     client: docker.DockerClient, built_images: tuple[str, str],
 ) -> None:
     with pytest.raises(DockerError) as raised:
-        images.build(client, failing("echo 'no such file: Makefile' && exit 2"), lambda line: None)
+        images.build(DockerEngine(client), failing("echo 'no such file: Makefile' && exit 2"), lambda line: None)
     text = str(raised.value)
     assert "failed at step 3/3" in text and "no such file: Makefile" in text
     assert "CLAUDE_BOTTLE_EXTRA_CA_CERTS" not in text and "the output above shows why" in text

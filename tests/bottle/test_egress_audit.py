@@ -32,8 +32,9 @@ from docker.models.containers import Container
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
-from claude_bottle.launch import Launch, claude_command, docker_cli, started
+from claude_bottle.launch import Launch, claude_command, started
 from claude_bottle.runtime import run as run_module
+from claude_bottle.runtime.docker_engine import docker_cli
 from claude_bottle.runtime.names import AGENT_LABEL
 from claude_bottle.stub import DEFAULT_TEXT
 from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent

@@ -15,7 +15,7 @@ from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime import engine
+from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.stub import DEFAULT_TEXT
 from claude_bottle.verify.standins import in_bottle, verification
 from claude_bottle.verify.suite import attack
@@ -28,7 +28,7 @@ CLI = [sys.executable, "-m", "claude_bottle"]
 
 @pytest.fixture(scope="module")
 def runsc(client: docker.DockerClient) -> str:
-    require("runsc" in engine.describe(client).runtimes, "the engine has no runsc runtime",
+    require("runsc" in open_engine(client).describe().runtimes, "the engine has no runsc runtime",
             "scripts/gvisor installs and registers gVisor")
     return "runsc"
 

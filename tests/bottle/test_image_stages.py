@@ -19,6 +19,7 @@ import pytest
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.launch import build_inputs
 from claude_bottle.runtime import images
+from claude_bottle.runtime.docker_engine import DockerEngine
 
 pytestmark = pytest.mark.docker
 
@@ -51,10 +52,10 @@ def test_a_build_removes_its_own_stage_and_not_one_another_build_is_using(
     own, other = stage_image(client, mine), stage_image(client, theirs)
     try:
         assert exists(client, own) and exists(client, other)
-        images.remove_build_stage(client, mine)
+        images.remove_build_stage(DockerEngine(client), mine)
         assert not exists(client, own), "a build leaves its throwaway stage behind"
         assert exists(client, other), "a build removed the stage of another build running beside it"
         assert exists(client, built_images[0]), "removing a stage took the bottle image's layers"
     finally:
-        images.remove_build_stage(client, theirs)
+        images.remove_build_stage(DockerEngine(client), theirs)
     assert not exists(client, other)

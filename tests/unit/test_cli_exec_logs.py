@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from claude_bottle import records
 from claude_bottle.cli import cli
 from claude_bottle.errors import DockerError
-from claude_bottle.runtime import docker_engine, engine
+from claude_bottle.runtime import docker_engine
 from claude_bottle.runtime import gate as runtime_gate
 from claude_bottle.runtime.names import RunNames
 from tests.fake_engine import FakeEngine
@@ -28,7 +28,6 @@ def docker_exec(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
         engine.add_container(run.gate, run.labels)
         engine.add_container(run.bottle, run.labels)
     monkeypatch.setattr(docker_engine, "open_engine", lambda: engine)
-    monkeypatch.setattr("claude_bottle.launch.docker_cli", lambda: "docker")
     monkeypatch.setattr("subprocess.call", lambda argv: calls.append(argv) or 0)
     return calls
 
@@ -43,7 +42,7 @@ def test_exec_runs_what_follows_the_double_dash_as_the_bottles_own_user(
 ) -> None:
     result = CliRunner().invoke(cli, ["exec", "--workspace", str(tmp_path), *args])
     assert result.exit_code == 0, result.output
-    assert docker_exec == [["docker", "exec", "-i", "claude-bottle-dev-1-bottle", *command]], "no -u"
+    assert docker_exec == [["engine", "exec", "-i", "claude-bottle-dev-1-bottle", *command]]
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -66,7 +65,7 @@ def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     def no_engine() -> None:
         raise DockerError("no engine")
 
-    monkeypatch.setattr(engine, "connect", no_engine)
+    monkeypatch.setattr(docker_engine, "connect", no_engine)
     workspace = tmp_path / "project"
     for n, agent in enumerate(("dev", "ops")):
         line = {"time": "t", "listener": "proxy" if n else "api", "decision": "deny", "status": 403,

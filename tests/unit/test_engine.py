@@ -1,62 +1,42 @@
-"""What the engine says about itself: Docker or Podman, rootless or not, and the limits it cannot enforce."""
+"""What the engine says about itself (Docker or Podman, rootless or not, and the limits it cannot enforce), and
+what the seam's Docker implementation makes of the engine's answers."""
 
 from __future__ import annotations
 
+import io
+import tarfile
+from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
 from claude_bottle.errors import DockerError
-from claude_bottle.runtime import engine
-from claude_bottle.runtime.docker_engine import LOG_CONFIG, create_options, network_info
+from claude_bottle.runtime import docker_engine, engine
+from claude_bottle.runtime.docker_engine import (
+    LOG_CONFIG,
+    DockerEngine,
+    create_options,
+    file_in_archive,
+    libpod_answer,
+    network_info,
+)
 from claude_bottle.runtime.seam import ContainerSpec
 from claude_bottle.runtime.users import userns_for
 
 PODMAN_VERSION = {"Version": "4.3.1", "Components": [{"Name": "Podman Engine", "Version": "4.3.1"}]}
 
 
-class Answer:
-    def __init__(self, status: int, body: Any) -> None:
-        self.status_code, self.body = status, body
-
-    def json(self) -> Any:
-        return self.body
-
-
-class FakeApi:
-    """The SDK's APIClient as ``engine.libpod`` uses it: one canned answer per path."""
-
-    base_url, timeout = "http+docker://localhost", 5
-
-    def __init__(self, answers: dict[str, Answer]) -> None:
-        self.answers, self.requests = answers, []
-
-    def request(self, method: str, url: str, json: Any = None, timeout: float = 0) -> Answer:
-        self.requests.append((method, url, json))
-        return self.answers[url.split("/libpod", 1)[1]]
-
-
-class FakeClient:
-    def __init__(self, version: dict[str, Any], info: dict[str, Any], answers: dict[str, Answer] | None = None):
-        self._version, self._info, self.api = version, info, FakeApi(answers or {})
-
-    def version(self) -> dict[str, Any]:
-        return self._version
-
-    def info(self) -> dict[str, Any]:
-        return self._info
-
-
-def podman_info(rootless: bool, cgroups: str = "v2", controllers: tuple[str, ...] = ()) -> Answer:
-    return Answer(200, {"host": {"security": {"rootless": rootless}, "cgroupVersion": cgroups,
-                                 "cgroupControllers": list(controllers)}})
+def podman_info(rootless: bool, cgroups: str = "v2", controllers: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"host": {"security": {"rootless": rootless}, "cgroupVersion": cgroups,
+                     "cgroupControllers": list(controllers)}}
 
 
 def test_docker_is_rootful_unless_its_security_options_say_so() -> None:
     info = {"Runtimes": {"runc": {}}, "DefaultRuntime": "runc", "SecurityOptions": ["name=seccomp"]}
-    about = engine.describe(FakeClient({"Version": "20.10.24"}, info))  # type: ignore[arg-type]
+    about = engine.engine_info({"Version": "20.10.24"}, info)
     assert (about.kind, about.rootless, about.unenforced, about.describe()) == ("Docker", False, (), "Docker 20.10.24")
-    rootless = engine.describe(FakeClient({"Version": "27.1"}, {**info, "SecurityOptions": ["name=rootless"]}))  # type: ignore[arg-type]
+    rootless = engine.engine_info({"Version": "27.1"}, {**info, "SecurityOptions": ["name=rootless"]})
     assert rootless.describe() == "Docker 27.1, rootless"
 
 
@@ -67,17 +47,25 @@ def test_docker_is_rootful_unless_its_security_options_say_so() -> None:
     (podman_info(True, "v1", ("memory", "pids", "cpu")), True, ("memory", "CPU", "process")),  # v1: none at all
 ])
 def test_podman_says_whether_it_is_rootless_and_which_limits_it_cannot_enforce_in_its_own_info(
-    answer: Answer, rootless: bool, unenforced: tuple[str, ...],
+    answer: dict[str, Any], rootless: bool, unenforced: tuple[str, ...],
 ) -> None:
     """Podman 4.3's Docker-compatible info does not say it runs rootless: its own info endpoint does."""
-    client = FakeClient(PODMAN_VERSION, {"SecurityOptions": ["name=seccomp,profile=default"]}, {"/info": answer})
-    about = engine.describe(client)  # type: ignore[arg-type]
+    assert engine.is_podman(PODMAN_VERSION) and not engine.is_podman({"Version": "27.1"})
+    about = engine.engine_info(PODMAN_VERSION, {"SecurityOptions": ["name=seccomp,profile=default"]}, answer)
     assert (about.podman, about.rootless, about.unenforced) == (True, rootless, unenforced)
     assert about.describe() == ("Podman 4.3.1, rootless" if rootless else "Podman 4.3.1")
-    assert client.api.requests == [("GET", f"http+docker://localhost/{engine.LIBPOD_API}/libpod/info", None)]
     warning = engine.unenforced_limits(about)
     assert bool(warning) == bool(unenforced)
     assert all(name in warning for name in unenforced)
+
+
+def test_podman_lists_only_the_runtimes_installed_and_versions_read_as_numbers() -> None:
+    runtimes = {"crun": {"path": "/usr/bin/crun"}, "runsc": {"path": "/usr/local/bin/runsc"}, "kata": {}}
+    about = engine.engine_info({**PODMAN_VERSION, "Version": "4.3.1-dev"}, {"Runtimes": runtimes},
+                               podman_info(False), exists=lambda path: path == Path("/usr/bin/crun"))
+    assert (about.runtimes, about.version) == (("crun",), (4, 3, 1))
+    assert engine.version_numbers("20.10.24+dfsg1") == (20, 10, 24)
+    assert engine.version_numbers("25.0.5~rc1") == (25, 0, 5) >= engine.DNS_FIXED_VERSION
 
 
 def test_the_warning_names_each_limit_and_its_controller() -> None:
@@ -88,9 +76,11 @@ def test_the_warning_names_each_limit_and_its_controller() -> None:
 
 
 def test_podman_refusing_a_request_is_an_error_with_its_message() -> None:
-    client = FakeClient(PODMAN_VERSION, {}, {"/networks/create": Answer(500, {"message": "subnet in use"})})
     with pytest.raises(DockerError, match="Podman refused /networks/create: subnet in use"):
-        engine.libpod(client, "POST", "/networks/create", {"name": "x"})  # type: ignore[arg-type]
+        libpod_answer("/networks/create", 500, {"message": "subnet in use"})
+    with pytest.raises(DockerError, match="Podman refused /info: 404"):
+        libpod_answer("/info", 404, "not found")
+    assert libpod_answer("/info", 200, {"host": {}}) == {"host": {}}
 
 
 @pytest.mark.parametrize(("podman", "rootless", "mode"), [
@@ -126,3 +116,82 @@ def test_a_container_spec_becomes_the_sdks_arguments_with_only_what_it_sets() ->
         "log_config": LOG_CONFIG, "volumes": {"/ca.pem": {"bind": "/opt/gate/upstream-ca/0.pem", "mode": "ro"}}}
     bare = create_options(ContainerSpec("img", "name", {}))
     assert bare == {"name": "name", "labels": {}, "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"]}
+
+
+def archive(member: tarfile.TarInfo, data: bytes = b"") -> bytes:
+    """The engine's archive of one path (``GET /containers/{id}/archive``), holding ``member``."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data) if data else None)
+    return buffer.getvalue()
+
+
+def test_a_file_read_from_a_container_is_its_content_and_anything_else_is_empty() -> None:
+    """What the bottle could have put at a path the host reads: a regular file is read; a symlink (which the
+    host must not follow), a folder, a device are empty, never their target's content."""
+    assert file_in_archive(archive(tarfile.TarInfo("settings.json"), b'{"x": 1}\n')) == b'{"x": 1}\n'
+    assert file_in_archive(archive(tarfile.TarInfo("empty"))) == b""
+    link = tarfile.TarInfo("settings.json")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/shadow"
+    assert file_in_archive(archive(link)) == b""
+    hard = tarfile.TarInfo("settings.json")
+    hard.type, hard.linkname = tarfile.LNKTYPE, "other"
+    assert file_in_archive(archive(hard)) == b""
+    folder = tarfile.TarInfo("projects")
+    folder.type = tarfile.DIRTYPE
+    assert file_in_archive(archive(folder)) == b""
+    fifo = tarfile.TarInfo("pipe")
+    fifo.type = tarfile.FIFOTYPE
+    assert file_in_archive(archive(fifo)) == b""
+
+
+def test_the_terminal_commands_attach_the_engines_own_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``exec`` runs as the container's own user (no -u: the one the bottle was started as)."""
+    monkeypatch.setattr(docker_engine, "docker_cli", lambda: "/usr/bin/docker")
+    seam = DockerEngine(docker_client())
+    assert seam.exec_command("b", ["id", "-u"], tty=False) == ["/usr/bin/docker", "exec", "-i", "b", "id", "-u"]
+    assert seam.exec_command("b", ["sh"], tty=True) == ["/usr/bin/docker", "exec", "-it", "b", "sh"]
+    assert seam.attach_command("b", interactive=True) == ["/usr/bin/docker", "start", "--attach", "--interactive", "b"]
+    assert seam.attach_command("b", interactive=False) == ["/usr/bin/docker", "start", "--attach", "b"]
+
+
+def test_without_the_docker_command_a_terminal_cannot_be_attached(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(docker_engine.shutil, "which", lambda name: None)
+    with pytest.raises(DockerError, match="the docker command is needed to attach a terminal"):
+        DockerEngine(docker_client()).exec_command("b", ["id"], tty=False)
+
+
+def docker_client() -> docker.DockerClient:
+    """A client that never connects (its API version given, it asks the engine nothing until used)."""
+    return docker.DockerClient(base_url="unix:///nonexistent/docker.sock", version="1.41")
+
+
+class AnsweringClient(docker.DockerClient):
+    """The SDK's client answering its version and info endpoints with canned answers, connecting nowhere."""
+
+    def __init__(self, version: dict[str, Any], info: dict[str, Any]) -> None:
+        super().__init__(base_url="unix:///nonexistent/docker.sock", version="1.41")
+        self.answers = version, info
+
+    def version(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.answers[0]
+
+    def info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.answers[1]
+
+
+def test_the_engine_is_asked_its_version_and_info_and_podman_its_own_info(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[str, str]] = []
+
+    def libpod(client: docker.DockerClient, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        asked.append((method, path))
+        return podman_info(True, "v2", ("memory", "pids", "cpu"))
+
+    monkeypatch.setattr(docker_engine, "libpod", libpod)
+    info = {"Runtimes": {"runc": {}}, "SecurityOptions": []}
+    docker_seam = DockerEngine(AnsweringClient({"Version": "27.1"}, info))
+    assert docker_seam.describe().describe() == "Docker 27.1" and asked == []
+    podman = docker_engine.open_engine(AnsweringClient(PODMAN_VERSION, info))
+    assert isinstance(podman, docker_engine.PodmanEngine) and podman.rootless
+    assert podman.describe().describe() == "Podman 4.3.1, rootless" and asked == [("GET", "/info")]

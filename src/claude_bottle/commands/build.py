@@ -11,8 +11,8 @@ def build(agent: str | None, workspace: str | None) -> None:
     """Build what changed of the agent's two images, showing progress, and print their tags."""
     from claude_bottle.agent.load import load_agent
     from claude_bottle.launch import build_images, workspace_of
-    from claude_bottle.runtime import engine
+    from claude_bottle.runtime.docker_engine import open_engine
 
     config = load_agent(agent, workspace_of(workspace))
-    bottle, gate_image = build_images(engine.connect(), config, progress)
+    bottle, gate_image = build_images(open_engine(), config, progress)
     click.echo(f"bottle image: {bottle}\ngate image:   {gate_image}")

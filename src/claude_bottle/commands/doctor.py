@@ -16,6 +16,8 @@ def doctor() -> int:
     from claude_bottle.agent.schema import AgentConfig
     from claude_bottle.launch import build_inputs
     from claude_bottle.runtime import engine, images
+    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.seam import Engine
 
     problems = 0
 
@@ -24,9 +26,10 @@ def doctor() -> int:
         problems += not ok
         click.echo(f"{'ok ' if ok else 'NO '} {text}")
 
+    opened: Engine | None = None
     try:
-        client = engine.connect()
-        about = engine.describe(client)
+        opened = open_engine()
+        about = opened.describe()
         report(True, f"engine: {about.describe()} ({os.environ.get('DOCKER_HOST') or 'the default socket'})")
         gvisor = "available (runtime = 'runsc')" if "runsc" in about.runtimes else "not registered"
         report(True, f"OCI runtimes: {', '.join(about.runtimes) or 'none listed'} (default "
@@ -40,15 +43,15 @@ def doctor() -> int:
                         "so this is covered, but upgrading is wise")
     except BottleError as exc:
         report(False, str(exc))
-        client = None
+        opened = None
     try:
         _, source = tokens.find()
         report(True, f"token found in {source}")
     except BottleError as exc:
         report(False, str(exc))
-    if client is not None:
+    if opened is not None:
         inputs = build_inputs(AgentConfig())
         for spec in (images.bottle_spec(inputs), images.gate_spec(inputs)):
-            built = images.image_exists(client, spec.tag)
+            built = opened.image_exists(spec.tag)
             report(built, f"{spec.name} image {spec.tag} {'built' if built else 'not built: run claude-bottle build'}")
     return 1 if problems else 0

@@ -12,12 +12,10 @@ def exec_in(agent: str | None, workspace: str | None, command: list[str]) -> int
     this terminal; its exit code."""
     from pathlib import Path
 
-    from claude_bottle.launch import docker_cli
     from claude_bottle.runtime.docker_engine import open_engine
     from claude_bottle.runtime.listing import bottle_of
 
     place = Path(workspace or os.getcwd()).expanduser().resolve()
-    bottle = bottle_of(open_engine(), agent, place)
-    terminal = ["-it"] if sys.stdin.isatty() else ["-i"]
-    # no -u: docker exec runs as the container's own user, the one the bottle was started as
-    return subprocess.call([docker_cli(), "exec", *terminal, bottle.name, *command])
+    engine = open_engine()
+    bottle = bottle_of(engine, agent, place)
+    return subprocess.call(engine.exec_command(bottle.name, command, tty=sys.stdin.isatty()))

@@ -1,5 +1,5 @@
-"""The engine seam (``runtime.seam``) on Docker, and on Podman through its Docker-compatible API: the one
-place, with ``runtime.engine``'s connection, that speaks the Docker SDK."""
+"""The engine seam (``runtime.seam``) on Docker, and on Podman through its Docker-compatible API (and its own
+where that one cannot say or do something): the one place that speaks the Docker SDK."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import contextlib
 import dataclasses
 import io
 import ipaddress
+import shutil
 import socket
 import tarfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -20,7 +22,9 @@ from docker.types import Mount as DockerMount
 
 from claude_bottle.errors import DockerError
 from claude_bottle.runtime import engine
+from claude_bottle.runtime.engine import EngineInfo
 from claude_bottle.runtime.seam import (
+    BuildFailed,
     ContainerInfo,
     ContainerSpec,
     Engine,
@@ -36,6 +40,72 @@ LOG_CONFIG = LogConfig(type=LogConfig.types.JSON, config={"max-size": "5m", "max
 # its bridge, which rootless Podman keeps in its own network namespace, beyond any host firewall. Docker turns
 # it off the same way.
 PODMAN_SYSCTLS = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
+# The version of Podman's own API that requests to it name: the first with netavark, which every later Podman
+# still answers.
+LIBPOD_API = "v4.0.0"
+
+
+def connect() -> docker.DockerClient:
+    """The SDK's client of the engine at $DOCKER_HOST (or the default socket), answering; else a DockerError
+    that says what to do."""
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise DockerError(
+            f"cannot reach the container engine ({exc}); start Docker (or `podman system service`), or set "
+            "DOCKER_HOST to where it listens"
+        ) from None
+    return client
+
+
+def libpod_answer(path: str, status: int, answer: Any) -> Any:
+    """Podman's answer to a request to ``path`` of its own API; a DockerError with its message when it refused."""
+    if status >= 400:
+        message = answer.get("message") if isinstance(answer, dict) else None
+        raise DockerError(f"Podman refused {path}: {message or status}")
+    return answer
+
+
+def libpod(client: docker.DockerClient, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """A request to Podman's own API (``/libpod/...``) beside its Docker-compatible one, for what the latter
+    cannot say or do; the decoded JSON answer (``libpod_answer``)."""
+    api = client.api
+    try:
+        response = api.request(method, f"{api.base_url}/{LIBPOD_API}/libpod{path}", json=body,
+                               timeout=api.timeout)
+        answer = response.json()
+    except (docker.errors.DockerException, OSError, ValueError) as exc:
+        raise DockerError(f"Podman's API ({path}) failed: {exc}") from None
+    return libpod_answer(path, response.status_code, answer)
+
+
+def describe_engine(client: docker.DockerClient) -> EngineInfo:
+    """What the engine says about itself (``engine.engine_info``): its version and info endpoints, and
+    Podman's own info for what those do not say."""
+    try:
+        version, info = client.version(), client.info()
+    except docker.errors.APIError as exc:
+        raise _failed(exc) from None
+    podman_info = libpod(client, "GET", "/info") if engine.is_podman(version) else None
+    return engine.engine_info(version, info, podman_info)
+
+
+def docker_cli() -> str:
+    """The engine's command-line client, which attaches a terminal (``docker`` speaks Podman's API too)."""
+    cli = shutil.which("docker")
+    if cli is None:
+        raise DockerError("the docker command is needed to attach a terminal; install the Docker CLI")
+    return cli
+
+
+def file_in_archive(archive: bytes) -> bytes:
+    """The content of the tar ``archive``'s first member (the engine's archive of one path) when it is a
+    regular file; empty when it is anything else (a symlink, a folder)."""
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        member = tar.next()
+        extracted = tar.extractfile(member) if member is not None and member.isfile() else None
+        return extracted.read() if extracted is not None else b""
 
 
 def _failed(exc: docker.errors.APIError) -> DockerError:
@@ -94,10 +164,17 @@ def create_options(spec: ContainerSpec) -> dict[str, Any]:
 
 
 class DockerEngine(Engine):
-    """The seam on an engine's Docker API (``client``: ``engine.connect()``)."""
+    """The seam on an engine's Docker API (``client``: ``connect()``); ``about``: what it said of itself
+    (``describe_engine``), asked on first use when not given."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
+    def __init__(self, client: docker.DockerClient, about: EngineInfo | None = None) -> None:
         self.client = client
+        self._about = about
+
+    def describe(self) -> EngineInfo:
+        if self._about is None:
+            self._about = describe_engine(self.client)
+        return self._about
 
     def containers(self, label: str | None = None, network: NetworkInfo | None = None) -> list[ContainerInfo]:
         filters: dict[str, Any] = {}
@@ -168,10 +245,7 @@ class DockerEngine(Engine):
             return None
         except docker.errors.APIError as exc:
             raise _failed(exc) from None
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            member = tar.next()
-            extracted = tar.extractfile(member) if member is not None and member.isfile() else None
-            return extracted.read() if extracted is not None else b""
+        return file_in_archive(archive)
 
     def stop(self, name: str, timeout: float) -> None:
         try:
@@ -271,18 +345,64 @@ class DockerEngine(Engine):
         except docker.errors.APIError as exc:
             raise _failed(exc) from None
 
+    def image_exists(self, reference: str) -> bool:
+        try:
+            self.client.images.get(reference)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.APIError as exc:
+            raise _failed(exc) from None
+
+    def build_image(self, context: Path, tag: str, buildargs: dict[str, str]) -> Iterator[str]:
+        try:
+            for chunk in self.client.api.build(path=str(context), tag=tag, buildargs=buildargs, rm=True,
+                                               forcerm=True, decode=True, pull=False):
+                if "error" in chunk:
+                    raise BuildFailed(str(chunk["error"]))
+                yield from str(chunk.get("stream", "")).splitlines()
+        except docker.errors.APIError as exc:
+            raise BuildFailed(str(exc.explanation or exc)) from None
+
+    def pull_image(self, reference: str) -> None:
+        try:
+            self.client.images.pull(reference)
+        except docker.errors.APIError as exc:
+            raise _failed(exc) from None
+
+    def import_image(self, archive: Path, repository: str, tag: str, changes: tuple[str, ...] = ()) -> None:
+        try:
+            self.client.api.import_image_from_file(str(archive), repository=repository, tag=tag,
+                                                   changes=list(changes))
+        except docker.errors.APIError as exc:
+            raise _failed(exc) from None
+
+    def prune_images(self, label: str) -> None:
+        try:
+            self.client.images.prune(filters={"dangling": True, "label": label})
+        except docker.errors.APIError as exc:
+            raise _failed(exc) from None
+
+    def attach_command(self, name: str, interactive: bool) -> list[str]:
+        return [docker_cli(), "start", "--attach", *(["--interactive"] if interactive else []), name]
+
+    def exec_command(self, name: str, argv: list[str], tty: bool) -> list[str]:
+        # no -u: docker exec runs as the container's own user, the one the bottle was started as
+        return [docker_cli(), "exec", "-it" if tty else "-i", name, *argv]
+
 
 class PodmanEngine(DockerEngine):
-    """The seam on Podman: its Docker-compatible API, and its own (``engine.libpod``) where that one cannot
+    """The seam on Podman: its Docker-compatible API, and its own (``libpod``) where that one cannot
     say or do something."""
 
     internal_names = False
     pooled_networks = False
     bridges_on_host = True
 
-    def __init__(self, client: docker.DockerClient, rootless: bool = False) -> None:
-        super().__init__(client)
-        self.rootless = rootless
+    def __init__(self, client: docker.DockerClient, about: EngineInfo | None = None, rootless: bool = False) -> None:
+        """``rootless``: whether it runs as an ordinary user, unless ``about`` says."""
+        super().__init__(client, about)
+        self.rootless = about.rootless if about is not None else rootless
 
     def _create(self, image: str, options: dict[str, Any], spec: ContainerSpec) -> Container:
         """Without IPv6 where asked (``PODMAN_SYSCTLS``), and on rootless Podman the host user's uid kept
@@ -303,7 +423,7 @@ class PodmanEngine(DockerEngine):
         up. Without a resolver the bridge has no address at all, and nothing resolves names there."""
         if not spec.isolated:
             return super().create_network(spec)
-        created = engine.libpod(self.client, "POST", "/networks/create", {
+        created = libpod(self.client, "POST", "/networks/create", {
             "name": spec.name, "driver": "bridge", "internal": True, "dns_enabled": False,
             **({"network_interface": spec.bridge} if spec.bridge else {}), "labels": spec.labels})
         found = self.network(spec.name)
@@ -330,13 +450,13 @@ def create_container(client: docker.DockerClient, image: str, userns: str = "", 
     return create_in_userns(client, image, userns, options)
 
 
-def engine_for(client: docker.DockerClient, about: engine.EngineInfo) -> DockerEngine:
+def engine_for(client: docker.DockerClient, about: EngineInfo) -> DockerEngine:
     """The implementation for the engine ``about`` describes."""
-    return PodmanEngine(client, about.rootless) if about.podman else DockerEngine(client)
+    return PodmanEngine(client, about) if about.podman else DockerEngine(client, about)
 
 
 def open_engine(client: docker.DockerClient | None = None) -> DockerEngine:
-    """The engine answering on the Docker API (``engine.connect()`` unless ``client`` is given), Docker's
-    or Podman's implementation as it names itself."""
-    client = client or engine.connect()
-    return engine_for(client, engine.describe(client))
+    """The engine answering on the Docker API (``connect()`` unless ``client`` is given), Docker's or
+    Podman's implementation as it names itself."""
+    client = client or connect()
+    return engine_for(client, describe_engine(client))

@@ -1,45 +1,27 @@
-"""The container engine connection (Docker, or Podman through its Docker-compatible API), with errors that
-say what to do."""
+"""What a container engine says about itself (Docker, or Podman through its Docker-compatible API), read from
+its answers, and the errors that say what to do about it. No I/O: the engine seam's implementations
+(``runtime.docker_engine``) ask the engine and hand its answers here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import docker
-import docker.errors
 
 from claude_bottle.errors import DockerError
 
 # Engines before 25.0.5 let containers on internal networks resolve external names (CVE-2024-29018).
 DNS_FIXED_VERSION = (25, 0, 5)
-# The version of Podman's own API that requests to it name: the first with netavark, which every later Podman
-# still answers.
-LIBPOD_API = "v4.0.0"
 
 
-def connect() -> docker.DockerClient:
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except docker.errors.DockerException as exc:
-        raise DockerError(
-            f"cannot reach the container engine ({exc}); start Docker (or `podman system service`), or set "
-            "DOCKER_HOST to where it listens"
-        ) from None
-    return client
-
-
-def _numbers(text: str) -> tuple[int, ...]:
+def version_numbers(text: str) -> tuple[int, ...]:
+    """A version as the engine writes it ("25.0.5", "20.10.24+dfsg1", "4.3.1-dev") as numbers; a part
+    that is not one is 0."""
     numbers = []
     for part in text.split("+")[0].split("-")[0].split("~")[0].split("."):
         numbers.append(int(part) if part.isdigit() else 0)
     return tuple(numbers)
-
-
-def version(client: docker.DockerClient) -> tuple[int, ...]:
-    return _numbers(str(client.version().get("Version", "0")))
 
 
 @dataclass(frozen=True)
@@ -64,48 +46,38 @@ class EngineInfo:
         return f"{self.kind} {'.'.join(map(str, self.version))}{mode}"
 
 
-def describe(client: docker.DockerClient) -> EngineInfo:
-    """The engine's kind, version and OCI runtimes, from its version and info endpoints (Podman names
-    itself among the version's components)."""
-    about = client.version()
-    components = [str(c.get("Name", "")) for c in about.get("Components") or []]
-    kind = "Podman" if any(name.startswith("Podman") for name in components) else "Docker"
-    info = client.info()
+def is_podman(version: dict[str, Any]) -> bool:
+    """Whether the engine's version answer is Podman's (it names itself among the components)."""
+    return any(str(c.get("Name", "")).startswith("Podman") for c in version.get("Components") or [])
+
+
+def engine_info(version: dict[str, Any], info: dict[str, Any], podman_info: dict[str, Any] | None = None,
+                exists: Callable[[Path], bool] = Path.exists) -> EngineInfo:
+    """The engine's kind, version and OCI runtimes from its answers: the Docker API's version and info, and
+    for Podman (``is_podman``) its own info (``podman_info``; none: rootful, every limit enforced).
+    ``exists``: whether a runtime's program is installed (Podman lists every runtime its configuration
+    knows of)."""
+    kind = "Podman" if is_podman(version) else "Docker"
     registered: dict[str, Any] = info.get("Runtimes") or {}
-    if kind == "Podman":  # Podman lists every runtime its configuration knows of, installed or not
+    if kind == "Podman":
         registered = {name: entry for name, entry in registered.items()
-                      if not isinstance(entry, dict) or Path(str(entry.get("path", ""))).exists()}
+                      if not isinstance(entry, dict) or exists(Path(str(entry.get("path", ""))))}
     runtimes = tuple(sorted(registered))
     default = str(info.get("DefaultRuntime") or "")
     options = [str(o) for o in info.get("SecurityOptions") or []]
     rootless = any("rootless" in o for o in options)
     unenforced: tuple[str, ...] = ()
     if kind == "Podman":
-        rootless, unenforced = _podman_host(libpod(client, "GET", "/info"))
-    return EngineInfo(kind, _numbers(str(about.get("Version", "0"))), runtimes, default, rootless, unenforced)
+        rootless, unenforced = podman_host(podman_info or {})
+    return EngineInfo(kind, version_numbers(str(version.get("Version", "0"))), runtimes, default, rootless,
+                      unenforced)
 
 
 # The bottle's limits (config Resources, set on the bottle in runtime/run.py) and the cgroup controller each needs.
 LIMITS = {"memory": "memory", "CPU": "cpu", "process": "pids"}
 
 
-def libpod(client: docker.DockerClient, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    """A request to Podman's own API (``/libpod/...``) beside its Docker-compatible one, for what the latter
-    cannot say or do; the decoded JSON answer. A DockerError with Podman's message when it refuses."""
-    api = client.api
-    try:
-        response = api.request(method, f"{api.base_url}/{LIBPOD_API}/libpod{path}", json=body,
-                               timeout=api.timeout)
-        answer = response.json()
-    except (docker.errors.DockerException, OSError, ValueError) as exc:
-        raise DockerError(f"Podman's API ({path}) failed: {exc}") from None
-    if response.status_code >= 400:
-        message = answer.get("message") if isinstance(answer, dict) else None
-        raise DockerError(f"Podman refused {path}: {message or response.status_code}")
-    return answer
-
-
-def _podman_host(info: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
+def podman_host(info: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
     """From Podman's own info: whether it runs rootless (its Docker-compatible info does not say so: Podman
     4.3, Debian bookworm's, lists no ``name=rootless`` among its SecurityOptions), and which of the bottle's
     limits it cannot enforce then."""

@@ -22,13 +22,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-import docker
-import docker.errors
-
 import claude_bottle
 from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.runtime.names import image_repository
+from claude_bottle.runtime.seam import BuildFailed, Engine
 
 BASE_IMAGE = "debian:bookworm-slim"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -170,14 +168,6 @@ def gate_spec(inputs: BuildInputs) -> ImageSpec:
     )
 
 
-def image_exists(client: docker.DockerClient, tag: str) -> bool:
-    try:
-        client.images.get(tag)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
 CA_HINT = ("a TLS-inspecting proxy is likely in the way: put its CA certificate (PEM) in the host's trust store "
            f"({HOST_CA_DIRS[0]}/ and update-ca-certificates), or list it in $CLAUDE_BOTTLE_EXTRA_CA_CERTS or an "
            "agent's extra_ca_certificates (docs/engines.md#tls-inspection)")
@@ -212,14 +202,14 @@ def build_failure(name: str, step: str, error: str, log: list[str]) -> DockerErr
                        f"  what to do: {hint}")
 
 
-def build(client: docker.DockerClient, spec: ImageSpec, progress: Progress) -> str:
+def build(engine: Engine, spec: ImageSpec, progress: Progress) -> str:
     """Build ``spec`` unless an image with its tag exists. Returns the tag.
 
     Progress shows one line per Dockerfile step with the seconds the previous one took; the steps' own
     output is kept and shown only when the build fails (``build_failure``)."""
-    if image_exists(client, spec.tag):
+    if engine.image_exists(spec.tag):
         return spec.tag
-    ensure_base_image(client, progress)
+    ensure_base_image(engine, progress)
     progress(f"building the {spec.name} image {spec.tag}")
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="claude-bottle-build-") as context:
@@ -235,24 +225,20 @@ def build(client: docker.DockerClient, spec: ImageSpec, progress: Progress) -> s
         step, step_began = "", began
         took: dict[str, float] = {}
         try:
-            for chunk in client.api.build(path=context, tag=spec.tag, buildargs=buildargs, rm=True,
-                                          forcerm=True, decode=True, pull=False):
-                if "error" in chunk:
-                    raise build_failure(spec.name, step, str(chunk["error"]), log)
-                for line in str(chunk.get("stream", "")).splitlines():
-                    if not line.strip():
-                        continue
-                    log.append(line)
-                    del log[:-200]
-                    if match := _STEP.match(line.strip()):
-                        now = time.monotonic()
-                        if step:
-                            took[step] = now - step_began
-                        step, step_began = f"step {match[1]}/{match[2]} ({match[3][:70]})", now
-                        progress(f"  {spec.name} {step}")
-        except docker.errors.APIError as exc:
-            raise build_failure(spec.name, step, str(exc.explanation or exc), log) from None
-    remove_build_stage(client, build_id)
+            for line in engine.build_image(Path(context), spec.tag, buildargs):
+                if not line.strip():
+                    continue
+                log.append(line)
+                del log[:-200]
+                if match := _STEP.match(line.strip()):
+                    now = time.monotonic()
+                    if step:
+                        took[step] = now - step_began
+                    step, step_began = f"step {match[1]}/{match[2]} ({match[3][:70]})", now
+                    progress(f"  {spec.name} {step}")
+        except BuildFailed as exc:
+            raise build_failure(spec.name, step, str(exc), log) from None
+    remove_build_stage(engine, build_id)
     if step:
         took[step] = time.monotonic() - step_began
     slowest = max(took, key=took.__getitem__, default="")
@@ -265,24 +251,24 @@ def build(client: docker.DockerClient, spec: ImageSpec, progress: Progress) -> s
 STAGE_ARG = b"ARG BUILD_ID"
 
 
-def remove_build_stage(client: docker.DockerClient, build_id: str) -> None:
+def remove_build_stage(engine: Engine, build_id: str) -> None:
     """Remove the throwaway stage the classic builder kept for build ``build_id``, and only that build's."""
-    with contextlib.suppress(docker.errors.APIError):
-        client.images.prune(filters={"dangling": True, "label": f"claude-bottle.stage={build_id}"})
+    with contextlib.suppress(DockerError):
+        engine.prune_images(f"claude-bottle.stage={build_id}")
 
 
-def ensure_base_image(client: docker.DockerClient, progress: Progress) -> None:
+def ensure_base_image(engine: Engine, progress: Progress) -> None:
     """Make ``debian:bookworm-slim`` available: as it is, pulled, or built here with debootstrap when no
     registry can be reached (air-gapped machines). The Dockerfiles work the same on either."""
-    if image_exists(client, BASE_IMAGE):
+    if engine.image_exists(BASE_IMAGE):
         return
     progress(f"pulling {BASE_IMAGE}")
     try:
-        client.images.pull(BASE_IMAGE)
+        engine.pull_image(BASE_IMAGE)
         return
-    except docker.errors.APIError as exc:
-        progress(f"cannot pull {BASE_IMAGE} ({exc.explanation or exc}); building it locally with debootstrap")
-    build_base_image(client, progress)
+    except DockerError as exc:
+        progress(f"cannot pull {BASE_IMAGE} ({exc}); building it locally with debootstrap")
+    build_base_image(engine, progress)
 
 
 # What Debian's official slim images leave out; the Dockerfiles keep it out of what they install too.
@@ -306,7 +292,7 @@ def _slim(root: Path) -> None:
             path.unlink()
 
 
-def build_base_image(client: docker.DockerClient, progress: Progress) -> None:
+def build_base_image(engine: Engine, progress: Progress) -> None:
     debootstrap = shutil.which("debootstrap")
     if debootstrap is None or os.geteuid() != 0:
         raise DockerError(
@@ -326,5 +312,5 @@ def build_base_image(client: docker.DockerClient, progress: Progress) -> None:
         archive = Path(work, "rootfs.tar")
         subprocess.run(["tar", "-C", str(root), "-cf", str(archive), "."], check=True)
         repository, tag = BASE_IMAGE.split(":")
-        client.api.import_image_from_file(str(archive), repository=repository, tag=tag, changes=['CMD ["bash"]'])
+        engine.import_image(archive, repository, tag, ('CMD ["bash"]',))
 

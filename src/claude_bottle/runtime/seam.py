@@ -1,11 +1,11 @@
-"""The engine seam: what the runtime asks of a container engine, in its own terms.
+"""The engine seam: what the runtime, the commands and ``verify`` ask of a container engine, in their own terms.
 
 ``Engine`` is the one interface; ``runtime.docker_engine`` implements it on Docker and on Podman (through
 its Docker-compatible API, and its own where that cannot say or do something), and the tests' fake engine
 in memory. Containers and networks are named by their names (``runtime.names``); what the engine says about
 them comes back as plain values, never as the SDK's objects. Every failure is a DockerError with the
 engine's own explanation (its callers say what they were doing), but for the few an answer to expect: a
-name taken (``NameTaken``), a thing already gone (a no-op, or None).
+name taken (``NameTaken``), a build that stopped (``BuildFailed``), a thing already gone (a no-op, or None).
 """
 
 from __future__ import annotations
@@ -14,14 +14,20 @@ import socket
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from claude_bottle.errors import DockerError
+from claude_bottle.runtime.engine import EngineInfo
 
 ACTIVE = ("running", "paused", "restarting")  # a container's states in which its processes still hold on
 
 
 class NameTaken(DockerError):
     """A container of that name exists already (the engine lets one container have a name)."""
+
+
+class BuildFailed(DockerError):
+    """An image build stopped: the engine's own explanation (a step that failed, a context it refused)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,10 @@ class Engine(ABC):
     # that the host does not answer a bottle there (``Run.check_host_unreachable``).
     bridges_on_host = False
 
+    @abstractmethod
+    def describe(self) -> EngineInfo:
+        """Which engine this is: its kind, version, OCI runtimes, and whether it runs rootless."""
+
     # ---- containers -----------------------------------------------------------------------------------
 
     @abstractmethod
@@ -222,3 +232,37 @@ class Engine(ABC):
     @abstractmethod
     def image_ids(self, repository: str) -> list[str]:
         """The ids of the images tagged in ``repository`` (any tag)."""
+
+    @abstractmethod
+    def image_exists(self, reference: str) -> bool:
+        """Whether the engine has the image ``reference`` (``repository:tag``, or an id)."""
+
+    @abstractmethod
+    def build_image(self, context: Path, tag: str, buildargs: dict[str, str]) -> Iterator[str]:
+        """Build the Dockerfile in the folder ``context`` as ``tag``, with no pull of its base image and no
+        intermediate container kept: its output as it comes, line by line. BuildFailed when it stops."""
+
+    @abstractmethod
+    def pull_image(self, reference: str) -> None:
+        """Pull ``reference`` from its registry."""
+
+    @abstractmethod
+    def import_image(self, archive: Path, repository: str, tag: str, changes: tuple[str, ...] = ()) -> None:
+        """An image made of the root file system in the tar file ``archive``, tagged ``repository:tag``, with
+        ``changes`` (Dockerfile instructions such as ``CMD ["bash"]``) applied."""
+
+    @abstractmethod
+    def prune_images(self, label: str) -> None:
+        """Remove the dangling images (untagged, unused) with ``label`` (``key`` or ``key=value``)."""
+
+    # ---- this terminal ----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def attach_command(self, name: str, interactive: bool) -> list[str]:
+        """The command that starts the created container attached to this terminal, its standard input
+        too when ``interactive``: the engine's own client handles the terminal (raw mode, resizing)."""
+
+    @abstractmethod
+    def exec_command(self, name: str, argv: list[str], tty: bool) -> list[str]:
+        """The command that runs ``argv`` in the running container, as the container's own user, attached to
+        this terminal (a pseudo-terminal when ``tty``)."""

@@ -40,8 +40,7 @@ from claude_bottle.persistence import make_repository, share
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules, make_host_rules
-from claude_bottle.runtime.docker_engine import create_container, open_engine
-from claude_bottle.runtime.engine import connect
+from claude_bottle.runtime.docker_engine import connect, create_container, open_engine
 from claude_bottle.runtime.names import RunNames, state_volume
 from claude_bottle.runtime.removal import remove_run
 from claude_bottle.runtime.run import Run
@@ -195,7 +194,7 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
         engine = open_engine(client)
         host = HostCanary()
         try:
-            _, gate_image = build_images(client, agent, progress)
+            _, gate_image = build_images(engine, agent, progress)
             progress("starting the stub upstream and a host outside the bottle")
             outside = client.networks.create(names.container("outside"), driver="bridge", internal=True,
                                              options={"com.docker.network.bridge.name": STAND_IN_BRIDGE + verify_hex},

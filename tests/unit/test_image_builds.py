@@ -1,0 +1,82 @@
+"""Images built through the engine seam, on the fake engine: what is built and when, the base image pulled or
+made, and a failed build ending with the one error that names the step."""
+
+from __future__ import annotations
+
+import pytest
+
+from claude_bottle.agent.schema import AgentConfig
+from claude_bottle.errors import DockerError
+from claude_bottle.launch import build_images
+from claude_bottle.runtime import images
+from claude_bottle.runtime.images import BASE_IMAGE, ImageSpec
+from claude_bottle.runtime.names import image_repository
+from tests.fake_engine import FakeEngine
+
+STEPS = ["Step 1/3 : FROM debian:bookworm-slim", " ---> 1a2b", "Step 2/3 : ARG BUILD_ID",
+         "Step 3/3 : RUN make", "make: *** No rule to make target 'all'.  Stop."]
+
+
+def spec(dockerfile: bytes = b"FROM debian:bookworm-slim\nRUN make\n") -> ImageSpec:
+    return ImageSpec("probe", {"Dockerfile": dockerfile, "files/a.txt": b"a"}, {"VERSION": "1"})
+
+
+def test_an_image_is_built_once_from_its_context_after_the_base_image_is_pulled() -> None:
+    engine, shown = FakeEngine(), []
+    engine.build_output = STEPS[:4]
+    tag = images.build(engine, spec(), shown.append)
+    assert tag == spec().tag and engine.image_exists(tag)
+    assert engine.contexts[tag] == {"Dockerfile": b"FROM debian:bookworm-slim\nRUN make\n", "files/a.txt": b"a"}
+    assert [e for e in engine.events if e[0] in ("pull", "build")] == [("pull", BASE_IMAGE), ("build", tag)]
+    assert shown[:2] == [f"pulling {BASE_IMAGE}", f"building the probe image {tag}"]
+    assert "  probe step 3/3 (RUN make)" in shown and shown[-1].startswith("built the probe image in ")
+    assert images.build(engine, spec(), shown.append) == tag
+    assert [e for e in engine.events if e[0] == "build"] == [("build", tag)], "built again though it exists"
+
+
+def test_only_a_dockerfile_with_a_throwaway_stage_has_it_removed_and_only_its_own() -> None:
+    engine = FakeEngine()
+    engine.tags.add(BASE_IMAGE)
+    images.build(engine, spec(b"FROM debian:bookworm-slim AS stage\nARG BUILD_ID\n"), lambda line: None)
+    pruned = [label for event, label in engine.events if event == "prune"]
+    assert len(pruned) == 1 and pruned[0].startswith("claude-bottle.stage=")
+    images.build(engine, spec(), lambda line: None)
+    assert len([e for e in engine.events if e[0] == "prune"]) == 2  # pruning by a label no image has is a no-op
+    engine.fail.add("prune_images")
+    images.build(engine, spec(b"FROM x\nRUN true\n"), lambda line: None)  # a failing prune does not fail a build
+
+
+def test_a_failed_build_names_its_step_and_shows_its_last_output() -> None:
+    engine = FakeEngine()
+    engine.tags.add(BASE_IMAGE)
+    engine.build_output, engine.fail = STEPS, {"build_image"}
+    with pytest.raises(DockerError) as raised:
+        images.build(engine, spec(), lambda line: None)
+    text = str(raised.value)
+    assert text.startswith("building the probe image failed at step 3/3 (RUN make): The command")
+    assert "    make: *** No rule to make target 'all'.  Stop." in text
+    assert "the output above shows why" in text
+    assert not engine.image_exists(spec().tag)
+
+
+def test_a_base_image_that_cannot_be_pulled_is_made_with_debootstrap_or_the_error_says_how(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine, shown = FakeEngine(), []
+    engine.fail.add("pull_image")
+    monkeypatch.setattr(images.shutil, "which", lambda name: None)
+    with pytest.raises(DockerError, match="cannot be pulled and building it locally needs debootstrap"):
+        images.build(engine, spec(), shown.append)
+    assert shown[-1] == (f"cannot pull {BASE_IMAGE} (pull_image failed (fake)); building it locally with "
+                         "debootstrap")
+    assert not [e for e in engine.events if e[0] == "build"]
+
+
+def test_both_images_of_an_agent_are_built_on_the_engine_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLAUDE_BOTTLE_HOST_CA_CERTS", "0")
+    monkeypatch.delenv("CLAUDE_BOTTLE_EXTRA_CA_CERTS", raising=False)
+    engine = FakeEngine()
+    bottle, gate = build_images(engine, AgentConfig(), lambda line: None)
+    assert bottle.startswith(f"{image_repository('bottle')}:") and gate.startswith(f"{image_repository('gate')}:")
+    assert engine.image_exists(bottle) and engine.image_exists(gate)
+    assert [tag for event, tag in engine.events if event == "build"] == [bottle, gate]
