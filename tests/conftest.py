@@ -98,22 +98,22 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         **limits: float | int,
     ) -> AsyncIterator[RunningGate]:
         token = token or make_token()
-        options = GateOptions(
-            api_listen=f"127.0.0.1:{api_port}",
-            proxy_listen=f"127.0.0.1:{proxy_port}",
+        options = GateOptions(  # the texts parsed as the gate command's flags are
+            api_listen=gc.parse_listen(f"127.0.0.1:{api_port}", "--api-listen"),
+            proxy_listen=gc.parse_listen(f"127.0.0.1:{proxy_port}", "--proxy-listen"),
             credential=Credential.parse(token, "test token"),
-            upstream=upstream or stub.url,
-            allow=allow,
-            allow_tcp=allow_tcp,
-            allow_private=allow_private,
-            allow_api_path=api_paths,
-            allow_server_tool=server_tools,
+            upstream=gc.parse_upstream(upstream or stub.url),
+            allow=gc.parse_allowlist(allow),
+            allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
+            allow_private=gc.parse_networks(allow_private),
+            allow_api_path=gc.parse_extra_api_paths(api_paths),
+            allow_server_tool=gc.parse_server_tools(server_tools),
             request_policy=gc.parse_egress_rules(egress_rules, no_inspect),
             dlp=gc.parse_dlp((), dlp_off),
             routes=routes,
-            extra_ca=extra_ca,
+            extra_ca=tuple(Path(path) for path in extra_ca),
             learn=learn,
-            control_socket=str(control_socket) if control_socket else None,
+            control_socket=control_socket,
             **{name: limits.get(name, getattr(TEST_LIMITS, name)) for name in OPTION_LIMITS},
         )
         config = options.settings(replace(TEST_LIMITS, **{n: v for n, v in limits.items() if n not in OPTION_LIMITS}))

@@ -20,11 +20,21 @@ from claude_bottle.errors import ConfigError
 from claude_bottle.gate.dlp import BUILTIN_NAMES
 from claude_bottle.gate.options import GateOptions, compose_allowlist, flags
 from claude_bottle.gate.routes import CredentialRoute, RouteSpec, Scheme, new_sentinel
-from claude_bottle.gate.settings import Limits, parse_dlp, parse_egress_rules
+from claude_bottle.gate.settings import (
+    Endpoint,
+    Limits,
+    parse_dlp,
+    parse_egress_rules,
+    parse_extra_api_paths,
+    parse_listen,
+    parse_networks,
+    parse_upstream,
+)
 from claude_bottle.launch import Launch, run_spec
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.messages import SERVER_TOOL_FAMILIES
 from claude_bottle.runtime.gate import gate_options
+from claude_bottle.runtime.spec import API_PORT, PROXY_PORT
 from tests.helpers import make_token
 
 CASES = 300
@@ -56,29 +66,30 @@ def generated(rng: random.Random) -> GateOptions:
                                    "v" * 16 + make_token()[-rng.randint(1, 40):])
                    for i in range(rng.randint(0, 3)))
     number = rng.choice([None, 1, rng.randint(1, 100_000)])
-    return GateOptions(
-        api_listen=rng.choice(["127.0.0.1:8080", "gate:8080", "[::1]:0", "10.89.0.2:8080"]),
-        proxy_listen=rng.choice(["127.0.0.1:3128", "gate:3128", "[::1]:0"]),
+    return GateOptions(  # each value parsed from the text its flag carries
+        api_listen=parse_listen(rng.choice(["127.0.0.1:8080", "gate:8080", "[::1]:0", "10.89.0.2:8080"]), "api"),
+        proxy_listen=parse_listen(rng.choice(["127.0.0.1:3128", "gate:3128", "[::1]:0"]), "proxy"),
         credential=Credential.parse(make_token(rng.choice(["oat", "api"])), "generated"),
-        upstream=rng.choice(["https://api.anthropic.com", "http://127.0.0.1:9", "https://llm.example.com/anthropic"]),
-        allow=some(rng, host),
-        allow_tcp=some(rng, lambda i: f"git{i}.example.com:22"),
-        allow_private=some(rng, lambda i: f"10.{i}.0.0/16"),
-        allow_api_path=some(rng, lambda i: rng.choice([f"/v1/x{i}", f"GET /v1/y{i}"])),
+        upstream=parse_upstream(rng.choice(["https://api.anthropic.com", "http://127.0.0.1:9",
+                                            "https://llm.example.com/anthropic", "https://[2001:db8::1]:8443/"])),
+        allow=Allowlist.parse(some(rng, host)),
+        allow_tcp=Allowlist.parse(some(rng, lambda i: f"git{i}.example.com:22")),
+        allow_private=parse_networks(some(rng, lambda i: rng.choice([f"10.{i}.0.0/16", f"fd{i:02x}::/16"]))),
+        allow_api_path=parse_extra_api_paths(some(rng, lambda i: rng.choice([f"/v1/x{i}", f"GET /v1/y{i}"]))),
         allow_server_tool=some(rng, lambda i: rng.choice(sorted(SERVER_TOOL_FAMILIES))),
         request_policy=parse_egress_rules(rules, opaque),
         dlp=parse_dlp(some(rng, lambda i: f"extra{i} itk{i}_[a-z0-9]{{32}}"),
                       some(rng, lambda i: rng.choice(BUILTIN_NAMES))),
         routes=routes,
-        extra_ca=some(rng, lambda i: f"/opt/gate/upstream-ca/{i}.pem"),
+        extra_ca=some(rng, lambda i: Path(f"/opt/gate/upstream-ca/{i}.pem")),
         audit_log=rng.choice([None, "-", "/tmp/audit.jsonl"]),
-        ca_cert_out=rng.choice([None, "/tmp/ca.pem"]),
+        ca_cert_out=rng.choice([None, Path("/tmp/ca.pem")]),
         max_tunnels=number or Limits.max_tunnels,
         max_connections=rng.choice([Limits.max_connections, rng.randint(1, 1_000_000)]),
         idle_timeout=rng.choice([Limits.idle_timeout, rng.uniform(1, 86_400)]),
         drain_seconds=rng.choice([Limits.drain_seconds, 0.0, rng.uniform(0, 3600)]),
         learn=rng.random() < 0.5,
-        control_socket=rng.choice([None, "/tmp/claude-bottle-control.sock"]),
+        control_socket=rng.choice([None, Path("/tmp/claude-bottle-control.sock")]),
     )
 
 
@@ -104,7 +115,7 @@ def test_every_field_crosses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each field, changed alone from a minimal value, changes what crosses and comes back changed: no field
     is left out of ``args``/``stdin`` or of the command."""
     rng = random.Random(7)
-    base = GateOptions(api_listen="127.0.0.1:1", proxy_listen="127.0.0.1:2",
+    base = GateOptions(api_listen=Endpoint("127.0.0.1", 1), proxy_listen=Endpoint("127.0.0.1", 2),
                        credential=Credential.parse(make_token(), "base"))
     fields = [item.name for item in dataclasses.fields(GateOptions)]
     changed = set()
@@ -152,10 +163,28 @@ def test_the_allowlist_is_composed_once() -> None:
                                  "github.com:443", "[::1]:8443")
 
 
-def test_a_bad_value_is_named_by_its_flag_when_loaded() -> None:
-    options = GateOptions(api_listen="0.0.0.0:1", proxy_listen="127.0.0.1:2",
+def test_a_bad_value_is_named_by_its_flag_when_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = GateOptions(api_listen=Endpoint("127.0.0.1", 1), proxy_listen=Endpoint("127.0.0.1", 2),
                           credential=Credential.parse(make_token(), "t"))
+    args, stdin = options.args(), options.stdin()
     with pytest.raises(ConfigError, match="--api-listen"):
-        options.settings()
+        parsed([*args, "--api-listen", "0.0.0.0:1"], stdin, monkeypatch)
     with pytest.raises(ConfigError, match="--allow-tcp"):
-        dataclasses.replace(options, api_listen="127.0.0.1:1", allow_tcp=("*",)).settings()
+        parsed([*args, "--allow-tcp", "*"], stdin, monkeypatch)
+    with pytest.raises(ConfigError, match="--upstream"):
+        parsed([*args, "--upstream", "ftp://x.example"], stdin, monkeypatch)
+    with pytest.raises(ConfigError, match="--allow-private"):
+        parsed([*args, "--allow-private", "10.0.0.1/8"], stdin, monkeypatch)
+
+
+def test_the_runtime_hands_the_agents_parsed_values_over_as_they_are(tmp_path: Path) -> None:
+    """No text between the agent's config and the gate's options: the same values, typed."""
+    agent = parse_agent("a", {"version": 1, "allow": ["x.example"], "allow_tcp": ["git.example.com:22"],
+                              "allow_private": ["10.0.0.0/8"], "upstream": "https://llm.example.com/v"}, "a.toml")
+    spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "b", "g",
+                    "1000:1000")
+    options = gate_options(spec, "10.89.0.2")
+    assert (options.allow, options.allow_tcp, options.allow_private, options.upstream) == (
+        spec.allow, spec.allow_tcp, spec.allow_private, spec.upstream)
+    assert (options.api_listen, options.proxy_listen) == (Endpoint("10.89.0.2", API_PORT),
+                                                          Endpoint("10.89.0.2", PROXY_PORT))

@@ -73,8 +73,6 @@ def gate_params() -> list[click.Parameter]:
 def run_gate(params: Mapping[str, Any]) -> None:
     """Read the gate's options from its command's parameters (``GateOptions.from_flags``), load them, and
     serve until stopped."""
-    from pathlib import Path
-
     from claude_bottle.gate.audit import AuditLog
     from claude_bottle.gate.options import GateOptions
     from claude_bottle.gate.server import serve
@@ -88,7 +86,7 @@ def run_gate(params: Mapping[str, Any]) -> None:
                    "unencrypted", err=True)
     with audit_stream(options.audit_log) as stream:
         serve(settings, AuditLog(stream, secrets=settings.injected_secrets),
-              ca_cert_out=Path(options.ca_cert_out) if options.ca_cert_out else None)
+              ca_cert_out=options.ca_cert_out)
 
 
 def run_stub_upstream(listen: str, text: str | None, log: bool, tls_file: str | None) -> None:

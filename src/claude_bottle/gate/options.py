@@ -4,7 +4,8 @@ The host (``runtime``) builds it and turns it into the gate's arguments (``args`
 (``stdin``); the ``gate`` command parses those back (``from_flags``) and loads them into the settings the gate
 runs with (``settings``, the one loader); the tests' gate fixtures build it too. Secrets (the Anthropic
 credential, the credential routes' values) travel on standard input only, never in the arguments, which any
-process on the host may read.
+process on the host may read. The fields hold parsed values (an ``Allowlist``, an ``Upstream``, networks,
+paths); their text form exists only on the command line: written by ``args``, read back by ``from_flags``.
 
 Adding a gate option: a field here (with its ``Flag``: the command line is made from it), its use where
 ``settings`` loads it (or in the gate), and a test; ``tests/unit/test_gate_options.py`` checks the round trip
@@ -24,12 +25,14 @@ from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import (
     DEFAULT_UPSTREAM,
+    Endpoint,
     GateSettings,
     Limits,
+    Upstream,
     parse_allowlist,
-    parse_api_paths,
     parse_dlp,
     parse_egress_rules,
+    parse_extra_api_paths,
     parse_listen,
     parse_networks,
     parse_routes,
@@ -37,10 +40,14 @@ from claude_bottle.gate.settings import (
     parse_upstream,
     read_secrets,
 )
+from claude_bottle.policy.addresses import IPNetwork
+from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy
 from claude_bottle.policy.hosts import Allowlist, HostPattern
+from claude_bottle.policy.messages import MessagesPolicy
 from claude_bottle.policy.rules import RequestPolicy
 
 TOKEN_FROM_STDIN = "-"
+ANTHROPIC_API = parse_upstream(DEFAULT_UPSTREAM)
 
 
 @dataclass(frozen=True)
@@ -76,28 +83,29 @@ def compose_allowlist(allow: Iterable[HostPattern], egress: RequestPolicy, bound
 
 @dataclass(frozen=True)
 class GateOptions:
-    """Everything the host tells a gate. Values are in the form the command line carries; ``settings`` validates
-    and parses them (a ConfigError naming the flag). ``credential`` and ``routes``' values go on stdin."""
+    """Everything the host tells a gate, as parsed values: ``from_flags`` parses the command line's texts (a
+    ConfigError naming the flag), ``settings`` loads them. ``credential`` and ``routes``' values go on stdin."""
 
-    api_listen: str = field(metadata=_flags(Flag(
+    api_listen: Endpoint = field(metadata=_flags(Flag(
         "--api-listen", "Where ANTHROPIC_BASE_URL points: the credential-injecting API route.", "HOST:PORT")))
-    proxy_listen: str = field(metadata=_flags(Flag(
+    proxy_listen: Endpoint = field(metadata=_flags(Flag(
         "--proxy-listen", "Where HTTPS_PROXY/HTTP_PROXY point: the allowlisting egress proxy.", "HOST:PORT")))
     # On standard input (the command's --token-file -), never in the arguments.
     credential: Credential = field(metadata=_flags(Flag(
         "--token-file", "File holding the OAuth token or API key (mode 0600); '-' reads standard input.", "PATH")))
-    upstream: str = field(default=DEFAULT_UPSTREAM, metadata=_flags(Flag(
+    upstream: Upstream = field(default=ANTHROPIC_API, metadata=_flags(Flag(
         "--upstream", "The Anthropic-compatible API the API route forwards to.", "URL", show_default=True)))
-    allow: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+    allow: Allowlist = field(default=Allowlist(), metadata=_flags(Flag(
         "--allow", "Allow proxy traffic to HOST or *.SUFFIX, optionally :PORT (default ports 443 and 80). "
         "Repeatable.", "PATTERN")))
-    allow_tcp: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+    allow_tcp: Allowlist = field(default=Allowlist(), metadata=_flags(Flag(
         "--allow-tcp", "Let tunnels to this HOST:PORT carry any TCP, not only TLS naming the host (e.g. SSH). "
         "Implies --allow. Repeatable.", "PATTERN")))
-    allow_private: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+    allow_private: tuple[IPNetwork, ...] = field(default=(), metadata=_flags(Flag(
         "--allow-private", "Let the proxy reach these non-public addresses (refused by default). Repeatable.",
         "CIDR")))
-    allow_api_path: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+    # The (method, path) pairs forwarded besides Claude Code's own (``CLAUDE_CODE_API_PATHS``).
+    allow_api_path: frozenset[tuple[str, str]] = field(default=frozenset(), metadata=_flags(Flag(
         "--allow-api-path", "Forward this API path too, besides the ones Claude Code uses. Repeatable.",
         "[METHOD] PATH")))
     allow_server_tool: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
@@ -118,12 +126,12 @@ class GateOptions:
         "inspected requests to them in place of the client's; SENTINEL, the bottle's stand-in, is refused "
         "elsewhere. Its value is read from standard input after the token (--token-file -), one line per route "
         "in order. Repeatable.", "'NAME SCHEME USERNAME|- SENTINEL HOST[,HOST...]'")))
-    extra_ca: tuple[str, ...] = field(default=(), metadata=_flags(Flag(
+    extra_ca: tuple[Path, ...] = field(default=(), metadata=_flags(Flag(
         "--extra-ca", "Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.",
         "PATH", path=True)))
-    audit_log: str | None = field(default=None, metadata=_flags(Flag(
+    audit_log: str | None = field(default=None, metadata=_flags(Flag(  # a path, or "-": standard error
         "--audit-log", "Append one JSON line per decision here; '-' for stderr.", "PATH")))
-    ca_cert_out: str | None = field(default=None, metadata=_flags(Flag(
+    ca_cert_out: Path | None = field(default=None, metadata=_flags(Flag(
         "--ca-cert-out", "Write the certificate of the gate's CA (public; its key stays in the gate's memory) "
         "here at start, for clients to trust.", "PATH", path=True)))
     max_tunnels: int = field(default=Limits.max_tunnels, metadata=_flags(Flag(
@@ -141,7 +149,7 @@ class GateOptions:
     learn: bool = field(default=False, metadata=_flags(Flag(
         "--learn", "Learn mode: let destinations outside the allowlist through and audit them as would_deny "
         "(never the upstream's host; the address guard, rules and DLP still apply).")))
-    control_socket: str | None = field(default=None, metadata=_flags(Flag(
+    control_socket: Path | None = field(default=None, metadata=_flags(Flag(
         "--control-socket", "A unix socket (mode 0600) through which the allowlist can be changed while the gate "
         "runs (python -m claude_bottle.gate.control PATH allow|deny|show HOST).", "PATH", path=True)))
 
@@ -155,8 +163,8 @@ class GateOptions:
     # -- host side: to the command line and standard input -----------------------------------------------
 
     def args(self) -> list[str]:
-        """The gate command's arguments (after ``gate``): every field not at its default, nothing secret. The
-        credential and the routes' values are read from standard input (``stdin``)."""
+        """The gate command's arguments (after ``gate``): every field not at its default, in its text form,
+        nothing secret. The credential and the routes' values are read from standard input (``stdin``)."""
         args: list[str] = []
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
@@ -168,14 +176,10 @@ class GateOptions:
                 args += [arg for route in self.routes for arg in ("--credential-route", route.spec.flag())]
             elif item.default is not dataclasses.MISSING and value == item.default:
                 continue
+            elif isinstance(value, bool):
+                args.append(item.metadata["flags"][0].name)
             else:
-                flag = item.metadata["flags"][0].name
-                if isinstance(value, bool):
-                    args.append(flag)
-                elif isinstance(value, tuple):
-                    args += [arg for text in value for arg in (flag, text)]
-                else:
-                    args += [flag, str(value)]
+                args += [arg for text in _texts(value) for arg in (item.metadata["flags"][0].name, text)]
         return args
 
     def stdin(self) -> bytes:
@@ -188,48 +192,83 @@ class GateOptions:
 
     @classmethod
     def from_flags(cls, params: Mapping[str, Any]) -> GateOptions:
-        """The options from the gate command's parameters (one per ``Flag``, named by ``Flag.param``),
-        reading the secrets as ``--token-file`` says (standard input for ``-``). A ConfigError names a bad
-        rule or route, or standard input that does not hold what the routes need."""
+        """The options from the gate command's parameters (one per ``Flag``, named by ``Flag.param``; texts,
+        and numbers click has checked), parsed, reading the secrets as ``--token-file`` says (standard input
+        for ``-``). A ConfigError names the flag of a bad value, or standard input that does not hold what the
+        routes need."""
         values = dict(params)
         request_policy = parse_egress_rules(values.pop("egress_rule"), values.pop("no_inspect"))
         specs = parse_routes(values.pop("credential_route"), request_policy)
         credential, routes = read_secrets(values.pop("token_file"), specs)
         dlp = parse_dlp(values.pop("dlp_rule"), values.pop("dlp_off"))
-        rest: dict[str, Any] = {name: tuple(value) if isinstance(value, list) else value
-                                for name, value in values.items()}
-        return cls(credential=credential, routes=routes, request_policy=request_policy, dlp=dlp, **rest)
+        parsed: dict[str, Any] = {
+            "api_listen": parse_listen(values.pop("api_listen"), "--api-listen"),
+            "proxy_listen": parse_listen(values.pop("proxy_listen"), "--proxy-listen"),
+            "upstream": parse_upstream(values.pop("upstream")),
+            "allow": parse_allowlist(values.pop("allow")),
+            "allow_tcp": parse_allowlist(values.pop("allow_tcp"), "--allow-tcp"),
+            "allow_private": parse_networks(values.pop("allow_private")),
+            "allow_api_path": parse_extra_api_paths(values.pop("allow_api_path")),
+            "allow_server_tool": parse_server_tools(values.pop("allow_server_tool")),
+            "extra_ca": tuple(Path(path) for path in values.pop("extra_ca")),
+            "ca_cert_out": _path(values.pop("ca_cert_out")),
+            "control_socket": _path(values.pop("control_socket")),
+        }
+        return cls(credential=credential, routes=routes, request_policy=request_policy, dlp=dlp, **parsed, **values)
 
     def settings(self, limits: Limits | None = None) -> GateSettings:
-        """The one loader: these options validated and parsed into the settings the gate runs with. The
-        allowlist is composed here (``compose_allowlist``). ``limits``: timeouts the command line does not
-        carry (tests shorten them); the options' own limits replace theirs."""
+        """The one loader: these options as the settings the gate runs with. The allowlist is composed here
+        (``compose_allowlist``). ``limits``: timeouts the command line does not carry (tests shorten them); the
+        options' own limits replace theirs."""
         bound_hosts = [host for route in self.routes for host in route.spec.hosts]
-        allowlist = compose_allowlist(parse_allowlist(self.allow).patterns, self.request_policy, bound_hosts)
         return GateSettings(
-            api_listen=parse_listen(self.api_listen, "--api-listen"),
-            proxy_listen=parse_listen(self.proxy_listen, "--proxy-listen"),
-            upstream=parse_upstream(self.upstream),
-            allowlist=allowlist,
-            allow_tcp=parse_allowlist(self.allow_tcp, "--allow-tcp"),
+            api_listen=self.api_listen,
+            proxy_listen=self.proxy_listen,
+            upstream=self.upstream,
+            allowlist=compose_allowlist(self.allow.patterns, self.request_policy, bound_hosts),
+            allow_tcp=Allowlist(tuple(dict.fromkeys(self.allow_tcp.patterns))),
             request_policy=self.request_policy,
             dlp=self.dlp,
-            allow_private=parse_networks(self.allow_private),
-            api_policy=parse_api_paths(self.allow_api_path),
-            messages_policy=parse_server_tools(self.allow_server_tool),
-            extra_ca_files=tuple(Path(p) for p in self.extra_ca),
+            allow_private=self.allow_private,
+            api_policy=ApiPolicy(CLAUDE_CODE_API_PATHS | self.allow_api_path),
+            messages_policy=MessagesPolicy(frozenset(self.allow_server_tool)),
+            extra_ca_files=self.extra_ca,
             credential=self.credential,
             routes=self.routes,
             limits=dataclasses.replace(limits or Limits(), max_tunnels=self.max_tunnels,
                                        max_connections=self.max_connections, idle_timeout=self.idle_timeout,
                                        drain_seconds=self.drain_seconds),
             learn=self.learn,
-            control_socket=Path(self.control_socket) if self.control_socket else None,
+            control_socket=self.control_socket,
         )
 
 
 def flags() -> list[tuple[str, Flag, Any]]:
-    """Every flag of the gate command in order, with the field it belongs to and that field's default
-    (``dataclasses.MISSING`` for a required one); for a field with several flags, each is a repeatable text."""
-    return [(item.name, flag, item.default) for item in dataclasses.fields(GateOptions)
-            for flag in item.metadata["flags"]]
+    """Every flag of the gate command in order, with the field it belongs to and that field's default in its
+    text form: ``dataclasses.MISSING`` for a required field, a tuple of texts for a repeatable one (and for
+    each flag of a field with several), a bool for a switch, a number, a text or None."""
+    return [(item.name, flag, () if len(item.metadata["flags"]) > 1 else _default_text(item.default))
+            for item in dataclasses.fields(GateOptions) for flag in item.metadata["flags"]]
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    """A field's value as its flag writes it, one text per repetition (one for a single value)."""
+    if isinstance(value, Allowlist):
+        return value.texts()
+    if isinstance(value, frozenset):  # the API paths
+        return tuple(f"{method} {path}" for method, path in sorted(value))
+    if isinstance(value, tuple):
+        return tuple(str(item) for item in value)
+    return (str(value),)
+
+
+def _default_text(default: Any) -> Any:
+    if default is dataclasses.MISSING or default is None or isinstance(default, (bool, int, float, str)):
+        return default
+    if isinstance(default, (Allowlist, frozenset, tuple)):
+        return _texts(default)
+    return str(default)
+
+
+def _path(text: str | None) -> Path | None:
+    return Path(text) if text is not None else None

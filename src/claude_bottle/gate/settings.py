@@ -184,8 +184,13 @@ def parse_upstream(text: str) -> Upstream:
 
 
 def parse_api_paths(texts: tuple[str, ...] | list[str]) -> ApiPolicy:
-    """``--allow-api-path`` entries: ``/path`` (GET and POST) or ``METHOD /path``, added to the defaults."""
-    allowed = set(CLAUDE_CODE_API_PATHS)
+    """``--allow-api-path`` entries (``parse_extra_api_paths``), added to the defaults."""
+    return ApiPolicy(CLAUDE_CODE_API_PATHS | parse_extra_api_paths(texts))
+
+
+def parse_extra_api_paths(texts: tuple[str, ...] | list[str]) -> frozenset[tuple[str, str]]:
+    """``--allow-api-path`` entries as (method, path) pairs: ``/path`` (GET and POST) or ``METHOD /path``."""
+    allowed: set[tuple[str, str]] = set()
     for text in texts:
         words = text.split()
         if not words:
@@ -194,13 +199,13 @@ def parse_api_paths(texts: tuple[str, ...] | list[str]) -> ApiPolicy:
         if len(words) > 2 or not path.startswith("/") or "?" in path:
             raise ConfigError(f"--allow-api-path {text!r}: expected /path or 'METHOD /path', no query")
         allowed.update((m, path) for m in methods)
-    return ApiPolicy(frozenset(allowed))
+    return frozenset(allowed)
 
 
-def parse_server_tools(texts: tuple[str, ...] | list[str]) -> MessagesPolicy:
+def parse_server_tools(texts: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """``--allow-server-tool`` entries: server-tool families (``web_fetch``) the API route lets through."""
     try:
-        return MessagesPolicy(frozenset(parse_server_tool(t) for t in texts))
+        return tuple(parse_server_tool(t) for t in texts)
     except InvalidServerTool as exc:
         raise ConfigError(f"--allow-server-tool {exc}") from None
 

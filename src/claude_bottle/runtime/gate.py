@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from claude_bottle.errors import ConfigError, DockerError, GateError
 from claude_bottle.gate.options import GateOptions
 from claude_bottle.gate.ready import older_gate_said, parse_ready, ready_said
+from claude_bottle.gate.settings import Endpoint
 from claude_bottle.runtime.files import write_policy
 from claude_bottle.runtime.names import RunNames
 from claude_bottle.runtime.seam import ContainerInfo, Engine
@@ -27,12 +29,11 @@ def gate_options(spec: RunSpec, listen: str = GATE_ALIAS) -> GateOptions:
     """What the run's gate is told: where it listens (``listen``: its name or address on the internal network),
     its upstream, the agent's egress and API policy, and the secrets (which go on its stdin, never in argv)."""
     return GateOptions(
-        api_listen=f"{listen}:{API_PORT}", proxy_listen=f"{listen}:{PROXY_PORT}", credential=spec.credential,
-        upstream=str(spec.upstream), allow=spec.allow.texts(), allow_tcp=spec.allow_tcp.texts(),
-        allow_private=tuple(str(network) for network in spec.allow_private), allow_server_tool=spec.server_tools,
-        request_policy=spec.request_policy, dlp=spec.dlp, routes=spec.routes,
-        extra_ca=tuple(path["bind"] for path in upstream_ca_mounts(spec).values()), audit_log="-",
-        learn=spec.learn, control_socket=CONTROL_SOCKET,
+        api_listen=Endpoint(listen, API_PORT), proxy_listen=Endpoint(listen, PROXY_PORT), credential=spec.credential,
+        upstream=spec.upstream, allow=spec.allow, allow_tcp=spec.allow_tcp, allow_private=spec.allow_private,
+        allow_server_tool=spec.server_tools, request_policy=spec.request_policy, dlp=spec.dlp, routes=spec.routes,
+        extra_ca=tuple(Path(path["bind"]) for path in upstream_ca_mounts(spec).values()), audit_log="-",
+        learn=spec.learn, control_socket=Path(CONTROL_SOCKET),
     )
 
 
