@@ -195,3 +195,38 @@ def test_the_engine_is_asked_its_version_and_info_and_podman_its_own_info(monkey
     podman = docker_engine.open_engine(AnsweringClient(PODMAN_VERSION, info))
     assert isinstance(podman, docker_engine.PodmanEngine) and podman.rootless
     assert podman.describe().describe() == "Podman 4.3.1, rootless" and asked == [("GET", "/info")]
+
+
+class ArchiveApi(docker.APIClient):
+    """The SDK's API client answering ``get_archive`` from ``files`` (path to the engine's archive of it) in
+    two chunks, as the engine streams it; NotFound for any other path."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        super().__init__(base_url="unix:///nonexistent/docker.sock", version="1.41")
+        self.files, self.asked = files, []
+
+    def get_archive(self, container: str, path: str, *args: Any, **kwargs: Any) -> tuple[list[bytes], dict[str, Any]]:
+        self.asked.append((container, path))
+        if path == "/refused":
+            raise docker.errors.APIError("500 Server Error", explanation="the engine refused")
+        if path not in self.files:
+            raise docker.errors.NotFound(f"Could not find the file {path} in container {container}")
+        data = self.files[path]
+        return [data[:100], data[100:]], {"name": path.rsplit("/", 1)[-1]}
+
+
+def test_read_file_joins_the_engines_chunks_and_reads_only_a_regular_file() -> None:
+    content = b"-----BEGIN CERTIFICATE-----\n" + b"A" * 300 + b"\n-----END CERTIFICATE-----\n"
+    link = tarfile.TarInfo("ca-certificates.crt")
+    link.type, link.linkname = tarfile.SYMTYPE, "/proc/self/environ"
+    client = docker_client()
+    client.api = api = ArchiveApi({"/etc/ssl/certs/ca-certificates.crt": archive(tarfile.TarInfo("ca-certificates.crt"),
+                                                                                 content),
+                                   "/home/claude/.claude.json": archive(link)})
+    seam = DockerEngine(client)
+    assert seam.read_file("bottle", "/etc/ssl/certs/ca-certificates.crt") == content
+    assert seam.read_file("bottle", "/home/claude/.claude.json") == b"", "a symlink is never followed"
+    assert seam.read_file("bottle", "/nothing/here") is None
+    with pytest.raises(DockerError, match="the engine refused"):
+        seam.read_file("bottle", "/refused")
+    assert api.asked[0] == ("bottle", "/etc/ssl/certs/ca-certificates.crt")
