@@ -37,14 +37,16 @@ def gate_args(token: Path | str, *extra: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def gate_process(args: list[str], stdin: bytes | None = None) -> Iterator[tuple[subprocess.Popen[bytes], Endpoint,
-                                                                                   Endpoint]]:
+def gate_process(args: list[str], stdin: bytes | None = None,
+                 close_stdin: bool = True) -> Iterator[tuple[subprocess.Popen[bytes], Endpoint, Endpoint]]:
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         if stdin is not None:
             assert proc.stdin is not None
             proc.stdin.write(stdin)
-            proc.stdin.close()
+            proc.stdin.flush()
+            if close_stdin:
+                proc.stdin.close()
         assert proc.stderr is not None
         lines = [proc.stderr.readline().decode()]  # its ready line, after a warning or two at most
         while (ready := parse_ready(lines[-1])) is None and len(lines) < 3 and lines[-1]:
@@ -143,6 +145,26 @@ async def test_sigterm_with_nothing_in_flight_exits_promptly(tmp_path: Path, stu
         assert (await read_head(reader))[0] == 200
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 10) == 0
+        assert time.monotonic() - started < 5
+        writer.close()
+
+
+@pytest.mark.asyncio
+async def test_with_exit_with_stdin_it_serves_while_its_stdin_is_open_and_exits_when_it_closes(
+        tmp_path: Path, stub: StubUpstream) -> None:
+    """The host holds the gate's standard input open for the run's life: its end (the host killed outright
+    closes it too) stops the gate as SIGTERM does, whatever its clients keep open."""
+    args = gate_args("-", "--upstream", stub.url, "--exit-with-stdin")
+    with gate_process(args, f"{make_token()}\n".encode(), close_stdin=False) as (proc, api, _):
+        reader, writer = await asyncio.open_connection(api.host, api.port)
+        writer.write(messages_request({"model": "m"}, keep_alive=True))
+        assert (await read_head(reader))[0] == 200
+        await asyncio.sleep(0.5)
+        assert proc.poll() is None, "it serves while its stdin is open"
+        started = time.monotonic()
+        assert proc.stdin is not None
+        proc.stdin.close()
         assert await asyncio.to_thread(proc.wait, 10) == 0
         assert time.monotonic() - started < 5
         writer.close()

@@ -3,6 +3,7 @@ reaches the gate and the bottle (the value only on the gate's stdin, the sentine
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import sys
@@ -110,7 +111,7 @@ def test_the_value_goes_to_the_gates_stdin_and_the_sentinel_to_the_bottle(tmp_pa
     spec = run_spec(Launch(parsed, tmp_path, Credential.parse(make_token(), "t"), routes=routes), "b", "g", "1:1")
     command, sentinel = gate_options(spec).args(), routes[0].spec.sentinel
     assert VALUE not in " ".join(command)
-    flags = [v for k, v in zip(command[::2], command[1::2], strict=True) if k == "--credential-route"]
+    flags = [v for k, v in itertools.pairwise(command) if k == "--credential-route"]
     assert [parse_route_flag(f) for f in flags] == [routes[0].spec]
     assert gate_options(spec).stdin() == f"{spec.credential.secret}\n{VALUE}\n".encode()
     run = Run(None, spec, FakeEngine())
@@ -132,3 +133,22 @@ def test_the_gate_reads_each_routes_value_after_the_token(monkeypatch: pytest.Mo
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{token}\n"))
     with pytest.raises(ConfigError, match=re.escape("expected the token and then one value per")):
         gc.read_secrets("-", (spec,))
+
+
+def test_a_gate_bound_to_its_stdin_reads_only_the_secrets_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--exit-with-stdin``: the stream stays open after the secrets (what follows is not read as one)."""
+    import io
+
+    spec = parse_route_flag("github basic x-access-token claude-bottle-sentinel-github-0123456789abcdef github.com")
+    token = make_token()
+    stdin = io.StringIO(f"{token}\n{VALUE}\nmore\n")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    credential, (route,) = gc.read_secrets("-", (spec,), to_end=False)
+    assert credential.secret == token and route.secret == VALUE and stdin.read() == "more\n"
+    stdin = io.StringIO(f"{token}\nmore\n")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert gc.read_secrets("-", (), to_end=False) == (Credential.parse(token, "t"), ())
+    assert stdin.read() == "more\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{token}\n"))
+    with pytest.raises(ConfigError, match=re.escape("expected the token and then one value per")):
+        gc.read_secrets("-", (spec,), to_end=False)

@@ -90,6 +90,7 @@ def generated(rng: random.Random) -> GateOptions:
         drain_seconds=rng.choice([Limits.drain_seconds, 0.0, rng.uniform(0, 3600)]),
         learn=rng.random() < 0.5,
         control_socket=rng.choice([None, Path("/tmp/claude-bottle-control.sock")]),
+        exit_with_stdin=rng.random() < 0.5,
     )
 
 

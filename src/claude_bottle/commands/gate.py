@@ -86,7 +86,8 @@ def run_gate(params: Mapping[str, Any]) -> None:
                    "unencrypted", err=True)
     with audit_stream(options.audit_log) as stream:
         serve(settings, AuditLog(stream, secrets=settings.injected_secrets),
-              ca_cert_out=options.ca_cert_out)
+              ca_cert_out=options.ca_cert_out,
+              lifeline=sys.stdin.fileno() if options.exit_with_stdin else None)
 
 
 def run_stub_upstream(listen: str, text: str | None, log: bool, tls_file: str | None) -> None:

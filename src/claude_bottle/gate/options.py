@@ -152,6 +152,9 @@ class GateOptions:
     control_socket: Path | None = field(default=None, metadata=_flags(Flag(
         "--control-socket", "A unix socket (mode 0600) through which the allowlist can be changed while the gate "
         "runs (python -m claude_bottle.gate.control PATH allow|deny|show HOST).", "PATH", path=True)))
+    exit_with_stdin: bool = field(default=False, metadata=_flags(Flag(
+        "--exit-with-stdin", "Read only the secrets' lines from standard input (--token-file -), then stop as on "
+        "SIGTERM when it closes: the host holds it open while the run lives.")))
 
     def __post_init__(self) -> None:
         # The request policy in the form its flags carry (and so the gate sees): entries with rules, then
@@ -199,7 +202,7 @@ class GateOptions:
         values = dict(params)
         request_policy = parse_egress_rules(values.pop("egress_rule"), values.pop("no_inspect"))
         specs = parse_routes(values.pop("credential_route"), request_policy)
-        credential, routes = read_secrets(values.pop("token_file"), specs)
+        credential, routes = read_secrets(values.pop("token_file"), specs, to_end=not values["exit_with_stdin"])
         dlp = parse_dlp(values.pop("dlp_rule"), values.pop("dlp_off"))
         parsed: dict[str, Any] = {
             "api_listen": parse_listen(values.pop("api_listen"), "--api-listen"),

@@ -31,6 +31,7 @@ from claude_bottle.gate.connection import HttpConnection, serve_http
 from claude_bottle.gate.context import GateContext, LeafIssuer
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.http1 import State
+from claude_bottle.gate.lifeline import watch
 from claude_bottle.gate.proxy import proxy_exchange
 from claude_bottle.gate.ready import Ready
 from claude_bottle.gate.refusals import answer
@@ -225,17 +226,18 @@ def raise_open_files_limit() -> int:
 
 
 def serve(config: GateSettings, audit: AuditLog, announce: Callable[[str], None] | None = None,
-          ca_cert_out: Path | None = None) -> None:
+          ca_cert_out: Path | None = None, lifeline: int | None = None) -> None:
     """``run`` the gate on its event loop, uvloop's: the one place the gate's loop is chosen. libuv's loop
     and transports cost less CPU than asyncio's pure-Python ones on every request and SSE event, and its TLS
     protocol allocates its read buffer without filling it, so an idle terminated tunnel holds little memory."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(run(config, audit, announce=announce, ca_cert_out=ca_cert_out))
+        runner.run(run(config, audit, announce=announce, ca_cert_out=ca_cert_out, lifeline=lifeline))
 
 
 async def run(config: GateSettings, audit: AuditLog, announce: Callable[[str], None] | None = None,
-              ca_cert_out: Path | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then drain. Used by ``claude-bottle gate`` (through ``serve``).
+              ca_cert_out: Path | None = None, lifeline: int | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, or given ``lifeline`` (a file descriptor) until its end (gate/lifeline.py),
+    then drain. Used by ``claude-bottle gate`` (through ``serve``).
 
     Once it listens it announces that, with its CA's certificate, in one line (gate/ready.py); with
     ``ca_cert_out`` it first writes the certificate there (a ConfigError if it cannot)."""
@@ -244,6 +246,10 @@ async def run(config: GateSettings, audit: AuditLog, announce: Callable[[str], N
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if lifeline is not None:  # watched once the signals are handled, so an early end is not missed
+        def closed() -> None:
+            loop.call_soon_threadsafe(stop.set)
+        watch(lifeline, closed)
     say = announce or (lambda m: print(m, file=sys.stderr, flush=True))
     ca = run_ca(config)
     if ca_cert_out is not None:

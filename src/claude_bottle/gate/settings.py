@@ -267,15 +267,21 @@ def parse_routes(texts: tuple[str, ...] | list[str], request_policy: RequestPoli
     return routes
 
 
-def read_secrets(token_file: str, routes: tuple[RouteSpec, ...]) -> tuple[Credential, tuple[CredentialRoute, ...]]:
+def read_secrets(token_file: str, routes: tuple[RouteSpec, ...],
+                 to_end: bool = True) -> tuple[Credential, tuple[CredentialRoute, ...]]:
     """The Anthropic token from ``--token-file`` and, for routes, their values: standard input holds the
-    token's line, then one line per route in the order of ``--credential-route``."""
-    if not routes:
+    token's line, then one line per route in the order of ``--credential-route``. ``to_end``: standard input
+    holds nothing else and is read to its end; else exactly those lines are read and the stream left open
+    (``--exit-with-stdin``)."""
+    if not routes and (to_end or token_file != "-"):
         return read_token_file(token_file), ()
     if token_file != "-":
         raise ConfigError("--credential-route needs --token-file -: the routes' values follow the token on "
                           "standard input, one line each")
-    lines = sys.stdin.read().splitlines()
+    if to_end:
+        lines = sys.stdin.read().splitlines()
+    else:
+        lines = [line.rstrip("\r\n") for line in (sys.stdin.readline() for _ in range(1 + len(routes))) if line]
     if len(lines) != 1 + len(routes):
         raise ConfigError(f"standard input holds {len(lines)} lines; expected the token and then one value per "
                           f"--credential-route ({1 + len(routes)} lines)")
