@@ -33,8 +33,13 @@ WORKSPACE = Path("/srv/project")
 
 
 def gate_command(spec: RunSpec, listen: str = GATE_ALIAS) -> list[str]:
-    """The run's gate's arguments."""
-    return gate_options(spec, listen).args()
+    """The run's gate's arguments, but ``--exit-with-stdin`` (every run's: its own test below)."""
+    return [arg for arg in gate_options(spec, listen).args() if arg != "--exit-with-stdin"]
+
+
+def test_a_runs_gate_lives_as_long_as_the_host_holds_its_standard_input(tmp_path: Path) -> None:
+    spec = run_spec(Launch(AgentConfig(), tmp_path, Credential.parse(make_token(), "t")), "bottle", "gate", "1000:1000")
+    assert "--exit-with-stdin" in gate_options(spec).args()
 
 
 @pytest.mark.parametrize(("uid", "gid", "info", "user"), [

@@ -200,7 +200,7 @@ def test_a_gate_that_stops_at_start_is_reported_with_its_last_words(tmp_path: Pa
 
 def test_the_bottle_is_let_go_only_once_its_trust_store_has_the_gates_ca(tmp_path: Path) -> None:
     ca = RunCA.generate()
-    run, _ = started_run(tmp_path, frame(2, ready_line(ca.certificate_der).encode()))
+    run, gates = started_run(tmp_path, frame(2, ready_line(ca.certificate_der).encode()), close=False)
     files, policy = bottle_files(run.id), policy_dir(run.id)
     files.mkdir(parents=True)
     policy.mkdir(parents=True)
@@ -210,6 +210,7 @@ def test_the_bottle_is_let_go_only_once_its_trust_store_has_the_gates_ca(tmp_pat
     run.release()
     assert (files / "ca-certificates.crt").read_bytes() == ROOTS + ca.certificate_pem
     assert ready.is_file() and ready.stat().st_mode & 0o777 == 0o644
+    gates.close()
 
 
 def test_a_gate_that_fails_leaves_the_bottle_held(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ engine is asked for, and that nothing of a run outlives its removal but its pool
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from claude_bottle import records
 from claude_bottle.agent.schema import parse_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.errors import GateError
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.ready import Ready
 from claude_bottle.gate.settings import Endpoint
@@ -113,6 +115,58 @@ def test_the_end_of_a_run_keeps_its_audit_and_leaves_only_its_pooled_network(wor
     assert records.find(run.id).lines == 1
     assert not bottle_files(run.id).exists()
     assert engine.volumes, "Claude's state stays for the next run of the agent on the workspace"
+
+
+def test_a_run_holds_its_gates_stream_until_it_ends_and_then_lets_go(workspace: Path) -> None:
+    """The gate stops when its stream closes (``--exit-with-stdin``): the run holds it open, and closing it on
+    purpose is no loss."""
+    engine = BottleEngine()
+    run = new_run(engine, workspace)
+    run.start_gate()
+    run.start_bottle(["sleep", "600"])
+    gates = engine.attached[run.names.gate]
+    gates.settimeout(0.2)
+    secrets = b""
+    with pytest.raises(TimeoutError):
+        while chunk := gates.recv(4096):  # the token's line, then nothing, and no end: open
+            secrets += chunk
+    assert secrets.count(b"\n") == 1 and secrets.endswith(b"\n")
+    run.remove()
+    gates.settimeout(5)
+    assert gates.recv(1) == b"", "let go: the gate's standard input ends"
+    assert not run.gate_lost.is_set()
+    run.check_gate()
+
+
+def test_a_gate_gone_mid_run_removes_the_bottle_and_says_so(workspace: Path) -> None:
+    engine = BottleEngine()
+    run = new_run(engine, workspace)
+    run.start_gate()
+    run.start_bottle(["sleep", "600"])
+    engine.attached[run.names.gate].close()  # the gate exited or was killed: its stream ends
+    assert run.gate_lost.wait(5)
+    deadline = time.monotonic() + 5
+    while engine.container(run.names.bottle) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.container(run.names.bottle) is None, "the bottle is removed: what waits on it ends"
+    with pytest.raises(GateError, match="the gate stopped while the run went on"):
+        run.check_gate()
+    run.remove()
+    assert records.find(run.id).lines == 1, "its audit kept"
+
+
+def test_a_run_stopped_from_another_terminal_lost_nothing(workspace: Path) -> None:
+    """``stop`` removes the bottle, then the gate: the gate's end is then no loss."""
+    engine = BottleEngine()
+    run = new_run(engine, workspace)
+    run.start_gate()
+    run.start_bottle(["sleep", "600"])
+    engine.remove_container(run.names.bottle)
+    engine.attached[run.names.gate].close()
+    time.sleep(0.2)
+    assert not run.gate_lost.is_set()
+    run.check_gate()
+    run.remove()
 
 
 def test_a_kept_run_stays_listed_until_stop_removes_it(workspace: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import docker
@@ -16,7 +17,7 @@ import docker.errors
 from docker.models.containers import Container
 
 from claude_bottle.credentials import CredentialKind
-from claude_bottle.errors import DockerError
+from claude_bottle.errors import DockerError, GateError
 from claude_bottle.runtime.docker_engine import DockerEngine, PodmanEngine
 from claude_bottle.runtime.files import (
     CA_ENV,
@@ -47,6 +48,7 @@ from claude_bottle.runtime.gate import (
     upstream_ca_mounts,
 )
 from claude_bottle.runtime.interrupts import uninterrupted
+from claude_bottle.runtime.lifeline import Lifeline
 from claude_bottle.runtime.names import (
     RunNames,
     state_volume,
@@ -100,6 +102,8 @@ class Run:
         self.gate_ip = ""
         self.gate_ca = b""  # the gate's CA certificate (PEM), as it announced it; set by wait_for_gate
         self._gate_output: socket.socket | None = None  # the gate's attached stream, until it says it listens
+        self.lifeline: Lifeline | None = None  # the same stream from then on, held until the run ends
+        self.gate_lost = threading.Event()  # the gate ended while the bottle ran: set before its removal
         self.gate_listen = GATE_ALIAS  # the gate's name or (Podman) address on the internal network
 
     def _internal_network(self) -> NetworkInfo:
@@ -145,9 +149,7 @@ class Run:
             raw = self.engine.start_attached(gate)
             self.gate_started = True
             self._gate_output = raw
-            raw.sendall(options.stdin())
-            with contextlib.suppress(OSError):
-                raw.shutdown(socket.SHUT_WR)
+            raw.sendall(options.stdin())  # and held open: the gate stops when it closes (runtime/lifeline.py)
             self.gate_ip = self.engine.address(gate, self.internal.name)  # assigned by now, while it boots
             self.gate = self.client.containers.get(gate) if self.client is not None else None
         except (DockerError, docker.errors.APIError) as exc:
@@ -192,10 +194,34 @@ class Run:
         assert self.gate_started and self._gate_output is not None
         output, self._gate_output = self._gate_output, None
         try:
-            lines = startup_lines(output, GATE_READY_SECONDS)
-        finally:
+            self.gate_ca = ca_from_ready_line(startup_lines(output, GATE_READY_SECONDS))
+        except BaseException:
             output.close()
-        self.gate_ca = ca_from_ready_line(lines)
+            raise
+        self.lifeline = Lifeline(output, self._gate_ended)
+        self.lifeline.follow()
+
+    def _gate_ended(self) -> None:
+        """The gate's stream ended, not by this run's doing. A bottle already gone or stopped ended first
+        (``stop`` from another terminal removes the bottle before the gate): the run is over, nothing lost.
+        Else the gate is gone while the run goes on: remove the bottle, so that what waits on it (the command)
+        ends instead of Claude Code retrying against nothing; ``check_gate`` then says why."""
+        try:
+            bottle = self.engine.container(self.names.bottle)
+        except DockerError:
+            bottle = None
+        if bottle is None or not bottle.active:
+            return
+        self.gate_lost.set()
+        with contextlib.suppress(DockerError):
+            self.engine.remove_container(self.names.bottle)
+
+    def check_gate(self) -> None:
+        """A GateError when the gate stopped while the bottle ran (``gate_lost``), the bottle removed."""
+        if self.gate_lost.is_set():
+            raise GateError("the gate stopped while the run went on (it exited, was killed, or the engine lost "
+                            "it): the bottle is removed and the run ended; its audit is kept (`claude-bottle "
+                            "logs`)")
 
     def bottle_environment(self) -> dict[str, str]:
         spec = self.spec
@@ -288,16 +314,24 @@ class Run:
         ready = policy_dir(self.id) / READY_FILE.rsplit("/", 1)[1]
         ready.write_text("the gate listens\n")
         ready.chmod(0o644)
+        self.check_gate()
 
     def stop_gate(self) -> None:
         """Stop the gate (SIGTERM: what is in flight finishes, every line is written) ahead of ``remove``, which
         then only keeps its audit: once the bottle's processes are gone, while the engine finishes with it."""
+        self._let_go()
         if self.gate_started:
             with contextlib.suppress(DockerError):
                 self.engine.stop(self.names.gate, timeout=GATE_STOP_SECONDS)
+
+    def _let_go(self) -> None:
+        """The run ends on purpose: its gate's stream closed, which is no loss (``Lifeline.close``)."""
+        if self.lifeline is not None:
+            self.lifeline.close()
 
     def remove(self) -> None:
         if self._gate_output is not None:  # a start that ended before the gate was waited for
             self._gate_output.close()
             self._gate_output = None
+        self._let_go()
         remove_run(self.engine, self.id)
