@@ -20,12 +20,13 @@ from claude_bottle.agent.mounts import check_mounts
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.claude_code import LATEST
 from claude_bottle.credentials import Credential
-from claude_bottle.errors import ConfigError
+from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import Upstream
 from claude_bottle.runtime import engine, images
 from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.files import protective_mounts
+from claude_bottle.runtime.reaper import watch as watch_over
 from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.seam import Engine
 from claude_bottle.runtime.spec import RunSpec
@@ -163,7 +164,11 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
 
     Before anything is created, the workspace is refused while runs' changes to its protected files wait for
     review, or while its .git is unsafe to mount; after the run, whatever changed there is reported and
-    recorded for review (``claude_bottle.trust``), and told to ``review`` (by default ``progress``)."""
+    recorded for review (``claude_bottle.trust``), and told to ``review`` (by default ``progress``).
+
+    The run is bound to this process: its gate stops when this process ends, however (runtime/lifeline.py),
+    and a reaper removes the run if this process dies without doing it (runtime/reaper.py). A gate gone while
+    the run goes on removes the bottle, and the block ends in a GateError saying so."""
     with on_stop_signals(interrupt):
         agent = launch.agent
         trust.check(launch.workspace)
@@ -181,6 +186,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
         run = Run(opened.client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0]), about), opened)
         watch = trust.Watch(launch.workspace, run.id)
+        reaper = watch_over(run.id)  # removes the run if this process dies without doing it
         try:
             watch.begin(found)
             progress(f"starting gate for agent {agent.name}")
@@ -189,13 +195,19 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
             if run.engine.bridges_on_host:
                 run.check_host_unreachable()
             progress(f"networks and gate created ({time.monotonic() - began:.1f} s)")
-            yield run
+            try:
+                yield run
+            except DockerError:
+                run.check_gate()  # the bottle it was about, removed because the gate is gone: say that
+                raise
+            run.check_gate()
         finally:
             with on_stop_signals(signal.SIG_IGN):
                 if keep:
                     progress(f"kept run {run.id}: remove it with `claude-bottle stop {agent.name}`")
                 else:
                     run.remove()
+                reaper.release()
                 watch.end(review or progress)
 
 

@@ -1,0 +1,123 @@
+"""A run lives and dies with the process that started it, faults injected into real runs: the CLI killed
+outright leaves nothing (the gate, which holds the credential, first of all); the gate killed ends the command
+with its error, the bottle removed and the audit kept."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from claude_bottle import records
+from claude_bottle.errors import EXIT_GATE
+from claude_bottle.runtime.names import AGENT_LABEL, RUN_LABEL
+from tests.bottle.conftest import Upstream, write_agent
+
+pytestmark = pytest.mark.docker
+
+# The CLI, its bottle's command a long sleep instead of Claude Code: a run in the middle, for as long as needed.
+SLEEPING_CLI = ("import sys\n"
+                "from claude_bottle import cli, launch\n"
+                "launch.claude_command = lambda agent, *extra: ['sleep', '600']\n"
+                "sys.argv[0] = 'claude-bottle'\n"
+                "cli.main()\n")
+GONE_SECONDS = 10
+READY = b"claude-bottle gate: ready"
+
+
+def containers_of(client: docker.DockerClient, agent: str) -> list[docker.models.containers.Container]:
+    return list(client.containers.list(all=True, filters={"label": f"{AGENT_LABEL}={agent}"}))
+
+
+@contextlib.contextmanager
+def mid_run(client: docker.DockerClient, upstream: Upstream, agent: str,
+            workspace: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``claude-bottle run AGENT -p ...`` with its bottle running and its gate ready: the process and the run's
+    id."""
+    write_agent(agent, "")
+    process = subprocess.Popen([sys.executable, "-c", SLEEPING_CLI, "run", agent, "-p", "hi", "--upstream",
+                                upstream.url, "--upstream-network", upstream.network],
+                               cwd=workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240  # the images are built already: this is the start
+        while time.monotonic() < deadline and process.poll() is None:
+            running = [c for c in containers_of(client, agent) if c.name.endswith("-bottle") and c.status == "running"]
+            gates = [c for c in containers_of(client, agent) if c.name.endswith("-gate")]
+            if running and gates and READY in gates[0].logs(stdout=False, stderr=True):
+                break
+            time.sleep(0.2)
+        assert process.poll() is None and running, process.stderr.read().decode() if process.stderr else ""
+        yield process, running[0].labels[RUN_LABEL]
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+        for container in containers_of(client, agent):  # what the test found left, so the next is not misled
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+
+
+def gone_within(client: docker.DockerClient, agent: str, seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while (left := [c.name for c in containers_of(client, agent)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_the_cli_killed_outright_leaves_no_container_of_its_run(
+        client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
+        built_images: tuple[str, str]) -> None:
+    with mid_run(client, upstream, "killed-cli", workspace) as (process, run_id):
+        gate = client.containers.get(f"claude-bottle-{run_id}-gate")
+        os.kill(process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert gone_within(client, "killed-cli", GONE_SECONDS) == [], "the run's containers outlived the CLI"
+        assert time.monotonic() - killed < GONE_SECONDS
+        with pytest.raises(docker.errors.NotFound):
+            gate.reload()
+    assert records.find(run_id).run == run_id, "its audit is kept on the host"
+
+
+def test_the_gate_stops_when_the_stream_it_was_started_on_closes(
+        client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
+        built_images: tuple[str, str]) -> None:
+    """Without the reaper (a whole process group or cgroup killed), the gate still stops by itself: the
+    credential does not outlive the CLI."""
+    with mid_run(client, upstream, "killed-all", workspace) as (process, run_id):
+        gate = client.containers.get(f"claude-bottle-{run_id}-gate")
+        reapers = [int(pid) for pid in subprocess.run(["pgrep", "-f", f"claude_bottle.runtime.reaper {run_id}"],
+                                                      capture_output=True, text=True).stdout.split()]
+        assert len(reapers) == 1, "one reaper watches the run"
+        os.kill(reapers[0], signal.SIGKILL)
+        os.kill(process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + GONE_SECONDS
+        while gate.status == "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            gate.reload()
+        assert gate.status == "exited", "the gate outlived the stream it was started on"
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_the_gate_gone_mid_run_ends_the_command_with_its_error(
+        client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
+        built_images: tuple[str, str], how: str) -> None:
+    agent = f"gate-{how}"
+    with mid_run(client, upstream, agent, workspace) as (process, run_id):
+        gate = client.containers.get(f"claude-bottle-{run_id}-gate")
+        getattr(gate, how)()
+        ended = time.monotonic()
+        _, stderr = process.communicate(timeout=GONE_SECONDS + 30)
+        assert time.monotonic() - ended < GONE_SECONDS, "the command hung on"
+        assert process.returncode == EXIT_GATE
+        assert "the gate stopped while the run went on" in stderr.decode()
+        assert gone_within(client, agent, 1) == [], "the bottle is removed, and the rest of the run"
+    assert records.find(run_id).run == run_id, "its audit is kept on the host"
