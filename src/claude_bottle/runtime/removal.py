@@ -28,7 +28,8 @@ def keep_audit(engine: Engine, gate: ContainerInfo) -> None:
     ``run -p``, the end or Ctrl-C of ``start``, ``stop`` from another terminal, ``start --keep`` then ``stop``,
     ``verify``. The gate writes a connection's line when it closes, so it is stopped first (SIGTERM: it
     finishes what is in flight, the bottle being gone). Its log is bounded by the engine (LOG_CONFIG) and the
-    copy by the records' caps. A run whose CLI was killed outright is copied when `stop` removes it."""
+    copy by the records' caps. A run whose CLI was killed outright is copied when its reaper removes it
+    (runtime/reaper.py), or else `stop`."""
     with contextlib.suppress(DockerError):
         engine.stop(gate.name, timeout=GATE_STOP_SECONDS)
     run = RunNames.from_labels(gate.labels)
