@@ -38,12 +38,13 @@ def containers_of(client: docker.DockerClient, agent: str) -> list[docker.models
 
 
 @contextlib.contextmanager
-def mid_run(client: docker.DockerClient, upstream: Upstream, agent: str,
-            workspace: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """``claude-bottle run AGENT -p ...`` with its bottle running and its gate ready: the process and the run's
-    id."""
+def mid_run(client: docker.DockerClient, upstream: Upstream, agent: str, workspace: Path,
+            command: str = "run") -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``claude-bottle run AGENT -p ...`` (or ``start AGENT``) with its bottle running and its gate ready: the
+    process and the run's id."""
     write_agent(agent, "")
-    process = subprocess.Popen([sys.executable, "-c", SLEEPING_CLI, "run", agent, "-p", "hi", "--upstream",
+    prompt = ["-p", "hi"] if command == "run" else []
+    process = subprocess.Popen([sys.executable, "-c", SLEEPING_CLI, command, agent, *prompt, "--upstream",
                                 upstream.url, "--upstream-network", upstream.network],
                                cwd=workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
@@ -73,14 +74,16 @@ def gone_within(client: docker.DockerClient, agent: str, seconds: float) -> list
     return left
 
 
+@pytest.mark.parametrize("command", ["run", "start"])
 def test_the_cli_killed_outright_leaves_no_container_of_its_run(
         client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
-        built_images: tuple[str, str]) -> None:
-    with mid_run(client, upstream, "killed-cli", workspace) as (process, run_id):
+        built_images: tuple[str, str], command: str) -> None:
+    agent = f"killed-{command}"
+    with mid_run(client, upstream, agent, workspace, command) as (process, run_id):
         gate = client.containers.get(f"claude-bottle-{run_id}-gate")
         os.kill(process.pid, signal.SIGKILL)
         killed = time.monotonic()
-        assert gone_within(client, "killed-cli", GONE_SECONDS) == [], "the run's containers outlived the CLI"
+        assert gone_within(client, agent, GONE_SECONDS) == [], "the run's containers outlived the CLI"
         assert time.monotonic() - killed < GONE_SECONDS
         with pytest.raises(docker.errors.NotFound):
             gate.reload()
@@ -106,12 +109,12 @@ def test_the_gate_stops_when_the_stream_it_was_started_on_closes(
         assert gate.status == "exited", "the gate outlived the stream it was started on"
 
 
-@pytest.mark.parametrize("how", ["kill", "stop"])
+@pytest.mark.parametrize(("command", "how"), [("run", "kill"), ("run", "stop"), ("start", "kill")])
 def test_the_gate_gone_mid_run_ends_the_command_with_its_error(
         client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
-        built_images: tuple[str, str], how: str) -> None:
-    agent = f"gate-{how}"
-    with mid_run(client, upstream, agent, workspace) as (process, run_id):
+        built_images: tuple[str, str], command: str, how: str) -> None:
+    agent = f"gate-{how}-{command}"
+    with mid_run(client, upstream, agent, workspace, command) as (process, run_id):
         gate = client.containers.get(f"claude-bottle-{run_id}-gate")
         getattr(gate, how)()
         ended = time.monotonic()
