@@ -26,6 +26,7 @@ from claude_bottle.gate.settings import Upstream
 from claude_bottle.runtime import engine, images
 from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.files import protective_mounts
+from claude_bottle.runtime.leftovers import mark_kept, remove_left_behind
 from claude_bottle.runtime.reaper import watch as watch_over
 from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.seam import Engine
@@ -181,6 +182,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         engine.check_runtime(about, agent.runtime, f"agent {agent.name}: runtime")
         if limits := engine.unenforced_limits(about):
             progress(f"warning: {limits}")
+        remove_left_behind(opened, launch.workspace, progress)  # what a crashed host left here
         began = time.monotonic()
         bottle_image, gate_image = build_images(opened, agent, progress)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
@@ -204,6 +206,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         finally:
             with on_stop_signals(signal.SIG_IGN):
                 if keep:
+                    mark_kept(run.id)
                     progress(f"kept run {run.id}: remove it with `claude-bottle stop {agent.name}`")
                 else:
                     run.remove()

@@ -5,6 +5,7 @@ with its error, the bottle removed and the audit kept."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -93,8 +94,9 @@ def test_the_cli_killed_outright_leaves_no_container_of_its_run(
 def test_the_gate_stops_when_the_stream_it_was_started_on_closes(
         client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
         built_images: tuple[str, str]) -> None:
-    """Without the reaper (a whole process group or cgroup killed), the gate still stops by itself: the
-    credential does not outlive the CLI."""
+    """Without the reaper (a whole process group or cgroup killed, a host that loses power), the gate still
+    stops by itself: the credential does not outlive the CLI. What is left is listed, and removed by the next
+    start on the workspace."""
     with mid_run(client, upstream, "killed-all", workspace) as (process, run_id):
         gate = client.containers.get(f"claude-bottle-{run_id}-gate")
         reapers = [int(pid) for pid in subprocess.run(["pgrep", "-f", f"claude_bottle.runtime.reaper {run_id}"],
@@ -107,6 +109,16 @@ def test_the_gate_stops_when_the_stream_it_was_started_on_closes(
             time.sleep(0.2)
             gate.reload()
         assert gate.status == "exited", "the gate outlived the stream it was started on"
+        # What a crashed host leaves: the rest stopped too. `ls` shows it; the next start here removes it.
+        client.containers.get(f"claude-bottle-{run_id}-bottle").kill()
+        listed = subprocess.run([sys.executable, "-m", "claude_bottle", "ls", "--json"], capture_output=True,
+                                text=True, timeout=60, check=True)
+        assert {entry["run"]: entry["status"] for entry in json.loads(listed.stdout)}[run_id] == "exited"
+        with mid_run(client, upstream, "killed-all", workspace) as (second, _):
+            assert [c.name for c in containers_of(client, "killed-all") if c.labels[RUN_LABEL] == run_id] == []
+        assert second.stderr is not None
+        assert f"removing run {run_id}, left stopped on this workspace" in second.stderr.read().decode()
+    assert records.find(run_id).run == run_id, "its audit is kept on the host"
 
 
 @pytest.mark.parametrize(("command", "how"), [("run", "kill"), ("run", "stop"), ("start", "kill")])
