@@ -12,7 +12,7 @@ from claude_bottle import logview, suggest
 from claude_bottle.agent.schema import parse_agent
 from claude_bottle.gate import control
 from claude_bottle.policy.addresses import AddressGuard
-from claude_bottle.policy.decide import EgressPolicy
+from claude_bottle.policy.decide import Decision, EgressPolicy
 from claude_bottle.policy.hosts import Allowlist, parse_authority
 from claude_bottle.policy.view import policy_toml, policy_view
 
@@ -61,14 +61,19 @@ def test_an_allowlist_refusal_names_the_entry_that_allows_it(target: str, entry:
 
 def test_allow_adds_an_entry_and_lifts_its_denial_deny_does_the_reverse() -> None:
     start = policy(("pypi.org",))
-    denied, message = control.apply(start, "deny", "pypi.org")
-    assert message == "denied pypi.org" and denied.allowlist.patterns == () and len(denied.denied.patterns) == 1
-    allowed, message = control.apply(denied, "allow", "PyPI.org.")
-    assert message == "allowed pypi.org" and [str(p) for p in allowed.allowlist.patterns] == ["pypi.org"]
+    denial = control.apply(start, "deny", "pypi.org")
+    denied = denial.policy
+    assert denial.message == "denied pypi.org" and denied.allowlist.patterns == () and len(denied.denied.patterns) == 1
+    assert denial.decision == Decision(False, "the user denied pypi.org while the gate runs")
+    approval = control.apply(denied, "allow", "PyPI.org.")
+    allowed = approval.policy
+    assert approval.message == "allowed pypi.org" and [str(p) for p in allowed.allowlist.patterns] == ["pypi.org"]
+    assert approval.decision == Decision(True, "the user allowed pypi.org while the gate runs")
     assert allowed.denied.patterns == ()
-    again, _ = control.apply(allowed, "allow", "pypi.org")
+    again = control.apply(allowed, "allow", "pypi.org").policy
     assert again.allowlist == allowed.allowlist  # no duplicate
-    assert control.apply(start, "show", "")[0] is start
+    shown = control.apply(start, "show", "")
+    assert shown.policy is start and shown.decision is None, "show changes nothing and audits nothing"
 
 
 @pytest.mark.parametrize(("entry", "words"), [(API, "API upstream"), (f"{API}:8443", "API upstream"),

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from claude_bottle.policy.decide import EgressPolicy
+from claude_bottle.policy.decide import Decision, EgressPolicy
 from claude_bottle.policy.hosts import Allowlist, InvalidHost, parse_pattern
 
 MAX_REQUEST = 4096
@@ -43,11 +43,22 @@ class ControlError(ValueError):
     """A control request that cannot be applied; the message says why."""
 
 
-def apply(policy: EgressPolicy, op: str, entry: str) -> tuple[EgressPolicy, str]:
-    """The policy after ``op`` on ``entry``, and a sentence saying what changed. Pure; ControlError for an
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """What a control request did: the policy in effect after it; ``decision``, the change as the audit
+    records it (the entry allowed or refused from now on, with the reason), None for ``show``, which changes
+    nothing; ``message``, the reply's sentence ("allowed pypi.org", "denied pypi.org")."""
+
+    policy: EgressPolicy
+    message: str
+    decision: Decision | None = None
+
+
+def apply(policy: EgressPolicy, op: str, entry: str) -> Change:
+    """The policy after ``op`` on ``entry``, and the decision it amounts to. Pure; ControlError for an
     unknown operation, a pattern the allowlist refuses, or the API upstream's host."""
     if op == "show":
-        return policy, "the policy in effect"
+        return Change(policy, "the policy in effect")
     if op not in OPERATIONS:
         raise ControlError(f"unknown operation {op!r} (known: {', '.join(OPERATIONS)})")
     try:
@@ -61,9 +72,11 @@ def apply(policy: EgressPolicy, op: str, entry: str) -> tuple[EgressPolicy, str]
     denied = tuple(p for p in policy.denied.patterns if p != pattern)
     if op == "allow":
         changed = dataclasses.replace(policy, allowlist=Allowlist((*allowed, pattern)), denied=Allowlist(denied))
-        return changed, f"allowed {pattern}"
-    changed = dataclasses.replace(policy, allowlist=Allowlist(allowed), denied=Allowlist((*denied, pattern)))
-    return changed, f"denied {pattern}"
+        message = f"allowed {pattern}"
+    else:
+        changed = dataclasses.replace(policy, allowlist=Allowlist(allowed), denied=Allowlist((*denied, pattern)))
+        message = f"denied {pattern}"
+    return Change(changed, message, Decision(op == "allow", f"the user {message} while the gate runs"))
 
 
 def parse_request(line: bytes) -> tuple[str, str]:

@@ -41,7 +41,7 @@ from claude_bottle.gate.settings import Endpoint, GateSettings
 from claude_bottle.gate.tunnel import TunnelSlots
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
-from claude_bottle.policy.decide import Decision, EgressPolicy
+from claude_bottle.policy.decide import EgressPolicy
 from claude_bottle.policy.view import policy_view
 
 UPSTREAM_ADDRESS_TTL = 300.0
@@ -113,13 +113,13 @@ class Gate:
         """A request on the control channel (gate/control.py): the egress policy changes for every request
         decided from now on; the change is audited."""
         assert self._ctx is not None
-        policy, message = control.apply(self._ctx.egress, op, entry)
-        if op != "show":
-            self._ctx.egress = policy
+        change = control.apply(self._ctx.egress, op, entry)
+        if change.decision is not None:
+            self._ctx.egress = change.policy
             record = AuditRecord("control", "host", op.upper(), entry.strip())
-            record.decided(Decision(op == "allow", f"the user {message} while the gate runs"))
+            record.decided(change.decision)
             self.audit.write(record)
-        return {"message": message, "policy": policy_view(policy, self.config.request_policy)}
+        return {"message": change.message, "policy": policy_view(change.policy, self.config.request_policy)}
 
     async def stop(self, drain_seconds: float) -> None:
         """Stop accepting; close idle connections now; let busy ones finish up to the deadline."""
