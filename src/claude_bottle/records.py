@@ -153,11 +153,14 @@ def audit_lines(record: RunRecord) -> Iterator[str]:
 
 
 def current(entry: dict[str, Any]) -> dict[str, Any]:
-    """An audit line with the fields the current gate writes. Lines from earlier gates (a run kept on the host
-    from before) said two facts in their reason only: that a tunnel carried raw TCP, and that a refused target
-    was in no allowlist. For such a line (without ``tunnel`` or ``unlisted``) those fields are filled in from
-    the reason's fixed wording of that time; a line from a current gate is returned as it is, and its reason
-    is never read."""
+    """An audit line with the fields the current gate writes. A line that carries a ``version`` (gate/audit.py's
+    ``VERSION``) is from a gate that writes every field, and is returned as it is: its reason is never read.
+    A line without one is from an earlier gate (a run kept on the host from before), which may have said two
+    facts in its reason only: that a tunnel carried raw TCP, and that a refused target was in no allowlist.
+    For such a line without ``tunnel`` or ``unlisted``, those fields are filled in from the reason's fixed
+    wording of that time."""
+    if "version" in entry:
+        return entry
     upgrade: dict[str, Any] = {}
     reason = entry.get("reason")
     if not isinstance(reason, str):

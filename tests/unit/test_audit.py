@@ -8,13 +8,13 @@ import re
 
 import pytest
 
-from claude_bottle.gate.audit import REDACTED, AuditLog, AuditRecord
+from claude_bottle.gate.audit import REDACTED, VERSION, AuditLog, AuditRecord
 from claude_bottle.policy.decide import Decision
 
 SECRET = "sk-ant-oat01-Qw3rTy_uIoP-aSdFgHjKl0123456789"
-FIELDS = ["time", "listener", "client", "method", "target", "decision", "reason", "status", "bytes_up",
+FIELDS = ["version", "time", "listener", "client", "method", "target", "decision", "reason", "status", "bytes_up",
           "bytes_down", "duration_ms"]
-FIELDS_WITH_PATH = [*FIELDS[:8], "path", *FIELDS[8:]]
+FIELDS_WITH_PATH = [*FIELDS[:9], "path", *FIELDS[9:]]
 TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
@@ -42,6 +42,7 @@ def test_one_line_with_fixed_fields() -> None:
     assert list(entry) == FIELDS
     assert TIME.fullmatch(str(entry["time"]))
     assert {k: v for k, v in entry.items() if k not in ("time", "duration_ms")} == {
+        "version": VERSION,
         "listener": "proxy",
         "client": "127.0.0.1:50000",
         "method": "CONNECT",
@@ -186,7 +187,7 @@ def test_unlisted_tunnel_and_side_only_when_set_after_the_decision_fields() -> N
     log.write(_record(rule="[dlp] x", would_deny=True, unlisted=True, tunnel="raw_tcp", side="upstream"))
     log.write(_record())
     full, plain = _lines(stream)
-    assert list(full) == [*FIELDS[:8], "rule", "would_deny", "unlisted", "tunnel", "side", *FIELDS[8:]]
+    assert list(full) == [*FIELDS[:9], "rule", "would_deny", "unlisted", "tunnel", "side", *FIELDS[9:]]
     assert (full["unlisted"], full["tunnel"], full["side"]) == (True, "raw_tcp", "upstream")
     assert list(plain) == FIELDS
 

@@ -1,5 +1,6 @@
-"""A run kept on the host by an earlier version: its audit lines lack the fields `tunnel` and `unlisted`, whose
-facts were then in the reason only. `logs` and `policy suggest` still read it as they did."""
+"""A run kept on the host by an earlier version: its audit lines carry no `version` and lack the fields `tunnel`
+and `unlisted`, whose facts were then in the reason only. `logs` and `policy suggest` still read it as they did,
+and never read a versioned line's reason."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 from claude_bottle import logview, records, suggest
 from claude_bottle.cli import cli
 from claude_bottle.errors import DockerError
+from claude_bottle.gate.audit import VERSION
 from claude_bottle.runtime import docker_engine
 
 # As the gate wrote them before the audit had those fields (one learning run, then a strict one).
@@ -56,6 +58,14 @@ def test_an_earlier_line_gets_the_fields_its_reason_stated() -> None:
     assert raw["tunnel"] == "raw_tcp" and "unlisted" not in raw
     assert unlisted["unlisted"] is True and "tunnel" not in unlisted
     assert guarded == EARLIER[3]
+
+
+def test_a_line_with_a_version_is_read_by_its_fields_alone() -> None:
+    """The same lines as a current gate would write them had their reasons that wording: nothing is added."""
+    versioned = [{"version": VERSION, **line} for line in EARLIER]
+    assert [records.current(line) is line for line in versioned] == [True] * len(EARLIER)
+    assert not suggest.suggest(versioned).destinations["git.example.com:22"].raw_tcp
+    assert logview.offer(versioned[2], "dev") is None
 
 
 def test_policy_suggest_reads_an_earlier_run(kept: str) -> None:

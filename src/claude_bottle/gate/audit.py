@@ -17,6 +17,11 @@ from claude_bottle.policy.decide import Decision
 
 REDACTED = "[redacted]"
 
+# The line's format (the ``version`` field, first on every line). A line without it is from a gate before
+# it, whose facts may be in the reason only: records.py's ``current`` reads those. Raise it when a field's
+# meaning changes, and teach ``current`` to read the older lines.
+VERSION: Final = 2
+
 # A tunnel's mode (the ``tunnel`` field), set when the gate answers a CONNECT with 200.
 OPAQUE: Final = "opaque"  # TLS relayed unread, its ClientHello checked
 RAW_TCP: Final = "raw_tcp"  # any bytes relayed unread: raw TCP is allowed to the target
@@ -105,6 +110,7 @@ class AuditLog:
         # The fields in their fixed order; the optional ones only when set. (Built by hand: dataclasses.asdict
         # deep-copies every field, and this runs for every request.)
         fields: dict[str, object] = {
+            "version": VERSION,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)) + f".{int(started % 1 * 1000):03d}Z",
             "listener": record.listener, "client": record.client, "method": record.method, "target": record.target,
             "decision": record.decision, "reason": record.reason, "status": record.status,
