@@ -101,6 +101,22 @@ async def test_each_line_names_its_tunnel_mode_and_unlisted_targets(make_gate: G
         sorted([(unlisted, "allow"), (unlisted, "deny"), (unlisted, "deny"), (f"{METADATA}:{target.port}", "deny")])
 
 
+async def test_a_tunnel_that_fails_before_its_200_names_the_mode_chosen_for_it(make_gate: GateFactory) -> None:
+    with socket.socket() as closed:  # a port nothing listens on: the upstream refuses the connection
+        closed.bind(("127.0.0.2", 0))
+        port = closed.getsockname()[1]
+    async with make_gate(allow=(f"{LISTED}:{port}",), allow_tcp=(f"{RAW}:{port}",), allow_private=LOOPBACK,
+                         resolver=RESOLVER) as gate:
+        for host in (LISTED, RAW):
+            status, _, _, writer = await connect_via(gate.proxy, f"{host}:{port}")
+            writer.close()
+            assert status == 502
+        await eventually(lambda: len(gate.records()) == 2, what="the two tunnels' lines")
+    modes = {(line["target"], line["decision"], line["side"], line.get("tunnel")) for line in gate.records()}
+    assert modes == {(f"{LISTED}:{port}", "error", "upstream", "opaque"), (f"{RAW}:{port}", "error", "upstream",
+                                                                          "raw_tcp")}
+
+
 async def test_a_failure_names_its_side(make_gate: GateFactory, target: StubUpstream) -> None:
     async with make_gate(allow=(f"{LISTED}:{target.port}",), allow_private=LOOPBACK, resolver=RESOLVER,
                          idle_timeout=0.5) as gate:

@@ -305,3 +305,4 @@ async def test_requests_read_in_a_learned_tunnel_are_each_recorded_as_would_deny
     inner, tunnel = sorted(gate.records(), key=lambda r: r["method"] == "CONNECT")
     assert inner["method"] == "GET" and inner["path"] == "/v1/models" and inner["would_deny"] is True
     assert tunnel["would_deny"] is True and "TLS terminated by the gate" in tunnel["reason"]
+    assert inner["unlisted"] is True and tunnel["unlisted"] is True and tunnel["tunnel"] == "terminated"

@@ -22,7 +22,8 @@ REDACTED = "[redacted]"
 # meaning changes, and teach ``current`` to read the older lines.
 VERSION: Final = 2
 
-# A tunnel's mode (the ``tunnel`` field), set when the gate answers a CONNECT with 200.
+# A tunnel's mode (the ``tunnel`` field), set once the gate has chosen how to carry a CONNECT (after its name
+# and address checks): also on one refused for that mode, or failed before or after its 200.
 OPAQUE: Final = "opaque"  # TLS relayed unread, its ClientHello checked
 RAW_TCP: Final = "raw_tcp"  # any bytes relayed unread: raw TCP is allowed to the target
 TERMINATED: Final = "terminated"  # TLS terminated by the gate, each request inside audited on a line of its own
@@ -51,7 +52,7 @@ class AuditRecord:
     rule: str | None = None  # the configured rule that decided (an [[egress]] rule, a [dlp] rule), if one did
     would_deny: bool = False  # let through by learn mode only: a gate without it would have refused this
     unlisted: bool = False  # the target is in no allowlist (refused for that, or let through by learn mode)
-    tunnel: TunnelMode | None = None  # a CONNECT answered 200: how its bytes were carried
+    tunnel: TunnelMode | None = None  # a CONNECT past its name and address checks: how its bytes are carried
     side: Side | None = None  # an error: whose side failed (None: the gate's own fault, or no error)
     bytes_up: int = 0  # client -> upstream, body or tunnel bytes
     bytes_down: int = 0  # upstream -> client

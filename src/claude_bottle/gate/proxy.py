@@ -185,17 +185,21 @@ def terminating(target: Target, ctx: GateContext, record: AuditRecord) -> ssl.SS
     without a CA, where raw TCP is allowed (the bytes need not be TLS), where its ``[[egress]]`` entry says
     ``inspect = false``, or for a host outside the CA's names (one the user allowed while the gate runs: the
     CA's names are fixed at start; the tunnel keeps the TLS name check). A host a credential route binds is
-    never tunnelled opaquely: ``Refused`` instead."""
+    never tunnelled opaquely: ``Refused`` instead. The mode chosen is the record's ``tunnel`` from here on,
+    so a tunnel refused for it, or failing before or after its 200, names it too."""
     route = route_for(ctx.config.routes, target)
+    raw = ctx.egress.raw_allowed(target)
 
     def opaque(why: str) -> None:
+        record.tunnel = RAW_TCP if raw else OPAQUE
         if route is not None:
             raise Refused(403, f"{target} is bound to credential route {route.spec.name} and this gate would not "
                                f"read its requests ({why}); it is never reached unseen")
 
-    if ctx.ca is None or ctx.egress.raw_allowed(target) or not ctx.config.request_policy.inspects(target):
+    if ctx.ca is None or raw or not ctx.config.request_policy.inspects(target):
         opaque("no CA, raw TCP or inspect = false")
         return None
+    record.tunnel = TERMINATED  # also if its certificate cannot be made: the refusal is for that
     try:
         return ctx.ca.context_for(target.host)
     except HostNotPermitted:
@@ -254,7 +258,6 @@ async def _tunnel(
         record.status = 200
         early = conn.trailing_data
         raw = ctx.egress.raw_allowed(target)
-        record.tunnel = RAW_TCP if raw else TERMINATED if client_tls is not None else OPAQUE
         if raw:
             record.note("raw TCP allowed")
         else:
