@@ -297,11 +297,11 @@ class Bottle:
                 with started(launch, lambda line: None) as run:
                     t["until_gate_started"] = time.monotonic() - t0
                     t1 = time.monotonic()
-                    bottle = run.start_bottle(claude_command(agent, "-p", "say hi"))
+                    run.start_bottle(claude_command(agent, "-p", "say hi"))
                     t["create_bottle"] = time.monotonic() - t1 - t["start_bottle"] - t["release"]
                     t["release"] -= t["wait_gate_ready"]
                     t3 = time.monotonic()
-                    bottle.wait()
+                    run.engine.wait(run.names.bottle)
                     t["claude_runs"] = time.monotonic() - t3
                     t4 = time.monotonic()
                 t["teardown"] = time.monotonic() - t4
@@ -328,6 +328,7 @@ class Bottle:
         from claude_bottle.agent.load import load_agent
         from claude_bottle.gate.settings import parse_upstream
         from claude_bottle.launch import Launch, started
+        from claude_bottle.runtime.docker_engine import connect
 
         credential, _ = tokens.find()
         launch = Launch(load_agent(self.agent, self.workspace), self.workspace, credential,
@@ -337,11 +338,10 @@ class Bottle:
         with started(launch, lambda line: None) as run:
             run.start_bottle(["sleep", "600"])
             time.sleep(3)
-            assert run.gate is not None
-            run.gate.reload()
-            pid = int(run.gate.attrs["State"]["Pid"])
+            gate = connect().containers.get(run.names.gate)  # the SDK's view: its process and its cgroup
+            pid = int(gate.attrs["State"]["Pid"])
             rss = tree_kb(pid, "VmRSS")
-            stats = run.gate.stats(stream=False)
+            stats = gate.stats(stream=False)
             mem = stats.get("memory_stats", {})
             cgroup_mb = (mem.get("usage", 0) - mem.get("stats", {}).get("inactive_file", 0)) / MB
             t_exit = time.monotonic()

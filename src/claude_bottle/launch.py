@@ -186,7 +186,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         began = time.monotonic()
         bottle_image, gate_image = build_images(opened, agent, progress)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
-        run = Run(opened.client, run_spec(launch, bottle_image, gate_image, user, tuple(found[0]), about), opened)
+        run = Run(run_spec(launch, bottle_image, gate_image, user, tuple(found[0]), about), opened)
         watch = trust.Watch(launch.workspace, run.id)
         reaper = watch_over(run.id)  # removes the run if this process dies without doing it
         try:

@@ -190,7 +190,8 @@ def bottle_against(client: docker.DockerClient, upstream: Upstream, name: str, a
         launch = Launch(agent, workspace, Credential.parse(make_token(), "test"), parse_upstream(upstream.url),
                         (upstream.network,), upstream_ca_files=upstream_ca_files, routes=tokens.routes_for(agent.credentials))
         with started(launch, lambda line: None) as run:
-            run.create_bottle(["sleep", "900"], tty=False).start()
+            run.create_bottle(["sleep", "900"], tty=False)
+            run.engine.start(run.names.bottle)
             yield run
     assert leftovers(client, name) == []
 
@@ -206,8 +207,11 @@ def podman_client(socket: str, name: str, setup: str) -> docker.DockerClient:
     return client
 
 
+def gate_log(run: Run, stdout: bool = True, stderr: bool = True) -> str:
+    """What the run's gate has written so far: its messages on standard output, its audit on standard error."""
+    return b"".join(run.engine.logs(run.names.gate, stdout=stdout, stderr=stderr)).decode("utf-8", "replace")
+
+
 def gate_audit(run: Run) -> list[dict[str, Any]]:
     """The audit lines the run's gate has written so far."""
-    assert run.gate is not None
-    lines = run.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace").splitlines()
-    return [json.loads(line) for line in lines if line.startswith("{")]
+    return [json.loads(line) for line in gate_log(run, stdout=False).splitlines() if line.startswith("{")]

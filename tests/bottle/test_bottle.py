@@ -75,7 +75,8 @@ def test_the_bottles_command_waits_for_the_gate_and_its_ca(
     launch = Launch(load_agent("held", workspace), workspace, Credential.parse(token, "test"),
                     parse_upstream(upstream.url), (upstream.network,))
     with started(launch, lambda line: None) as run:
-        bottle = run.start_bottle(["bash", "-c", probe])
+        run.start_bottle(["bash", "-c", probe])
+        bottle = client.containers.get(run.names.bottle)
         assert bottle.wait(timeout=60)["StatusCode"] == 0
         system, image, *rest = bottle.logs(stdout=True, stderr=True).decode().split()
     assert (int(system), rest) == (int(image) + 1, ["ready", "listening"])
@@ -111,7 +112,8 @@ def running(client: docker.DockerClient, upstream: Upstream, token: str, workspa
     launch = Launch(load_agent("probe", workspace), workspace, Credential.parse(token, "test"),
                     parse_upstream(upstream.url), (upstream.network,))
     with started(launch, lambda line: None) as run:
-        run.create_bottle(["sleep", "600"], tty=False).start()
+        run.create_bottle(["sleep", "600"], tty=False)
+        run.engine.start(run.names.bottle)
         yield run
     assert leftovers(client, "probe") == []
 
@@ -130,11 +132,9 @@ def test_token_is_nowhere_in_the_bottle(running: Run, token: str) -> None:
     assert placeholder.startswith("sk-ant-oat01-") and placeholder != token
 
 
-def test_token_is_in_neither_containers_inspect_output(running: Run, token: str) -> None:
-    assert running.gate is not None and running.bottle is not None
-    for container in (running.gate, running.bottle):
-        container.reload()
-        assert token not in json.dumps(container.attrs)
+def test_token_is_in_neither_containers_inspect_output(client: docker.DockerClient, running: Run, token: str) -> None:
+    for name in (running.names.gate, running.names.bottle):
+        assert token not in json.dumps(client.api.inspect_container(name))
 
 
 def test_gate_processes_are_invisible_from_the_bottle(running: Run) -> None:
@@ -169,9 +169,8 @@ def test_workspace_is_writable_but_git_hooks_and_config_are_not(running: Run, wo
     assert not (workspace / ".git/hooks/pre-commit").exists()
 
 
-def test_bottle_has_limits_and_points_claude_code_at_the_gate(running: Run) -> None:
-    assert running.bottle is not None
-    host = running.bottle.attrs["HostConfig"]
+def test_bottle_has_limits_and_points_claude_code_at_the_gate(client: docker.DockerClient, running: Run) -> None:
+    host = client.api.inspect_container(running.names.bottle)["HostConfig"]
     assert (host["PidsLimit"], host["Memory"], host["NanoCpus"]) == (1024, 4 * 1024**3, 2 * 10**9)
     env = dict(line.split("=", 1) for line in inside(running, "env")[1].splitlines() if "=" in line)
     assert env["ANTHROPIC_BASE_URL"] == f"http://{running.gate_ip}:8080"
@@ -286,12 +285,12 @@ def test_two_agents_cannot_see_each_other(
             launch = Launch(load_agent(name, workspace), workspace, Credential.parse(token, "t"),
                             parse_upstream(upstream.url), (upstream.network,))
             run = stack.enter_context(started(launch, lambda line: None))
-            run.create_bottle(["sleep", "600"], tty=False).start()
+            run.create_bottle(["sleep", "600"], tty=False)
+            run.engine.start(run.names.bottle)
             runs.append(run)
         left, right = runs
-        assert right.bottle is not None
-        right.bottle.reload()
-        right_bottle_ip = right.bottle.attrs["NetworkSettings"]["Networks"][right.internal.name]["IPAddress"]
+        assert right.internal is not None
+        right_bottle_ip = right.engine.address(right.names.bottle, right.internal.name)
         for address in (right.gate_ip, right_bottle_ip):
             code, _ = inside(left, f"curl --noproxy '*' -sS -m 5 http://{address}:8080/")
             assert code != 0, f"left reached {address} of the other agent"
@@ -313,9 +312,8 @@ def test_gates_share_the_egress_network_but_listen_on_their_own_networks_only(
                                                    (upstream.network,)),
                                             lambda line: None))
         right.start_bottle(["sleep", "600"])
-        assert right.gate is not None and right.egress is not None
-        right.gate.reload()
-        address = right.gate.attrs["NetworkSettings"]["Networks"][EGRESS_NETWORK]["IPAddress"]
+        assert right.egress is not None
+        address = right.engine.address(right.names.gate, EGRESS_NETWORK)
         subnet = right.egress.subnets[0]
         targets = [f"{address}:{port}" for port in (8080, 3128)]
         write_agent("left", f"allow = {json.dumps(targets)}\nallow_tcp = {json.dumps(targets)}\n"

@@ -19,7 +19,7 @@ import pytest
 
 from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle
-from tests.bottle.conftest import ImagesFor, Upstream, bottle_against
+from tests.bottle.conftest import ImagesFor, Upstream, bottle_against, gate_log
 from tests.bottle.https_servers import NPM, PORTS, Package, Servers, https_servers, npm_files
 from tests.bottle.test_inspection_registries import PACKAGES
 
@@ -98,9 +98,8 @@ def test_a_token_the_agent_brings_is_replaced_by_the_routes_own(bottle: Bottle, 
 def test_the_real_token_is_nowhere_the_bottle_or_the_audit_can_see(client: docker.DockerClient,
                                                                    bottle: Bottle) -> None:
     run = bottle.run
-    assert run.gate is not None and run.bottle is not None
     code, found = in_bottle(run, f"grep -rlsF -D skip '{REAL}' / --exclude-dir=proc --exclude-dir=sys")
     assert code in (1, 2) and found == "", f"the real token in the bottle: {found}"
-    inspected = [json.dumps(client.api.inspect_container(c.id)) for c in (run.gate, run.bottle)]
+    inspected = [json.dumps(client.api.inspect_container(name)) for name in (run.names.gate, run.names.bottle)]
     assert all(REAL not in text for text in inspected)
-    assert REAL not in run.gate.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+    assert REAL not in gate_log(run)

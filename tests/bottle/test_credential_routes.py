@@ -22,7 +22,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.verify.standins import in_bottle as inside
-from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, leftovers, write_agent
+from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, gate_audit, leftovers, write_agent
 from tests.bottle.git_server import PACKAGE, git_server
 
 pytestmark = pytest.mark.docker
@@ -63,8 +63,8 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
                         (upstream.network,), upstream_ca_files=(ca_file,), routes=tokens.routes_for(agent.credentials))
         sentinel = launch.routes[0].spec.sentinel
         with started(launch, lambda line: None) as run:
-            run.create_bottle(["sleep", "600"], tty=False).start()
-            assert run.gate is not None and run.bottle is not None
+            run.create_bottle(["sleep", "600"], tty=False)
+            run.engine.start(run.names.bottle)
             url = f"https://{BOUND}:8443"
             setup = inside(run, f"cd /tmp && {GIT} clone {url}/team/app.git 2>&1 && cd app && "
                                 "git -c user.name=a -c user.email=a@b commit -q --allow-empty -m from-the-bottle && "
@@ -94,9 +94,8 @@ def test_git_pushes_with_the_sentinel_and_the_server_sees_only_the_real_token(
             # a host file mounted read-only: the mount, not its owner (whoever started the bottle), stops writes
             helper = inside(run, "stat -c '%a' /etc/gitconfig && grep ' /etc/gitconfig ' /proc/self/mountinfo "
                                  "&& echo x 2>/dev/null >> /etc/gitconfig")
-            inspected = [json.dumps(client.api.inspect_container(c.id)) for c in (run.gate, run.bottle)]
-            audit = [json.loads(line) for line in run.gate.logs(stdout=False, stderr=True).decode().splitlines()
-                     if line.startswith("{")]
+            inspected = [json.dumps(client.api.inspect_container(name)) for name in (run.names.gate, run.names.bottle)]
+            audit = gate_audit(run)
         seen, pushed, loot = server.requests(), server.log("team/app.git"), server.log("attacker/loot.git")
 
     assert setup[0] == 0, setup[1]

@@ -32,7 +32,7 @@ from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle
-from tests.bottle.conftest import Upstream, leftovers
+from tests.bottle.conftest import Upstream, gate_audit, gate_log, leftovers
 from tests.bottle.https_servers import COLLECT, PORTS, Servers, https_servers
 from tests.helpers import make_token
 
@@ -54,13 +54,10 @@ class Bottle:
     credential: str  # what the gate holds
 
     def audit(self) -> list[dict[str, Any]]:
-        assert self.run.gate is not None
-        lines = self.run.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace").splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
+        return gate_audit(self.run)
 
     def gate_log(self) -> str:
-        assert self.run.gate is not None
-        return self.run.gate.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        return gate_log(self.run)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +76,8 @@ def bottle(client: docker.DockerClient, upstream: Upstream, servers: Servers,
         patch.setenv("XDG_CONFIG_HOME", str(home / "config"))
         patch.setenv("XDG_STATE_HOME", str(home / "state"))
         with started(launch, lambda line: None) as run:
-            run.create_bottle(["sleep", "900"], tty=False).start()
+            run.create_bottle(["sleep", "900"], tty=False)
+            run.engine.start(run.names.bottle)
             yield Bottle(run, credential)
     assert leftovers(client, "dlp") == []
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import os
 import re
 import secrets
@@ -37,7 +36,7 @@ from claude_bottle.runtime import run as run_module
 from claude_bottle.runtime.docker_engine import docker_cli
 from claude_bottle.runtime.names import AGENT_LABEL
 from claude_bottle.stub import DEFAULT_TEXT
-from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent
+from tests.bottle.conftest import Upstream, gate_audit, leftovers, on_screen, write_agent
 from tests.prerequisites import require
 
 pytestmark = pytest.mark.docker
@@ -124,7 +123,7 @@ class Session:
         return {str(r["target"]) for r in self.audit if r["listener"] == "proxy" and r["decision"] == "deny"}
 
 
-def interactive_session(launch: Launch, capture: Path) -> Session:
+def interactive_session(client: docker.DockerClient, launch: Launch, capture: Path) -> Session:
     """Claude Code in a bottle, in a terminal: an answer, then a tool call that writes a file, then quit."""
     with started(launch, lambda line: None) as run:
         # The capture can enter the bottle's network namespace only once the container runs, yet must listen
@@ -134,7 +133,8 @@ def interactive_session(launch: Launch, capture: Path) -> Session:
         # then only this shell runs in the bottle, and it sends nothing; no shared file, extra mount or
         # process in the bottle is needed to release it.
         command = ["bash", "-c", 'read -r _ && exec "$@"', "wait-for-capture", *claude_command(launch.agent)]
-        bottle = run.create_bottle(command, tty=True)
+        run.create_bottle(command, tty=True)
+        bottle = client.containers.get(run.names.bottle)
         assert run.internal is not None
         child = pexpect.spawn(docker_cli(), ["start", "--attach", "--interactive", bottle.name], timeout=120,
                               dimensions=(40, 140), encoding="utf-8", codec_errors="replace")
@@ -152,9 +152,7 @@ def interactive_session(launch: Launch, capture: Path) -> Session:
                 child.expect(pexpect.EOF, timeout=60)  # the bottle has stopped: nothing more to capture
         finally:
             child.close(force=True)
-        assert run.gate is not None
-        lines = run.gate.logs(stdout=False, stderr=True).decode("utf-8", "replace").splitlines()
-        audit = [json.loads(line) for line in lines if line.startswith("{")]
+        audit = gate_audit(run)
         gate_ip = run.gate_ip
     packets = subprocess.run(["tcpdump", "-nn", "-r", str(capture)], capture_output=True, text=True, timeout=60,
                              check=True).stdout.splitlines()
@@ -237,7 +235,7 @@ def test_a_session_talks_only_to_the_gate_and_its_refusals_are_documented(
     write_agent(agent, "")
     launch = Launch(load_agent(agent, workspace), workspace, Credential.parse(token, "test"),
                     parse_upstream(upstream.url), (upstream.network,))
-    session = interactive_session(launch, tmp_path / "bottle.pcap")
+    session = interactive_session(client, launch, tmp_path / "bottle.pcap")
     assert leftovers(client, agent) == []
 
     refused = session.refused()

@@ -43,7 +43,7 @@ from claude_bottle.runtime.files import SYSTEM_BUNDLE
 from claude_bottle.runtime.gate import CONTROL_SOCKET
 from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle as inside
-from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, leftovers, write_agent
+from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, gate_audit, gate_log, leftovers, write_agent
 from tests.bottle.https_servers import leaf_pem
 from tests.helpers import tar_archive
 
@@ -163,7 +163,8 @@ def bottle(client: docker.DockerClient, upstream: Upstream, token: str, workspac
     launch = Launch(load_agent("trusting", workspace), workspace, Credential.parse(token, "test"),
                     parse_upstream(upstream.url), (upstream.network,))
     with started(launch, lambda line: None) as run:
-        run.create_bottle(["sleep", "600"], tty=False).start()
+        run.create_bottle(["sleep", "600"], tty=False)
+        run.engine.start(run.names.bottle)
         yield Bottle(run, announced[-1])
     assert leftovers(client, "trusting") == []
 
@@ -213,18 +214,18 @@ def test_the_bottle_cannot_change_what_it_trusts(bottle: Bottle) -> None:
 def test_the_ca_key_is_nowhere_but_the_gates_memory(client: docker.DockerClient, bottle: Bottle,
                                                     images: tuple[str, str]) -> None:
     run = bottle.run
-    assert run.gate is not None and run.bottle is not None
+    gate = client.containers.get(run.names.gate)
     code, found = inside(run, "grep -rlsIE -D skip 'PRIVATE KEY|BEGIN EC' / --exclude-dir=proc --exclude-dir=sys")
     assert code in (1, 2) and found == "", f"private keys in the bottle: {found}"
     assert inside(run, f"grep -c CERTIFICATE {SYSTEM_BUNDLE}")[1].strip() != "0", "the search must find what is there"
-    code, output = run.gate.exec_run(["find", "/tmp", "-mindepth", "1"])
+    code, output = gate.exec_run(["find", "/tmp", "-mindepth", "1"])
     assert code == 0 and output.decode().split() == [CONTROL_SOCKET], f"the gate wrote files: {output!r}"
-    code, output = run.gate.exec_run(["find", "/tmp", "-mindepth", "1", "!", "-type", "s"])
+    code, output = gate.exec_run(["find", "/tmp", "-mindepth", "1", "!", "-type", "s"])
     assert code == 0 and output == b"", f"the gate wrote files: {output!r}"  # the control socket holds no data
-    assert not run.gate.diff(), "the gate changed its file system"
-    seen = [json.dumps(client.api.inspect_container(c.id)) for c in (run.gate, run.bottle)]
+    assert not gate.diff(), "the gate changed its file system"
+    seen = [json.dumps(client.api.inspect_container(name)) for name in (run.names.gate, run.names.bottle)]
     seen += [json.dumps(client.api.inspect_image(image)) for image in images]
-    seen.append(run.gate.logs(stdout=True, stderr=True).decode("utf-8", "replace"))
+    seen.append(gate_log(run))
     assert all("PRIVATE KEY" not in text and "BEGIN EC" not in text for text in seen)
     assert bottle.announced.decode() not in seen[-1]  # the log carries it as one base64 line, not as PEM
     ready = parse_ready(seen[-1])
@@ -244,13 +245,12 @@ def test_clients_trust_the_leaves_the_real_gate_mints(client: docker.DockerClien
     launch = Launch(load_agent("inspected", workspace), workspace, Credential.parse(token, "test"),
                     parse_upstream(upstream.url), (upstream.network,))
     with started(launch, lambda line: None) as run:
-        run.create_bottle(["sleep", "600"], tty=False).start()
-        assert run.gate is not None
+        run.create_bottle(["sleep", "600"], tty=False)
+        run.engine.start(run.names.bottle)
         (name,) = x509.load_pem_x509_certificate(run.gate_ca).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
         code, curl = inside(run, f"curl -sS -v --max-time 20 https://{TARGET}:{TRUSTED}/ 2>&1")
         code_git, git = inside(run, f"GIT_TERMINAL_PROMPT=0 timeout 30 git ls-remote https://{TARGET}:{TRUSTED}/repo.git 2>&1")
-        audit = [json.loads(line) for line in run.gate.logs(stdout=False, stderr=True).decode().splitlines()
-                 if line.startswith("{")]
+        audit = gate_audit(run)
     assert code == 0 and "trusted by the bottle" in curl, curl
     assert f"issuer: O=claude-bottle; CN={name.value}" in curl, curl  # this gate's own CA
     assert code_git == 0 and "refs/heads/main" in git, git

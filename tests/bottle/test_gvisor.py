@@ -40,13 +40,10 @@ def test_the_bottle_runs_on_gvisor_and_the_gate_on_the_default_runtime(
     launch = Launch(load_agent("sandboxed", workspace), workspace, Credential.parse(token, "test"),
                     parse_upstream(upstream.url), (upstream.network,))
     with started(launch, lambda line: None) as run:
-        bottle = run.create_bottle(["sleep", "600"], tty=False)
-        bottle.start()
-        assert run.gate is not None
-        bottle.reload()
-        run.gate.reload()
-        assert bottle.attrs["HostConfig"]["Runtime"] == runsc
-        assert run.gate.attrs["HostConfig"]["Runtime"] != runsc
+        run.create_bottle(["sleep", "600"], tty=False)
+        run.engine.start(run.names.bottle)
+        assert client.api.inspect_container(run.names.bottle)["HostConfig"]["Runtime"] == runsc
+        assert client.api.inspect_container(run.names.gate)["HostConfig"]["Runtime"] != runsc
         _, kernel = in_bottle(run, "dmesg 2>&1 | head -3")
         assert "gVisor" in kernel, kernel
         _, answer = in_bottle(run, f"curl -s -m 10 http://{run.gate_ip}:8080/v1/messages -o /dev/null "
@@ -61,9 +58,7 @@ def test_verify_blocks_every_attack_on_a_gvisor_bottle(
 ) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     with verification(AgentConfig(name="gvisor-verify", runtime=runsc), lambda line: None) as target:
-        assert target.run.bottle is not None
-        target.run.bottle.reload()
-        assert target.run.bottle.attrs["HostConfig"]["Runtime"] == runsc
+        assert client.api.inspect_container(target.run.names.bottle)["HostConfig"]["Runtime"] == runsc
         outcomes = attack(target)
     assert [o for o in outcomes if not o.blocked] == []
     assert len(outcomes) >= 60

@@ -61,7 +61,8 @@ def status(run: Run, url: str, method: str = "GET") -> str:
 
 def bottle_of(launch: Launch, stack: contextlib.ExitStack) -> Run:
     run = stack.enter_context(started(launch, lambda line: None))
-    run.create_bottle(["sleep", "600"], tty=False).start()
+    run.create_bottle(["sleep", "600"], tty=False)
+    run.engine.start(run.names.bottle)
     return run
 
 
@@ -142,9 +143,8 @@ def test_learn_then_suggest_then_a_strict_run_with_approval_while_running(
             [f"target:{PORT}"], "nothing from the bottle changed the gate's policy"
 
         # approve while running: no restart, the bottle's policy file follows
-        assert strict.bottle is not None
-        strict.bottle.reload()
-        started_at = strict.bottle.attrs["State"]["StartedAt"]
+        bottle = client.containers.get(strict.names.bottle)
+        started_at = bottle.attrs["State"]["StartedAt"]
         allowed = cli("allow", name, f"other:{PORT}", cwd=workspace)
         assert allowed.returncode == 0 and f"allowed other:{PORT}" in allowed.stdout, allowed.stderr
         assert status(strict, f"http://other:{PORT}/v1/models") == "200"
@@ -153,8 +153,8 @@ def test_learn_then_suggest_then_a_strict_run_with_approval_while_running(
         assert denied.returncode == 0, denied.stderr
         refused = in_bottle(strict, f"curl -s -i -m 10 {target}/v1/models")[1]
         assert refused.startswith(f"HTTP/1.1 403 target:{PORT} matches target:{PORT}, denied by the user")
-        strict.bottle.reload()
-        assert strict.bottle.attrs["State"]["StartedAt"] == started_at and strict.bottle.status == "running"
+        bottle.reload()
+        assert bottle.attrs["State"]["StartedAt"] == started_at and bottle.status == "running"
         bad = cli("allow", name, "*", cwd=workspace)
         assert bad.returncode == 2 and "matches every host" in bad.stderr
 

@@ -60,9 +60,8 @@ def release_claims(client: docker.DockerClient, runs: list[dict[str, str]]) -> N
 
 
 def bottle_ip(run: Run) -> str:
-    assert run.bottle is not None and run.internal is not None
-    run.bottle.reload()
-    return str(run.bottle.attrs["NetworkSettings"]["Networks"][run.internal.name]["IPAddress"])
+    assert run.internal is not None
+    return run.engine.address(run.names.bottle, run.internal.name)
 
 
 def test_claims_made_at_once_never_share_a_network(
@@ -114,8 +113,7 @@ def test_a_network_anything_is_on_goes_to_no_other_run(
     free = pooled(client)
     with run_of("later", workspace, token, upstream) as later:
         assert later.internal is not None and later.internal.id in free, "a new network made while one was free"
-        assert later.gate is not None and later.bottle is not None
-        assert sorted(on_network(client, later.internal)) == sorted([later.gate.name, later.bottle.name])
+        assert sorted(on_network(client, later.internal)) == sorted([later.names.gate, later.names.bottle])
     assert leftovers(client, "later") == []
 
 

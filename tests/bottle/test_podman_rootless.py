@@ -181,7 +181,8 @@ def sleeping_bottle(rootless: docker.DockerClient, stub: Upstream, agent: str, b
         launch = Launch(load_agent(agent, workspace), workspace, Credential.parse(token, "test"),
                         parse_upstream(stub.url), (stub.network,))
         with started(launch, lambda line: None, keep=keep) as run:
-            run.create_bottle(["sleep", "600"], tty=False).start()
+            run.create_bottle(["sleep", "600"], tty=False)
+            run.engine.start(run.names.bottle)
             yield run
 
 

@@ -61,7 +61,8 @@ def bottle_in(upstream: Upstream, token: str) -> Iterator[Callable[..., Run]]:
             launch = Launch(load_agent(agent, workspace), workspace, Credential.parse(token, "test"),
                             parse_upstream(upstream.url), (upstream.network,))
             run = stack.enter_context(started(launch, lambda line: None, keep=keep))
-            run.create_bottle(["sleep", "600"], tty=False).start()
+            run.create_bottle(["sleep", "600"], tty=False)
+            run.engine.start(run.names.bottle)
             return run
         yield start
 
@@ -160,10 +161,8 @@ def test_a_flood_of_audit_lines_stays_within_the_caps(
     write_agent("flood", "")
     workspace = project(tmp_path, "project")
     run = bottle_in("flood", workspace)
-    assert run.gate is not None and run.bottle is not None
-    for container in (run.gate, run.bottle):
-        container.reload()
-        assert container.attrs["HostConfig"]["LogConfig"] == {
+    for name in (run.names.gate, run.names.bottle):
+        assert client.api.inspect_container(name)["HostConfig"]["LogConfig"] == {
             "Type": "json-file", "Config": {"max-size": "5m", "max-file": "2"}}, "the engine keeps a bounded log"
     flood = (f"for i in $(seq 1500); do exec 3<>/dev/tcp/{run.gate_ip}/{PROXY_PORT} || exit 1; "
              "printf 'CONNECT flood-%s.example:443 HTTP/1.1\\r\\nHost: flood-%s.example:443\\r\\n\\r\\n' $i $i >&3; read -t 5 -r _ <&3; exec 3>&-; done")

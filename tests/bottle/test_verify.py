@@ -86,8 +86,7 @@ def test_a_bottle_that_bypasses_the_gate_fails_verify(
     client: docker.DockerClient, built_images: tuple[str, str],
 ) -> None:
     with verification(AgentConfig(name="bypassed"), quiet) as target:
-        assert target.run.bottle is not None
-        outside_network(client, target).connect(target.run.bottle)  # a direct route around the gate
+        outside_network(client, target).connect(target.run.names.bottle)  # a direct route around the gate
         outcomes = attack(target)
     canary = [o for o in outcomes if o.group == "direct egress" and "outside the bottle" in o.attack]
     assert canary and all(not o.blocked for o in canary), canary

@@ -62,7 +62,8 @@ def bottle(workspace: Path, token: str, upstream: Upstream, reports: list[str] |
     launch = Launch(load_agent("trusty", workspace), workspace, Credential.parse(token, "test"),
                     parse_upstream(upstream.url), (upstream.network,))
     with started(launch, (reports if reports is not None else []).append) as run:
-        run.create_bottle(["sleep", "600"], tty=False).start()
+        run.create_bottle(["sleep", "600"], tty=False)
+        run.engine.start(run.names.bottle)
         yield run
 
 
@@ -222,8 +223,9 @@ def test_symlinks_in_git_and_protected_paths_are_never_mounted(
             assert inside(run, f"mkdir -p /workspace/sub && ln -s {target} /workspace/{link}")[0] == 0
     assert cli("trust", str(workspace), "--yes", cwd=workspace).returncode == 0
     with bottle(workspace, token, upstream) as run:
-        assert run.bottle is not None
-        sources = [m["Source"] for m in run.bottle.attrs["Mounts"]]
+        shown = run.engine.container(run.names.bottle)
+        assert shown is not None
+        sources = list(shown.mounts.values())
         assert not [s for s in sources if s.startswith(str(secret))], sources
         code, output = inside(run, "cat /workspace/.envrc /workspace/.claude/settings.json /workspace/.git/config "
                                    "/workspace/.git/hooks/token /workspace/.mcp.json /workspace/sub/.git/token")

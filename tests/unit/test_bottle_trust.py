@@ -109,7 +109,7 @@ def test_the_ca_is_added_to_the_very_file_the_bottle_has_mounted(tmp_path: Path)
 def test_every_ca_variable_names_the_whole_bundle_whatever_the_agent_sets(tmp_path: Path) -> None:
     agent = parse_agent("a", tomllib.loads('version = 1\n[env]\nSSL_CERT_FILE = "/tmp/mine.pem"\n'
                                            'NODE_EXTRA_CA_CERTS = "/tmp/mine.pem"\n'), "a.toml")
-    run = Run(None, run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "b", "g", "1000:1000"),
+    run = Run(run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t")), "b", "g", "1000:1000"),
               FakeEngine())
     environment = run.bottle_environment()
     assert {name: environment[name] for name in CA_ENV} == dict.fromkeys(CA_ENV, SYSTEM_BUNDLE)
@@ -157,8 +157,8 @@ def test_a_gate_that_stops_or_stays_silent_is_told_apart(pair: tuple[socket.sock
 
 def started_run(tmp_path: Path, output: bytes, close: bool = True) -> tuple[Run, socket.socket]:
     """A run whose gate wrote ``output`` on its attached stream (then ended it, with ``close``)."""
-    run = Run(None, run_spec(Launch(parse_agent("a", {"version": 1}, "a.toml"), tmp_path,
-                                    Credential.parse(make_token(), "t")), "b", "g", "1000:1000"), FakeEngine())
+    run = Run(run_spec(Launch(parse_agent("a", {"version": 1}, "a.toml"), tmp_path,
+                              Credential.parse(make_token(), "t")), "b", "g", "1000:1000"), FakeEngine())
     ours, gates = socket.socketpair()
     gates.sendall(output)
     if close:

@@ -114,7 +114,7 @@ def test_the_value_goes_to_the_gates_stdin_and_the_sentinel_to_the_bottle(tmp_pa
     flags = [v for k, v in itertools.pairwise(command) if k == "--credential-route"]
     assert [parse_route_flag(f) for f in flags] == [routes[0].spec]
     assert gate_options(spec).stdin() == f"{spec.credential.secret}\n{VALUE}\n".encode()
-    run = Run(None, spec, FakeEngine())
+    run = Run(spec, FakeEngine())
     environment = run.bottle_environment()
     assert environment["GH_TOKEN"] == environment["GITHUB_TOKEN"] == sentinel
     assert VALUE not in repr(environment) and VALUE not in repr(spec) and VALUE not in repr(routes)

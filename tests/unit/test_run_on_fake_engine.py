@@ -70,7 +70,7 @@ class BottleEngine(FakeEngine):
 def new_run(engine: FakeEngine, workspace: Path) -> Run:
     agent = parse_agent("dev", {"version": 1}, "dev.toml")
     spec = run_spec(Launch(agent, workspace, Credential.parse(make_token(), "t")), "bottle:1", "gate:1", "1000:1000")
-    return Run(None, spec, engine)
+    return Run(spec, engine)
 
 
 def test_a_start_makes_the_gate_then_the_bottle_on_the_runs_own_network(workspace: Path) -> None:

@@ -12,13 +12,8 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import docker
-import docker.errors
-from docker.models.containers import Container
-
 from claude_bottle.credentials import CredentialKind
 from claude_bottle.errors import DockerError, GateError
-from claude_bottle.runtime.docker_engine import DockerEngine, PodmanEngine
 from claude_bottle.runtime.files import (
     CA_ENV,
     GIT_CONFIG,
@@ -59,7 +54,7 @@ from claude_bottle.runtime.pool import (
     egress_network,
 )
 from claude_bottle.runtime.removal import remove_run
-from claude_bottle.runtime.seam import ContainerSpec, Engine, Mount, NetworkInfo, NetworkSpec
+from claude_bottle.runtime.seam import ContainerInfo, ContainerSpec, Engine, Mount, NetworkInfo, NetworkSpec
 from claude_bottle.runtime.spec import API_PORT, HOME, PROXY_PORT, RunSpec
 
 # Podman: the internal network has no resolver (nor, with it, a gateway address), and the gate is given this
@@ -79,25 +74,18 @@ CLAUDE_ENV = {
 
 class Run:
     """A run: ``start_gate()``, then the bottle (``start_bottle``, or ``create_bottle`` to start it yourself);
-    always ``remove()`` (it is idempotent)."""
+    always ``remove()`` (it is idempotent). Everything it does goes through ``engine``; its containers are
+    known by their names (``names.gate``, ``names.bottle``)."""
 
-    def __init__(self, client: docker.DockerClient | None, spec: RunSpec, engine: Engine | None = None) -> None:
-        """``engine``: by default the implementation ``spec`` names (Docker, or Podman) on ``client``. Without
-        a client (an engine of the tests' own), ``gate`` and ``bottle`` stay None: the engine names them."""
-        self.client = client
+    def __init__(self, spec: RunSpec, engine: Engine) -> None:
         self.spec = spec
         self.names = RunNames.new(spec.agent, spec.workspace)
         self.hex = self.names.hex
         self.id = self.names.id
         self.labels = self.names.labels
-        self.engine = engine or (PodmanEngine(client, rootless=bool(spec.userns)) if spec.podman
-                                 else DockerEngine(client))
+        self.engine = engine
         self.internal: NetworkInfo | None = None
         self.egress: NetworkInfo | None = None
-        # The SDK's objects, for what still reads them (tests, verify, launch): the engine seam names them by
-        # ``names.gate`` and ``names.bottle``.
-        self.gate: Container | None = None
-        self.bottle: Container | None = None
         self.gate_started = False
         self.gate_ip = ""
         self.gate_ca = b""  # the gate's CA certificate (PEM), as it announced it; set by wait_for_gate
@@ -151,9 +139,8 @@ class Run:
             self._gate_output = raw
             raw.sendall(options.stdin())  # and held open: the gate stops when it closes (runtime/lifeline.py)
             self.gate_ip = self.engine.address(gate, self.internal.name)  # assigned by now, while it boots
-            self.gate = self.client.containers.get(gate) if self.client is not None else None
-        except (DockerError, docker.errors.APIError) as exc:
-            raise DockerError(f"cannot start the gate: {getattr(exc, 'explanation', None) or exc}") from None
+        except DockerError as exc:
+            raise DockerError(f"cannot start the gate: {exc}") from None
 
     def check_host_unreachable(self) -> None:
         """A DockerError unless this host is out of the internal network's reach at the bridge's gateway address.
@@ -240,14 +227,14 @@ class Run:
             "HOME": HOME,
         }
 
-    def create_bottle(self, command: list[str], tty: bool) -> Container:
-        """The bottle, created and ready to start: it returns once the gate listens and its CA is in the
-        bottle's trust store (``release``)."""
+    def create_bottle(self, command: list[str], tty: bool) -> ContainerInfo:
+        """The bottle (``names.bottle``), created and ready to start: it returns once the gate listens and
+        its CA is in the bottle's trust store (``release``)."""
         bottle = self._create_bottle(command, tty)
         self.release()
         return bottle
 
-    def start_bottle(self, command: list[str]) -> Container:
+    def start_bottle(self, command: list[str]) -> ContainerInfo:
         """The bottle, without a terminal, started while the gate boots: its entrypoint holds ``command`` until
         ``release``, before which this does not return."""
         bottle = self._create_bottle(command, tty=False)
@@ -258,7 +245,7 @@ class Run:
         self.release()
         return bottle
 
-    def _create_bottle(self, command: list[str], tty: bool) -> Container:
+    def _create_bottle(self, command: list[str], tty: bool) -> ContainerInfo:
         """The bottle: internal network only, user 1000, no capabilities, no new privileges, limits, and a
         resolver that answers nothing (its only peer is the gate, addressed by IP). Its trust store and git
         configuration are host files mounted read-only; its ~/.claude.json is written fresh by its entrypoint."""
@@ -299,12 +286,11 @@ class Run:
                     pids_limit=resources.pids, memory=resources.memory, nano_cpus=int(resources.cpus * 1e9),
                     binds=tuple((source, mount["bind"], mount["mode"] == "ro") for source, mount in volumes.items()),
                     mounts=tuple(mounts), no_ipv6=True, host_user=True))
-            self.bottle = self.client.containers.get(created.id) if self.client is not None else None
-        except (DockerError, docker.errors.APIError) as exc:
-            raise DockerError(f"cannot create the bottle: {getattr(exc, 'explanation', None) or exc}") from None
+        except DockerError as exc:
+            raise DockerError(f"cannot create the bottle: {exc}") from None
         bundle = image_trust_store(self.engine, created)
         write_for_bottle(trust, bundle if bundle.endswith(b"\n") or not bundle else bundle + b"\n")
-        return self.bottle
+        return created
 
     def release(self) -> None:
         """Wait for the gate to listen, add its CA to the bottle's trust store, and let the bottle's command

@@ -40,7 +40,7 @@ from claude_bottle.persistence import make_repository, share
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules, make_host_rules
-from claude_bottle.runtime.docker_engine import connect, create_container, open_engine
+from claude_bottle.runtime.docker_engine import DockerEngine, connect, create_container, open_engine
 from claude_bottle.runtime.names import RunNames, state_volume
 from claude_bottle.runtime.removal import remove_run
 from claude_bottle.runtime.run import Run
@@ -280,11 +280,9 @@ def verification(agent: AgentConfig, progress: Progress,
 def in_bottle(run: Run, script: str, stdin: str | None = None) -> tuple[int, str]:
     """``script`` in bash in the bottle, as the agent user (the bottle's own); ``stdin`` goes in as a
     here-document (a pipe, never a file or argv)."""
-    bottle = run.bottle
-    assert bottle is not None
     if stdin is not None:
         script = f"{script} <<'__CLAUDE_BOTTLE_END__'\n{stdin}\n__CLAUDE_BOTTLE_END__"
-    code, output = run.engine.exec(str(bottle.id), ["bash", "-c", script])
+    code, output = run.engine.exec(run.names.bottle, ["bash", "-c", script])
     return code, output.decode("utf-8", "replace")
 
 
@@ -305,25 +303,28 @@ def stub_requests(target: Verification) -> list[dict[str, Any]]:
     return requests_logged(target.stub)
 
 
+def sdk_client(run: Run) -> docker.DockerClient:
+    """The Docker SDK's client under ``run``'s engine, for what the seam does not offer yet."""
+    if not isinstance(run.engine, DockerEngine):
+        raise DockerError("verify needs an engine on the Docker API")
+    return run.engine.client
+
+
 def engine_view(run: Run) -> str:
     """What the engine shows the host of the bottle and the gate (``docker inspect``), as text."""
-    shown = ""
-    for container in (run.bottle, run.gate):
-        assert container is not None
-        container.reload()
-        shown += json.dumps(container.attrs)
-    return shown
+    client = sdk_client(run)
+    return "".join(json.dumps(client.api.inspect_container(name)) for name in (run.names.bottle, run.names.gate))
 
 
 def run_probe(target: Verification, targets: dict[str, Any]) -> str:
     """The probe (``claude_bottle.verify.probe``) run on ``targets`` in a container sharing the bottle's network
     namespace, as the agent user, unprivileged: what it printed, one JSON outcome a line."""
     run = target.run
-    assert run.bottle is not None and run.gate is not None
+    bottle = f"container:{run.names.bottle}"
     probe = create_container(
-        run.client, target.gate_image, f"container:{run.bottle.id}" if run.spec.userns else "",
+        sdk_client(run), target.gate_image, bottle if run.spec.userns else "",
         entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle.verify.probe", json.dumps(targets)],
-        name=run.names.container("probe"), labels=run.labels, network_mode=f"container:{run.bottle.id}",
+        name=run.names.container("probe"), labels=run.labels, network_mode=bottle,
         user=run.spec.user, cap_drop=["ALL"], security_opt=["no-new-privileges"],
         read_only=True)
     try:
