@@ -35,7 +35,7 @@ READY = b"claude-bottle gate: ready"
 
 
 def containers_of(client: docker.DockerClient, agent: str) -> list[docker.models.containers.Container]:
-    return list(client.containers.list(all=True, filters={"label": f"{AGENT_LABEL}={agent}"}))
+    return list(client.containers.list(all=True, filters={"label": f"{AGENT_LABEL}={agent}"}, ignore_removed=True))
 
 
 @contextlib.contextmanager
@@ -54,8 +54,9 @@ def mid_run(client: docker.DockerClient, upstream: Upstream, agent: str, workspa
         while time.monotonic() < deadline and process.poll() is None:
             running = [c for c in containers_of(client, agent) if c.name.endswith("-bottle") and c.status == "running"]
             gates = [c for c in containers_of(client, agent) if c.name.endswith("-gate")]
-            if running and gates and READY in gates[0].logs(stdout=False, stderr=True):
-                break
+            with contextlib.suppress(docker.errors.NotFound):  # a start's containers come and go
+                if running and gates and READY in gates[0].logs(stdout=False, stderr=True):
+                    break
             time.sleep(0.2)
         assert process.poll() is None and running, process.stderr.read().decode() if process.stderr else ""
         yield process, running[0].labels[RUN_LABEL]
