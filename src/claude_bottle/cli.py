@@ -89,7 +89,8 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
     """Start Claude Code interactively in a bottle, in this terminal.
 
     AGENT names a config in the user's agents folder; without it the project's .claude-bottle.toml is used,
-    or the defaults. On exit or Ctrl-C everything of the run is removed (unless --keep).
+    or the defaults. On exit or Ctrl-C everything of the run is removed (unless --keep); killed outright,
+    its gate stops and its run is removed within seconds. A gate that stops during the run ends it (exit 4).
     """
     from claude_bottle.commands import start as command
 
@@ -106,7 +107,8 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
 @_learn_option
 def run(agent: str | None, prompt: str, workspace: str | None, upstream: str | None,
         upstream_network: tuple[str, ...], runtime: str | None, learn: bool) -> None:
-    """Run Claude Code headless (claude -p) in a bottle; prints its output and exits with its code."""
+    """Run Claude Code headless (claude -p) in a bottle; prints its output and exits with its code (4 when the
+    gate stops during the run)."""
     from claude_bottle.commands import start as command
 
     sys.exit(command.run(agent, prompt, workspace, upstream, upstream_network, runtime, learn))
