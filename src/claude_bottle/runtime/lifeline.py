@@ -2,10 +2,12 @@
 
 The gate is started with ``--exit-with-stdin`` (gate/lifeline.py): when this process ends, even killed
 outright, the kernel closes its end of the stream, the engine closes the gate's standard input, and the gate
-stops. The other way, the stream's end while the host still holds it says the gate is gone (exited, killed,
-the engine lost it, or another terminal's ``stop`` removed the run): ``on_end`` is called, to end the run
-instead of leaving Claude Code retrying against nothing. Nothing in the bottle can reach this stream: it is
-between the host and the engine.
+stops. That is Docker's way; Podman's Docker-compatible API keeps the standard input of a container whose
+client went away open (measured on 4.3.1), so there the reaper alone ends the run (runtime/reaper.py). The
+other way, the stream's end while the host still holds it says the gate is gone (exited, killed, the engine
+lost it, or another terminal's ``stop`` removed the run): ``on_end`` is called, to end the run instead of
+leaving Claude Code retrying against nothing. Nothing in the bottle can reach this stream: it is between the
+host and the engine.
 """
 
 from __future__ import annotations
