@@ -155,6 +155,19 @@ def test_a_gate_gone_mid_run_removes_the_bottle_and_says_so(workspace: Path) -> 
     assert records.find(run.id).lines == 1, "its audit kept"
 
 
+def test_a_gate_gone_before_the_bottle_starts_is_a_loss_too(workspace: Path) -> None:
+    """``start``: the bottle is created, then started by the terminal's client once the gate listens."""
+    engine = BottleEngine()
+    run = new_run(engine, workspace)
+    run.start_gate()
+    run.create_bottle(["claude"], tty=True)
+    engine.attached[run.names.gate].close()
+    assert run.gate_lost.wait(5)
+    with pytest.raises(GateError):
+        run.check_gate()
+    run.remove()
+
+
 def test_a_run_stopped_from_another_terminal_lost_nothing(workspace: Path) -> None:
     """``stop`` removes the bottle, then the gate: the gate's end is then no loss."""
     engine = BottleEngine()

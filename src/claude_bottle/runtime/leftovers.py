@@ -11,9 +11,8 @@ from claude_bottle import records
 from claude_bottle.errors import BottleError
 from claude_bottle.runtime.names import GATE, WORKSPACE_LABEL, RunNames, is_claim, role_of
 from claude_bottle.runtime.removal import remove_run
-from claude_bottle.runtime.seam import ContainerInfo, Engine
+from claude_bottle.runtime.seam import ENDED, ContainerInfo, Engine
 
-ENDED = ("exited", "dead")  # a container in any other state is starting, running, or held by a run starting
 KEPT_FILE = "kept"
 
 

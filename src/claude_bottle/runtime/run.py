@@ -54,7 +54,7 @@ from claude_bottle.runtime.pool import (
     egress_network,
 )
 from claude_bottle.runtime.removal import remove_run
-from claude_bottle.runtime.seam import ContainerInfo, ContainerSpec, Engine, Mount, NetworkInfo, NetworkSpec
+from claude_bottle.runtime.seam import ENDED, ContainerInfo, ContainerSpec, Engine, Mount, NetworkInfo, NetworkSpec
 from claude_bottle.runtime.spec import API_PORT, HOME, PROXY_PORT, RunSpec
 
 # Podman: the internal network has no resolver (nor, with it, a gateway address), and the gate is given this
@@ -189,15 +189,16 @@ class Run:
         self.lifeline.follow()
 
     def _gate_ended(self) -> None:
-        """The gate's stream ended, not by this run's doing. A bottle already gone or stopped ended first
+        """The gate's stream ended, not by this run's doing. A bottle already gone or exited went first
         (``stop`` from another terminal removes the bottle before the gate): the run is over, nothing lost.
-        Else the gate is gone while the run goes on: remove the bottle, so that what waits on it (the command)
+        Else (the bottle running, or created and about to start) the gate is gone while the run goes on:
+        remove the bottle, so that what waits on it (the command)
         ends instead of Claude Code retrying against nothing; ``check_gate`` then says why."""
         try:
             bottle = self.engine.container(self.names.bottle)
         except DockerError:
             bottle = None
-        if bottle is None or not bottle.active:
+        if bottle is None or bottle.status in ENDED:
             return
         self.gate_lost.set()
         with contextlib.suppress(DockerError):

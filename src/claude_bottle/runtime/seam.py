@@ -20,6 +20,7 @@ from claude_bottle.errors import DockerError
 from claude_bottle.runtime.engine import EngineInfo
 
 ACTIVE = ("running", "paused", "restarting")  # a container's states in which its processes still hold on
+ENDED = ("exited", "dead")  # a container's states once it has run (created: not yet; removing: going)
 
 
 class NameTaken(DockerError):
