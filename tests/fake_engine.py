@@ -8,6 +8,7 @@ import itertools
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from claude_bottle.errors import DockerError
 from claude_bottle.runtime.engine import EngineInfo
@@ -154,10 +155,20 @@ class FakeEngine(Engine):
         self.events.append(("exec", name))
         return self.on_exec(name, argv)
 
-    def wait(self, name: str) -> int:
+    def wait(self, name: str, timeout: float | None = None) -> int:
         found = self._found(name)
         self.containers_by_name[found.name] = dataclasses.replace(found, status="exited")
         return 0
+
+    def inspect(self, name: str) -> dict[str, Any]:
+        """A few of the engine's fields: its name, state and labels, and what it was asked to run with."""
+        found = self._found(name)
+        spec = self.specs.get(found.name)
+        config: dict[str, Any] = {"Image": found.image, "Labels": found.labels}
+        if spec is not None:
+            config |= {"Cmd": list(spec.command), "Entrypoint": list(spec.entrypoint) or None, "User": spec.user,
+                       "Env": [f"{key}={value}" for key, value in spec.environment.items()]}
+        return {"Id": found.id, "Name": f"/{found.name}", "State": {"Status": found.status}, "Config": config}
 
     def logs(self, name: str, stdout: bool = True, stderr: bool = True, follow: bool = False) -> Iterator[bytes]:
         if name not in self.containers_by_name:

@@ -102,7 +102,8 @@ def upstream(client: docker.DockerClient, built_images: tuple[str, str]) -> Iter
     containers = []
     try:
         for alias in ("stub", "target"):
-            containers.append(stub_container(client, gate_image, name, alias, f"{name}-{alias}", {TEST_LABEL: "1"}))
+            stub_container(open_engine(client), gate_image, name, alias, f"{name}-{alias}", {TEST_LABEL: "1"})
+            containers.append(client.containers.get(f"{name}-{alias}"))
         network.reload()
         target = containers[1]
         target.reload()

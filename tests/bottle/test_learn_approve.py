@@ -20,7 +20,6 @@ from pathlib import Path
 
 import docker
 import pytest
-from docker.models.containers import Container
 
 from claude_bottle import records
 from claude_bottle.agent.load import load_agent
@@ -28,10 +27,11 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.paths import agents_dir
+from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.gate import CONTROL_SOCKET, control_gate
 from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.spec import API_PORT, PROXY_PORT
-from claude_bottle.verify.standins import in_bottle, stub_container
+from claude_bottle.verify.standins import StandIn, in_bottle, stub_container
 from tests.bottle.conftest import TEST_LABEL, Upstream, write_agent
 
 pytestmark = pytest.mark.docker
@@ -44,14 +44,13 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def other(client: docker.DockerClient, upstream: Upstream, built_images: tuple[str, str]) -> Iterator[Container]:
+def other(client: docker.DockerClient, upstream: Upstream, built_images: tuple[str, str]) -> Iterator[StandIn]:
     """A second destination on the tests' network, known there as ``other``."""
-    container = stub_container(client, built_images[1], upstream.network, "other",
-                               f"claude-bottle-test-other-{secrets.token_hex(3)}", {TEST_LABEL: "1"})
+    engine, name = open_engine(client), f"claude-bottle-test-other-{secrets.token_hex(3)}"
     try:
-        yield container
+        yield stub_container(engine, built_images[1], upstream.network, "other", name, {TEST_LABEL: "1"})
     finally:
-        container.remove(force=True)
+        engine.remove_container(name)
 
 
 def status(run: Run, url: str, method: str = "GET") -> str:
@@ -76,7 +75,7 @@ def scan_gate(run: Run) -> set[int]:
 
 
 def test_learn_then_suggest_then_a_strict_run_with_approval_while_running(
-    client: docker.DockerClient, upstream: Upstream, other: Container, token: str, workspace: Path,
+    client: docker.DockerClient, upstream: Upstream, other: StandIn, token: str, workspace: Path,
 ) -> None:
     name = f"learner-{secrets.token_hex(3)}"
     write_agent(name, f'allow_private = ["{upstream.subnet}"]\n')

@@ -31,6 +31,7 @@ from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
+from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.names import WORKSPACE_LABEL
 from claude_bottle.runtime.pool import BRIDGE_PREFIX
 from claude_bottle.runtime.run import Run
@@ -77,7 +78,8 @@ def stub(rootless: docker.DockerClient) -> Iterator[Upstream]:
     network = rootless.networks.create(name, driver="bridge", labels={TEST_LABEL: "1"})
     containers = []
     try:
-        containers.append(stub_container(rootless, gate_image, name, "stub", f"{name}-stub", {TEST_LABEL: "1"}))
+        stub_container(open_engine(rootless), gate_image, name, "stub", f"{name}-stub", {TEST_LABEL: "1"})
+        containers.append(rootless.containers.get(f"{name}-stub"))
         network.reload()
         yield Upstream(name, "http://stub:8000", containers[0], "", network.attrs["IPAM"]["Config"][0]["Subnet"])
     finally:

@@ -78,8 +78,8 @@ def test_verify_prints_a_table(client: docker.DockerClient, built_images: tuple[
 
 
 def outside_network(client: docker.DockerClient, target: Verification) -> docker.models.networks.Network:
-    target.canary.reload()
-    return client.networks.get(next(iter(target.canary.attrs["NetworkSettings"]["Networks"])))
+    canary = client.containers.get(target.canary.name)
+    return client.networks.get(next(iter(canary.attrs["NetworkSettings"]["Networks"])))
 
 
 def test_a_bottle_that_bypasses_the_gate_fails_verify(

@@ -19,7 +19,8 @@ from claude_bottle.verify.checks import BOTTLE_CHECKS, FILE_SEARCH, judged_for_e
 from claude_bottle.verify.inspected import CONTROLS, INSPECTED_ATTACKS, Inspecting, Sent
 from claude_bottle.verify.network import judged_by_evidence, resolvable_name
 from claude_bottle.verify.report import as_json, report
-from claude_bottle.verify.standins import HostCanary, Verification
+from claude_bottle.verify.standins import HostCanary, StandIn, Verification
+from tests.fake_engine import FakeEngine
 
 SECRET = "sk-ant-oat01-secret-value"
 
@@ -215,14 +216,12 @@ def test_the_suite_covers_every_group() -> None:
     assert len({a.name for a in suite}) == len(suite), "attack names are unique"
 
 
-class FakeStub:
-    """The stub container's log: one JSON line per request it received."""
-
-    def __init__(self, *requests: dict[str, object]) -> None:
-        self.lines = "\n".join(json.dumps({"method": "POST", "headers": [], **r}) for r in requests)
-
-    def logs(self, stdout: bool = True, stderr: bool = True) -> bytes:
-        return ("stub upstream on http://stub:8000\n" + self.lines).encode()
+def stub_logging(*requests: dict[str, object]) -> StandIn:
+    """The stub upstream on an engine in memory, its log one JSON line per request it received."""
+    engine = FakeEngine()
+    lines = "\n".join(json.dumps({"method": "POST", "headers": [], **r}) for r in requests)
+    engine.add_container("stub", {}, output=("stub upstream on http://stub:8000\n" + lines).encode())
+    return StandIn(engine, "stub", "10.0.0.3")
 
 
 @pytest.mark.parametrize(("attack", "received", "blocked", "words"), [
@@ -240,7 +239,7 @@ def test_a_provider_side_fetch_is_judged_by_what_the_upstream_received(
 ) -> None:
     target = Verification.__new__(Verification)
     target.credential = Credential.parse("sk-ant-oat01-" + "s" * 60, "t")
-    target.stub = FakeStub(received)  # type: ignore[assignment]
+    target.stub = stub_logging(received)
     forbidden = attack.rsplit(" ", 1)[-1]
     outcome = Outcome("API route", attack, "refused before the upstream", "HTTP/1.1 403 Forbidden", True,
                       proof=Proof.UPSTREAM_NEVER_GOT, forbidden=forbidden)

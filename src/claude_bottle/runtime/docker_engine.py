@@ -16,6 +16,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests
 from docker.models.containers import Container
 from docker.types import LogConfig
 from docker.types import Mount as DockerMount
@@ -147,7 +148,9 @@ def create_options(spec: ContainerSpec) -> dict[str, Any]:
     options: dict[str, Any] = {"name": spec.name, "labels": spec.labels, "cap_drop": ["ALL"],
                                "security_opt": ["no-new-privileges"]}
     chosen: dict[str, Any] = {
-        "command": list(spec.command), "network": spec.network, "user": spec.user,
+        "command": list(spec.command), "entrypoint": list(spec.entrypoint), "network": spec.network,
+        "networking_config": {spec.network: {"Aliases": list(spec.aliases)}} if spec.aliases else None,
+        "network_mode": f"container:{spec.network_of}" if spec.network_of else "", "user": spec.user,
         "environment": spec.environment, "working_dir": spec.working_dir, "tty": spec.tty,
         "stdin_open": spec.stdin_open, "read_only": spec.read_only, "tmpfs": spec.tmpfs, "dns": list(spec.dns),
         "dns_search": list(spec.dns_search), "dns_opt": list(spec.dns_opt), "runtime": spec.runtime,
@@ -270,9 +273,19 @@ class DockerEngine(Engine):
             raise _failed(exc) from None
         return int(result.exit_code if result.exit_code is not None else -1), bytes(result.output or b"")
 
-    def wait(self, name: str) -> int:
+    def wait(self, name: str, timeout: float | None = None) -> int:
         try:
-            return int(self.client.api.wait(name).get("StatusCode", 1))
+            return int(self.client.api.wait(name, timeout=timeout).get("StatusCode", 1))
+        except docker.errors.APIError as exc:
+            raise _failed(exc) from None
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            if timeout is None:  # the engine itself went away
+                raise
+            raise DockerError(f"{name} did not exit within {timeout:g} s") from None
+
+    def inspect(self, name: str) -> dict[str, Any]:
+        try:
+            return dict(self.client.api.inspect_container(name))
         except docker.errors.APIError as exc:
             raise _failed(exc) from None
 
@@ -408,12 +421,16 @@ class PodmanEngine(DockerEngine):
         """Without IPv6 where asked (``PODMAN_SYSCTLS``), and on rootless Podman the host user's uid kept
         (user namespace ``keep-id``): rootless Podman maps the container's root to the user and every other
         uid to the user's subordinate ids, so a bottle running as the user's uid would be a stranger on the
-        host, unable to write the workspace."""
+        host, unable to write the workspace. A container joining another's network namespace joins its user
+        namespace as well: the other's user (the bottle's, for verify's probe) is then the same user there,
+        under the same mapping."""
         if spec.no_ipv6:
             options = {**options, "sysctls": PODMAN_SYSCTLS}
-        if not (spec.host_user and self.rootless):
-            return self.client.containers.create(image, **options)
-        return create_in_userns(self.client, image, "keep-id", options)
+        if self.rootless and spec.host_user:
+            return create_in_userns(self.client, image, "keep-id", options)
+        if self.rootless and spec.network_of:
+            return create_in_userns(self.client, image, f"container:{spec.network_of}", options)
+        return self.client.containers.create(image, **options)
 
     def create_network(self, spec: NetworkSpec) -> NetworkInfo:
         """An internal network is made through Podman's own API: without a resolver. With one (what its

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from claude_bottle.errors import DockerError
 from claude_bottle.runtime.engine import EngineInfo
@@ -89,17 +90,23 @@ class Mount:
 
 @dataclass(frozen=True)
 class ContainerSpec:
-    """A container to create: always without capabilities and without new privileges. ``binds``: host paths
-    or volume names (source, target, read-only); ``network``: the one it starts on; ``memory``: as the engine
-    takes it ("256m", bytes); ``bounded_logs``: the engine keeps a few megabytes of its output, whatever it
-    floods. ``no_ipv6`` and ``host_user`` ask for what the engine may need to be told: no IPv6 in a container
-    whose networks have none, and the host user's uid the same inside and out (a bottle's)."""
+    """A container to create: always without capabilities and without new privileges. ``entrypoint``: in
+    place of the image's (with ``command`` as its arguments); ``binds``: host paths or volume names (source,
+    target, read-only); ``network``: the one it starts on, where it is also known by ``aliases``;
+    ``network_of``: instead, the container whose network namespace it joins (the engine makes it see that
+    container's user the same way too); ``memory``: as the engine takes it ("256m", bytes); ``bounded_logs``:
+    the engine keeps a few megabytes of its output, whatever it floods. ``no_ipv6`` and ``host_user`` ask for
+    what the engine may need to be told: no IPv6 in a container whose networks have none, and the host user's
+    uid the same inside and out (a bottle's)."""
 
     image: str
     name: str
     labels: dict[str, str]
     command: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] = ()
     network: str = ""
+    aliases: tuple[str, ...] = ()
+    network_of: str = ""
     user: str = ""
     environment: dict[str, str] = field(default_factory=dict)
     working_dir: str = ""
@@ -189,8 +196,15 @@ class Engine(ABC):
         """Run ``argv`` in the running container as its own user: its exit code and output (both streams)."""
 
     @abstractmethod
-    def wait(self, name: str) -> int:
-        """Wait for it to exit: its exit code."""
+    def wait(self, name: str, timeout: float | None = None) -> int:
+        """Wait for it to exit: its exit code; a DockerError when it has not exited within ``timeout``
+        seconds (when given)."""
+
+    @abstractmethod
+    def inspect(self, name: str) -> dict[str, Any]:
+        """The engine's whole description of the container, as ``docker inspect`` shows it to anyone on the
+        host (its configuration, environment and state): for a look at what the host can see, never to read
+        one fact from (``container`` has those)."""
 
     @abstractmethod
     def logs(self, name: str, stdout: bool = True, stderr: bool = True, follow: bool = False) -> Iterator[bytes]:

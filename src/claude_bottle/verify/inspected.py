@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from claude_bottle.verify.attack import Attack, Outcome, Verdict
-from claude_bottle.verify.standins import INSPECTED, READ_ONLY, TLS_PORT, Verification, in_bottle, requests_logged
+from claude_bottle.verify.standins import INSPECTED, READ_ONLY, TLS_PORT, Verification, in_bottle
 
 INSPECTION = "inspected https"
 FILLER = 300_000  # bytes of an upload before its secret: many reads and scanner tails in
@@ -131,7 +131,7 @@ def _curl(target: Verification, request: Inspected, secret: str = "") -> tuple[i
 
 def _arrived(target: Verification, request: Inspected) -> bool:
     """Whether the stand-in logged a request to ``request``'s path."""
-    return any(logged["target"].startswith(request.path) for logged in requests_logged(target.https[request.host]))
+    return any(logged["target"].startswith(request.path) for logged in target.https[request.host].requests())
 
 
 def inspection_attacks(target: Verification) -> list[Outcome]:

@@ -20,7 +20,6 @@ from claude_bottle.verify.standins import (
     PRIVATE_NAME,
     STUB_PORT,
     Verification,
-    address,
     in_bottle,
     run_probe,
     stub_requests,
@@ -109,7 +108,7 @@ def network_attacks(target: Verification) -> list[Outcome]:
     name, resolves_here = resolvable_name()
     targets = {
         "gate": run.gate_ip, "api_port": 8080, "proxy_port": 3128,
-        "canary_ip": address(target.canary), "canary_port": STUB_PORT, "private_name": PRIVATE_NAME,
+        "canary_ip": target.canary.address, "canary_port": STUB_PORT, "private_name": PRIVATE_NAME,
         "api_host": f"stub:{STUB_PORT}", "unlisted_host": "exfiltrate.example", "attacker_key": target.attacker_key,
         "host_port": target.host.port, "host_addresses": list(target.host_addresses),
         "public_ipv4": list(PUBLIC_IPV4), "public_ipv6": list(PUBLIC_IPV6),

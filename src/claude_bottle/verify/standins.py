@@ -4,11 +4,8 @@ The bottle is the agent's own (its allowlist, mounts, limits and images) with th
 credential, a stub Messages API as the upstream, and a scratch workspace. A second stub plays a host outside
 the bottle, on a private address: the gate could reach it, the bottle must not; HTTPS stand-ins the gate
 inspects, and a listener on the host, complete them. This is the one module of ``verify`` that speaks to the
-container engine: the attacks reach the bottle, the stand-ins and the probe through the functions here. The
-commands in the bottle, the networks' gateways, the state volumes and the removal go through the engine seam
-(``runtime.seam``); the rest still uses the Docker SDK, for what the seam does not offer yet: a container's
-entrypoint, its network aliases and another's network namespace at creation, a wait with a timeout, and the
-engine's whole description of a container (``docker inspect``).
+container engine, and only through its seam (``runtime.seam``): the attacks reach the bottle, the stand-ins
+and the probe through the functions and values here.
 """
 
 from __future__ import annotations
@@ -25,10 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
-from docker.models.containers import Container
-
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
@@ -40,11 +33,11 @@ from claude_bottle.persistence import make_repository, share
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.rules import HostRules, make_host_rules
-from claude_bottle.runtime.docker_engine import DockerEngine, connect, create_container, open_engine
+from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.names import RunNames, state_volume
 from claude_bottle.runtime.removal import remove_run
 from claude_bottle.runtime.run import Run
-from claude_bottle.runtime.seam import Engine
+from claude_bottle.runtime.seam import ContainerSpec, Engine, NetworkSpec
 
 STUB_PORT = 8000
 PRIVATE_NAME = f"canary:{STUB_PORT}"  # allowlisted on purpose: the name resolves to a private address
@@ -96,18 +89,33 @@ class HostCanary:
         self.udp.close()
 
 
+@dataclass(frozen=True)
+class StandIn:
+    """A stand-in's container (``name``) on the engine that runs it, and its ``address`` on the stand-ins'
+    network."""
+
+    engine: Engine
+    name: str
+    address: str
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The requests it logged, one JSON object each (its target, headers and what it noticed)."""
+        output = b"".join(self.engine.logs(self.name, stderr=False)).decode("utf-8", "replace")
+        return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
 @dataclass
 class Verification:
     """A started bottle under test and what the attacks need to know about it."""
 
     run: Run
     credential: Credential
-    stub: Container  # the stub Messages API, the gate's upstream
-    canary: Container  # a host outside the bottle that the gate could reach
+    stub: StandIn  # the stub Messages API, the gate's upstream
+    canary: StandIn  # a host outside the bottle that the gate could reach
     gate_image: str
     host: HostCanary
     host_addresses: tuple[str, ...]
-    https: dict[str, Container]  # the HTTPS stand-ins the gate inspects, by name
+    https: dict[str, StandIn]  # the HTTPS stand-ins the gate inspects, by name
     attacker_key: str = dataclasses.field(default_factory=lambda: "sk-ant-api03-attacker-" + secrets.token_hex(16))
 
 
@@ -127,30 +135,37 @@ def scratch_workspace(root: str) -> Path:
     return workspace
 
 
-def _wait_for_log(container: Container, line: str, what: str, seconds: float = 30) -> None:
+@contextlib.contextmanager
+def _verify_asked() -> Iterator[None]:
+    """The engine's refusal of what verify asks for itself (its stand-ins, its probe), said as verify's."""
+    try:
+        yield
+    except DockerError as exc:
+        raise DockerError(f"verify: {exc}") from None
+
+
+def _wait_for_log(engine: Engine, name: str, line: str, what: str, seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
-    while line not in (logs := container.logs().decode("utf-8", "replace")):
-        container.reload()
-        if container.status in ("exited", "dead") or time.monotonic() > deadline:
+    while line not in (logs := b"".join(engine.logs(name)).decode("utf-8", "replace")):
+        found = engine.container(name)
+        if found is None or found.status in ("exited", "dead") or time.monotonic() > deadline:
             raise GateError(f"{what} did not start: {logs.strip()[-300:] or 'no output'}")
         time.sleep(0.1)
 
 
-def stub_container(client: docker.DockerClient, image: str, network: str, alias: str, name: str,
-                   labels: dict[str, str], tls: Path | None = None) -> Container:
+def stub_container(engine: Engine, image: str, network: str, alias: str, name: str,
+                   labels: dict[str, str], tls: Path | None = None) -> StandIn:
     """A stub Messages API from the gate image, known on ``network`` as ``alias``, logging each request; with
     ``tls`` (a PEM file of a chain and key, mounted read-only), on HTTPS port ``TLS_PORT``."""
-    port, served = (STUB_PORT, []) if tls is None else (TLS_PORT, ["--tls", "/opt/stub/tls.pem"])
-    container = client.containers.create(
-        image, entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle", "stub-upstream", "--listen",
-                           f"{alias}:{port}", "--log", *served],
-        name=name, labels=labels, network=network,
-        networking_config={network: client.api.create_endpoint_config(aliases=[alias])},
-        volumes={str(tls): {"bind": "/opt/stub/tls.pem", "mode": "ro"}} if tls else None,
-        cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True)
-    container.start()
-    _wait_for_log(container, "stub upstream on", f"the {alias} container")
-    return container
+    port, served = (STUB_PORT, ()) if tls is None else (TLS_PORT, ("--tls", "/opt/stub/tls.pem"))
+    engine.create_container(ContainerSpec(
+        image, name, labels, entrypoint=("/opt/gate/bin/python", "-m", "claude_bottle", "stub-upstream", "--listen",
+                                         f"{alias}:{port}", "--log", *served),
+        network=network, aliases=(alias,), binds=((str(tls), "/opt/stub/tls.pem", True),) if tls else (),
+        read_only=True))
+    engine.start(name)
+    _wait_for_log(engine, name, "stub upstream on", f"the {alias} container")
+    return StandIn(engine, name, engine.address(name, network))
 
 
 def _gateways(engine: Engine, names: list[str]) -> tuple[str, ...]:
@@ -166,17 +181,16 @@ class StandIns:
     """What every bottle of a verify run is started against: the throwaway credential, the stub upstream and a
     host outside the bottle (and an allowed front host) on a network only gates join, and the host canary."""
 
-    client: docker.DockerClient  # what the stand-ins are created with (the engine seam does not make them yet)
     engine: Engine
     agent: AgentConfig  # the agent under test, with the stand-ins allowed
     credential: Credential
-    stub: Container
-    canary: Container
+    stub: StandIn
+    canary: StandIn
     gate_image: str
     outside: str  # the network of the stand-ins
     host: HostCanary
     progress: Progress
-    https: dict[str, Container]  # the HTTPS stand-ins by name (INSPECTED, READ_ONLY)
+    https: dict[str, StandIn]  # the HTTPS stand-ins by name (INSPECTED, READ_ONLY)
     https_ca: Path  # their CA, trusted by the gate toward them
     workspaces: list[Path] = dataclasses.field(default_factory=list)  # scratch projects bottles were started on
 
@@ -190,36 +204,33 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
     verify_id, labels = names.id, names.labels
     workspaces: list[Path] = []
     with on_stop_signals(interrupt), tempfile.TemporaryDirectory(prefix="claude-bottle-verify-tls-") as tls:
-        client = connect()
-        engine = open_engine(client)
+        engine = open_engine()
         host = HostCanary()
         try:
             _, gate_image = build_images(engine, agent, progress)
             progress("starting the stub upstream and a host outside the bottle")
-            outside = client.networks.create(names.container("outside"), driver="bridge", internal=True,
-                                             options={"com.docker.network.bridge.name": STAND_IN_BRIDGE + verify_hex},
-                                             labels=labels)
-            stub, canary, front = (stub_container(client, gate_image, outside.name, alias,
-                                                  names.container(alias), labels)
-                                   for alias in ("stub", "canary", FRONT))
+            ca, files = _https_files(Path(tls))
+            with _verify_asked():
+                outside = engine.create_network(NetworkSpec(names.container("outside"), labels, internal=True,
+                                                            bridge=STAND_IN_BRIDGE + verify_hex))
+                stub, canary, front = (stub_container(engine, gate_image, outside.name, alias,
+                                                      names.container(alias), labels)
+                                       for alias in ("stub", "canary", FRONT))
+                https = {name: stub_container(engine, gate_image, outside.name, name, names.container(name),
+                                              labels, files[name]) for name in (INSPECTED, READ_ONLY)}
             # The stand-ins speak plain HTTP, and these attacks are on what an opaque tunnel carries: tunnels to
             # them stay opaque (still under the first-flight check), else the gate's own TLS to them would fail
             # before any attack reached them.
             opaque = tuple(HostRules(parse_pattern(p), inspect=False) for p in (PRIVATE_NAME, f"{FRONT}:{STUB_PORT}",
                                                                                FRONT))
-            ca, files = _https_files(Path(tls))
-            https = {name: stub_container(client, gate_image, outside.name, name, names.container(name),
-                                          labels, files[name]) for name in (INSPECTED, READ_ONLY)}
             tested = dataclasses.replace(
                 agent, allow=Allowlist((*agent.allow.patterns, *(parse_pattern(p) for p in (
                     PRIVATE_NAME, f"{FRONT}:{STUB_PORT}", FRONT, f"{INSPECTED}:{TLS_PORT}")))),
                 egress=dataclasses.replace(agent.egress, hosts=(*agent.egress.hosts, *opaque, *inspected_rules())),
                 allow_private=(*agent.allow_private,
-                               *(parse_network(f"{address(c)}/32") for c in (front, *https.values()))))
-            yield StandIns(client, engine, tested, credential, stub, canary, gate_image, outside.name, host, progress,
+                               *(parse_network(f"{c.address}/32") for c in (front, *https.values()))))
+            yield StandIns(engine, tested, credential, stub, canary, gate_image, outside.name, host, progress,
                            https, ca, workspaces)
-        except docker.errors.APIError as exc:
-            raise DockerError(f"verify: {exc.explanation or exc}") from None
         finally:
             with on_stop_signals(lambda signum, frame: None):
                 remove_run(engine, verify_id)
@@ -286,54 +297,33 @@ def in_bottle(run: Run, script: str, stdin: str | None = None) -> tuple[int, str
     return code, output.decode("utf-8", "replace")
 
 
-def address(container: Container) -> str:
-    """``container``'s address on its (first) network."""
-    container.reload()
-    return str(next(iter(container.attrs["NetworkSettings"]["Networks"].values()))["IPAddress"])
-
-
-def requests_logged(container: Container) -> list[dict[str, Any]]:
-    """The requests a stand-in logged, one JSON object each (its target, headers and what it noticed)."""
-    lines = container.logs(stdout=True, stderr=False).decode("utf-8", "replace").splitlines()
-    return [json.loads(line) for line in lines if line.startswith("{")]
-
-
 def stub_requests(target: Verification) -> list[dict[str, Any]]:
     """The requests the stub upstream logged."""
-    return requests_logged(target.stub)
-
-
-def sdk_client(run: Run) -> docker.DockerClient:
-    """The Docker SDK's client under ``run``'s engine, for what the seam does not offer yet."""
-    if not isinstance(run.engine, DockerEngine):
-        raise DockerError("verify needs an engine on the Docker API")
-    return run.engine.client
+    return target.stub.requests()
 
 
 def engine_view(run: Run) -> str:
     """What the engine shows the host of the bottle and the gate (``docker inspect``), as text."""
-    client = sdk_client(run)
-    return "".join(json.dumps(client.api.inspect_container(name)) for name in (run.names.bottle, run.names.gate))
+    return "".join(json.dumps(run.engine.inspect(name)) for name in (run.names.bottle, run.names.gate))
 
 
 def run_probe(target: Verification, targets: dict[str, Any]) -> str:
     """The probe (``claude_bottle.verify.probe``) run on ``targets`` in a container sharing the bottle's network
     namespace, as the agent user, unprivileged: what it printed, one JSON outcome a line."""
     run = target.run
-    bottle = f"container:{run.names.bottle}"
-    probe = create_container(
-        sdk_client(run), target.gate_image, bottle if run.spec.userns else "",
-        entrypoint=["/opt/gate/bin/python", "-m", "claude_bottle.verify.probe", json.dumps(targets)],
-        name=run.names.container("probe"), labels=run.labels, network_mode=bottle,
-        user=run.spec.user, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-        read_only=True)
-    try:
-        probe.start()
-        status = probe.wait(timeout=PROBE_SECONDS)
-        output: str = probe.logs(stdout=True, stderr=False).decode("utf-8", "replace")
-        if status.get("StatusCode"):
-            raise GateError(f"the network probe failed: {probe.logs(stdout=False, stderr=True).decode()[-500:]}")
-    finally:
-        with contextlib.suppress(docker.errors.NotFound):
-            probe.remove(force=True)
+    engine, probe = run.engine, run.names.container("probe")
+    with _verify_asked():
+        engine.create_container(ContainerSpec(
+            target.gate_image, probe, run.labels,
+            entrypoint=("/opt/gate/bin/python", "-m", "claude_bottle.verify.probe", json.dumps(targets)),
+            network_of=run.names.bottle, user=run.spec.user, read_only=True))
+        try:
+            engine.start(probe)
+            status = engine.wait(probe, timeout=PROBE_SECONDS)
+            output = b"".join(engine.logs(probe, stderr=False)).decode("utf-8", "replace")
+            if status:
+                errors = b"".join(engine.logs(probe, stdout=False)).decode()
+                raise GateError(f"the network probe failed: {errors[-500:]}")
+        finally:
+            engine.remove_container(probe)
     return output
