@@ -38,9 +38,11 @@ from claude_bottle.errors import BottleError
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime.docker_engine import open_engine
-from claude_bottle.verify.standins import bottle_on, in_bottle, scratch_workspace, stand_ins
+from claude_bottle.runtime.names import RunNames
+from claude_bottle.runtime.seam import ContainerSpec
+from claude_bottle.verify.standins import StandIns, bottle_on, in_bottle, scratch_workspace, stand_ins
 
-REGISTRY = "registry"
+REGISTRY = "npm-registry"  # not verify's "registry" (its read-only HTTPS stand-in on the same network)
 PORT = 8000
 PACKAGES = 40
 TESTS = 40
@@ -120,6 +122,24 @@ def timed(run: Any, script: str) -> float:
     return time.monotonic() - began
 
 
+def start_registry(env: StandIns, served: Path) -> None:
+    """The registry (``registry_server``) on the stand-ins' network, known there as ``REGISTRY``, serving
+    ``registry_files`` written to ``served`` (mounted read-only); removed with the stand-ins (their run's)."""
+    for path, data in registry_files().items():
+        target = served / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    served.chmod(0o755)  # its root has no capabilities: it reads what everyone may
+    outside = env.engine.network(env.outside)
+    labels = outside.labels if outside is not None else {}
+    name = RunNames.from_labels(labels).container(REGISTRY)
+    env.engine.create_container(ContainerSpec(
+        env.gate_image, name, labels, entrypoint=("/opt/gate/bin/python", "-c", registry_server()),
+        working_dir="/tmp/registry", network=env.outside, aliases=(REGISTRY,), user="0",
+        binds=((str(served), "/tmp/registry", True),)))
+    env.engine.start(name)
+
+
 def measure(reps: int) -> dict[str, Any]:
     about = open_engine().describe()
     if "runsc" not in about.runtimes:
@@ -129,22 +149,9 @@ def measure(reps: int) -> dict[str, Any]:
                         allow_private=tuple(map(parse_network, ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))))
     samples: dict[str, dict[str, list[float]]] = {r: {"start": [], "npm_install": [], "test_suite": []}
                                                   for r in RUNTIMES}
-    with stand_ins(agent, lambda line: print(f"  {line}", file=sys.stderr)) as env:
-        files = registry_files()
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            for path, data in files.items():
-                info = tarfile.TarInfo(f"registry/{path}")
-                info.size, info.mode = len(data), 0o644
-                tar.addfile(info, io.BytesIO(data))
-        labels = {"claude-bottle": "1", "claude-bottle.run": env.outside.removeprefix("claude-bottle-")
-                  .removesuffix("-outside"), "claude-bottle.agent": agent.name}
-        registry = env.client.containers.create(
-            env.gate_image, entrypoint=["/opt/gate/bin/python", "-c", registry_server()], working_dir="/tmp/registry",
-            name=f"{env.outside}-{REGISTRY}", labels=labels, network=env.outside, user="0",
-            networking_config={env.outside: env.client.api.create_endpoint_config(aliases=[REGISTRY])})
-        registry.put_archive("/tmp", buffer.getvalue())
-        registry.start()
+    with stand_ins(agent, lambda line: print(f"  {line}", file=sys.stderr)) as env, \
+            tempfile.TemporaryDirectory(prefix="claude-bottle-registry-") as served:
+        start_registry(env, Path(served))
         for i in range(reps):
             for runtime in RUNTIMES:
                 env.agent = dataclasses.replace(env.agent, runtime="" if runtime == "runc" else runtime)
