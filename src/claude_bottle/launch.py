@@ -31,7 +31,7 @@ from claude_bottle.runtime.reaper import watch as watch_over
 from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.seam import Engine
 from claude_bottle.runtime.spec import RunSpec
-from claude_bottle.runtime.users import bottle_user, userns_for
+from claude_bottle.runtime.users import bottle_user
 
 EXTRA_CA_VARIABLE = "CLAUDE_BOTTLE_EXTRA_CA_CERTS"
 HOST_CA_VARIABLE = "CLAUDE_BOTTLE_HOST_CA_CERTS"  # "0" (or no, false, off): the images do not trust the host's CAs
@@ -130,9 +130,9 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], None] | signal.Ha
 
 
 def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
-             protected: tuple[str, ...] = workspace.PROTECTED, about: engine.EngineInfo | None = None) -> RunSpec:
+             protected: tuple[str, ...] = workspace.PROTECTED) -> RunSpec:
     """``user``: uid:gid from ``bottle_user``; ``protected``: the workspace paths to mount read-only where they
-    exist (``workspace.protected_paths``); ``about``: the engine (by default Docker, rootful)."""
+    exist (``workspace.protected_paths``). What differs between engines (Podman's) is the engine's own."""
     agent = launch.agent
     routes = {route.spec.name: route for route in launch.routes}
     if missing := [c.name for c in agent.credentials if c.name not in routes]:
@@ -154,8 +154,6 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
         route_env={variable: routes[config.name].spec.sentinel for config in agent.credentials
                    for variable in config.bottle_env},
         git_routes=tuple(routes[config.name].spec for config in agent.credentials if config.git),
-        podman=about is not None and about.podman,
-        userns=userns_for(about.podman, about.rootless) if about is not None else "",
     )
 
 
@@ -186,7 +184,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         began = time.monotonic()
         bottle_image, gate_image = build_images(opened, agent, progress)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
-        run = Run(run_spec(launch, bottle_image, gate_image, user, tuple(found[0]), about), opened)
+        run = Run(run_spec(launch, bottle_image, gate_image, user, tuple(found[0])), opened)
         watch = trust.Watch(launch.workspace, run.id)
         reaper = watch_over(run.id)  # removes the run if this process dies without doing it
         try:

@@ -53,9 +53,3 @@ class RunSpec:
     routes: tuple[CredentialRoute, ...] = ()  # [credentials.NAME] with their values: the gate gets them on stdin
     route_env: dict[str, str] = field(default_factory=dict)  # bottle variables holding a route's sentinel
     git_routes: tuple[RouteSpec, ...] = ()  # routes the bottle's git credential helper answers for
-    # The engine is Podman: the internal network is made without a resolver, and so without a gateway address
-    # (Run.start_gate), and the bottle without IPv6 (PODMAN_SYSCTLS).
-    podman: bool = False
-    # The bottle's user namespace: empty, the engine's default; "keep-id" on rootless Podman, where the
-    # default maps every uid but root to the user's subordinate ids (``userns_for``).
-    userns: str = ""
