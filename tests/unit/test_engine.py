@@ -22,7 +22,6 @@ from claude_bottle.runtime.docker_engine import (
     network_info,
 )
 from claude_bottle.runtime.seam import ContainerSpec
-from claude_bottle.runtime.users import userns_for
 
 PODMAN_VERSION = {"Version": "4.3.1", "Components": [{"Name": "Podman Engine", "Version": "4.3.1"}]}
 
@@ -81,15 +80,6 @@ def test_podman_refusing_a_request_is_an_error_with_its_message() -> None:
     with pytest.raises(DockerError, match="Podman refused /info: 404"):
         libpod_answer("/info", 404, "not found")
     assert libpod_answer("/info", 200, {"host": {}}) == {"host": {}}
-
-
-@pytest.mark.parametrize(("podman", "rootless", "mode"), [
-    (False, False, ""), (False, True, ""),  # Docker, rootless or not: its own default
-    (True, False, ""),  # rootful Podman: uids are the host's
-    (True, True, "keep-id"),  # rootless Podman: the user's uid is the same inside and out
-])
-def test_the_bottle_keeps_the_users_id_on_rootless_podman_only(podman: bool, rootless: bool, mode: str) -> None:
-    assert userns_for(podman, rootless) == mode
 
 
 def gateways(pools: list[dict[str, str]]) -> list[str]:

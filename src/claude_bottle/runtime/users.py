@@ -11,14 +11,6 @@ from claude_bottle.errors import ConfigError
 AGENT_UID = 1000  # the image's user: who a bottle runs as when root starts it on a folder root owns
 
 
-def userns_for(podman: bool, rootless: bool) -> str:
-    """The bottle's user namespace mode on this engine. Rootless Podman maps the container's root to the user
-    and every other uid to the user's subordinate ids: a bottle running as the user's uid would be a stranger
-    on the host, unable to write the workspace, and what it made there the user could not remove. With
-    ``keep-id`` the user's uid is the same inside and out (and root inside is a subordinate id)."""
-    return "keep-id" if podman and rootless else ""
-
-
 def bottle_user(uid: int, gid: int, workspace: Path) -> str:
     """Who the bottle runs as (uid:gid): the invoking user, so files made in /workspace are theirs. Never root:
     for root, the workspace's owner, or uid 1000 when root owns it too. A ConfigError, before anything starts,
