@@ -7,6 +7,7 @@ imported when the command runs, so that ``--help`` and the gate (no Docker SDK i
 
 from __future__ import annotations
 
+import itertools
 import sys
 import traceback
 from typing import Any
@@ -58,6 +59,32 @@ def stub_upstream(listen: str, text: str | None, log: bool, tls_file: str | None
     run_stub_upstream(listen, text, log, tls_file)
 
 
+class _AfterDoubleDash(click.Command):
+    """Everything after the first ``--`` is the command to run, whatever it looks like; click would take its
+    first word as the optional AGENT."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            ctx.meta["command"] = args[args.index("--") + 1:]
+            args = args[:args.index("--")]
+        return super().parse_args(ctx, args)
+
+
+class _ClaudeArgs(_AfterDoubleDash):
+    """A command that runs Claude Code: what follows ``--`` is Claude Code's own arguments."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            raise click.UsageError(f"no such option {exc.option_name}: Claude Code's own options go after --, as "
+                                   f"in claude-bottle {ctx.info_name} [AGENT] [OPTIONS] -- {exc.option_name} ...",
+                                   ctx) from None
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- CLAUDE_ARGS...]"]
+
+
 # ---- the bottle -------------------------------------------------------------------------------------------
 
 _agent_argument = click.argument("agent", required=False)
@@ -76,7 +103,7 @@ _upstream_network_option = click.option(
     help="Join the gate to this Docker network, to reach an upstream running there.")
 
 
-@cli.command(context_settings=CONTEXT)
+@cli.command(cls=_ClaudeArgs, context_settings=CONTEXT)
 @_agent_argument
 @_workspace_option
 @_upstream_option
@@ -84,9 +111,11 @@ _upstream_network_option = click.option(
 @_runtime_option
 @_learn_option
 @click.option("--keep", is_flag=True, help="Keep the stopped containers and networks for inspection.")
-def start(agent: str | None, workspace: str | None, upstream: str | None, upstream_network: tuple[str, ...],
-          runtime: str | None, learn: bool, keep: bool) -> None:
-    """Start Claude Code interactively in a bottle, in this terminal.
+@click.pass_context
+def start(ctx: click.Context, agent: str | None, workspace: str | None, upstream: str | None,
+          upstream_network: tuple[str, ...], runtime: str | None, learn: bool, keep: bool) -> None:
+    """Start Claude Code interactively in a bottle, in this terminal: claude-bottle start [AGENT] [OPTIONS]
+    [-- CLAUDE_ARGS...], e.g. `-- --continue` or `-- --resume ID` (sessions are kept per agent and workspace).
 
     AGENT names a config in the user's agents folder; without it the project's .claude-bottle.toml is used,
     or the defaults. On exit or Ctrl-C everything of the run is removed (unless --keep); killed outright,
@@ -94,24 +123,61 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
     """
     from claude_bottle.commands import start as command
 
-    sys.exit(command.start(agent, workspace, upstream, upstream_network, runtime, learn, keep))
+    claude_args = tuple(ctx.meta.get("command", ()))
+    sys.exit(command.start(agent, workspace, upstream, upstream_network, runtime, learn, keep, claude_args))
 
 
-@cli.command(context_settings=CONTEXT)
+@cli.command(cls=_ClaudeArgs, context_settings=CONTEXT)
 @_agent_argument
-@click.option("-p", "--prompt", required=True, help="The prompt for claude -p.")
+@click.option("-p", "--prompt", help="The prompt for claude -p (default: read from standard input).")
 @_workspace_option
 @_upstream_option
 @_upstream_network_option
 @_runtime_option
 @_learn_option
-def run(agent: str | None, prompt: str, workspace: str | None, upstream: str | None,
+@click.pass_context
+def run(ctx: click.Context, agent: str | None, prompt: str | None, workspace: str | None, upstream: str | None,
         upstream_network: tuple[str, ...], runtime: str | None, learn: bool) -> None:
-    """Run Claude Code headless (claude -p) in a bottle; prints its output and exits with its code (4 when the
-    gate stops during the run)."""
+    """Run Claude Code headless (claude -p) in a bottle: claude-bottle run [AGENT] [-p PROMPT] [OPTIONS]
+    [-- CLAUDE_ARGS...], e.g. `-- --output-format stream-json --verbose` or `-- --resume ID`.
+
+    Standard input goes to Claude Code (the prompt, without -p), its output and errors come back as they are,
+    and the command exits with its code (4 when the gate stops during the run). The steps of the start are
+    shown on standard error when it is a terminal.
+    """
     from claude_bottle.commands import start as command
 
-    sys.exit(command.run(agent, prompt, workspace, upstream, upstream_network, runtime, learn))
+    if prompt is None and command.input_is_terminal():
+        raise click.UsageError("give the prompt: -p PROMPT, or on standard input (echo PROMPT | claude-bottle "
+                               "run)", ctx)
+    claude_args = tuple(ctx.meta.get("command", ()))
+    sys.exit(command.run(agent, prompt, workspace, upstream, upstream_network, runtime, learn, claude_args))
+
+
+class _Verbatim(click.Command):
+    """Every argument is Claude Code's, ``--``, ``--help`` and all."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["command"] = list(args)
+        return super().parse_args(ctx, [])
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return ["[CLAUDE_ARGS]..."]
+
+
+@cli.command("claude", cls=_Verbatim, context_settings=CONTEXT, add_help_option=False)
+@click.pass_context
+def claude(ctx: click.Context) -> None:
+    """`claude CLAUDE_ARGS` in a bottle: a drop-in for the claude command (also `claude-bottle-claude`).
+
+    For programs that run Claude Code (the Agent SDKs, scripts, CI): the current directory is the workspace,
+    the agent is $CLAUDE_BOTTLE_AGENT (else the project's approved file, else the defaults). Standard input,
+    output and error are Claude Code's, through a terminal when on one; signals are passed on; the exit code
+    is Claude Code's (else 2, 3 or 4: claude-bottle's own errors). None of the caller's environment goes in.
+    """
+    from claude_bottle.commands import start as command
+
+    sys.exit(command.claude(tuple(ctx.meta["command"])))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -266,17 +332,6 @@ def policy_suggest(agent: str | None, workspace: str | None, run_id: str | None,
     command.suggest_allowlist(agent, workspace, run_id, write_to, yes)
 
 
-class _AfterDoubleDash(click.Command):
-    """Everything after the first ``--`` is the command to run, whatever it looks like; click would take its
-    first word as the optional AGENT."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            ctx.meta["command"] = args[args.index("--") + 1:]
-            args = args[:args.index("--")]
-        return super().parse_args(ctx, args)
-
-
 @cli.command("exec", cls=_AfterDoubleDash, context_settings=CONTEXT)
 @_agent_argument
 @click.option("--workspace", metavar="DIR", help="Prefer the bottle of this workspace (default: here).")
@@ -319,11 +374,12 @@ def doctor() -> None:
     sys.exit(command.doctor())
 
 
-def main() -> None:
+def main(args: list[str] | None = None) -> None:
     """Entry point: run the command; a BottleError becomes one line on stderr and its exit code."""
-    debug = "--debug" in sys.argv[1:]
+    args = sys.argv[1:] if args is None else args
+    debug = "--debug" in itertools.takewhile(lambda arg: arg.startswith("-"), args)  # claude-bottle's, not Claude's
     try:
-        cli.main(standalone_mode=False)
+        cli.main(args, prog_name="claude-bottle", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
@@ -341,3 +397,9 @@ def main() -> None:
         traceback.print_exc()
         click.echo("claude-bottle: internal error (above); please report it", err=True)
         sys.exit(EXIT_FAILURE)
+
+
+def claude_main() -> None:
+    """Entry point of ``claude-bottle-claude``: ``claude-bottle claude ARGS``, for programs that take a path
+    to a claude executable."""
+    main(["claude", *sys.argv[1:]])

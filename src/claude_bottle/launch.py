@@ -158,16 +158,20 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
 
 
 @contextlib.contextmanager
-def started(launch: Launch, progress: Progress, keep: bool = False, review: Progress | None = None) -> Iterator[Run]:
+def started(launch: Launch, progress: Progress, keep: bool = False, review: Progress | None = None,
+            notice: Progress | None = None) -> Iterator[Run]:
     """Build what is missing, start the gate, and yield the run; on the way out, remove all of it.
 
+    ``progress`` hears the steps; ``notice`` (by default ``progress``) what the user must hear even where the
+    steps are not shown: warnings, what a crashed run left and is removed, a run kept.
     Before anything is created, the workspace is refused while runs' changes to its protected files wait for
     review, or while its .git is unsafe to mount; after the run, whatever changed there is reported and
-    recorded for review (``claude_bottle.trust``), and told to ``review`` (by default ``progress``).
+    recorded for review (``claude_bottle.trust``), and told to ``review`` (by default ``notice``).
 
     The run is bound to this process: its gate stops when this process ends, however (runtime/lifeline.py),
     and a reaper removes the run if this process dies without doing it (runtime/reaper.py). A gate gone while
     the run goes on removes the bottle, and the block ends in a GateError saying so."""
+    notice = notice or progress
     with on_stop_signals(interrupt):
         agent = launch.agent
         trust.check(launch.workspace)
@@ -179,8 +183,8 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         about = opened.describe()
         engine.check_runtime(about, agent.runtime, f"agent {agent.name}: runtime")
         if limits := engine.unenforced_limits(about):
-            progress(f"warning: {limits}")
-        remove_left_behind(opened, launch.workspace, progress)  # what a crashed host left here
+            notice(f"warning: {limits}")
+        remove_left_behind(opened, launch.workspace, notice)  # what a crashed host left here
         began = time.monotonic()
         bottle_image, gate_image = build_images(opened, agent, progress)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
@@ -205,34 +209,61 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
             with on_stop_signals(signal.SIG_IGN):
                 if keep:
                     mark_kept(run.id)
-                    progress(f"kept run {run.id}: remove it with `claude-bottle stop {agent.name}`")
+                    notice(f"kept run {run.id}: remove it with `claude-bottle stop {agent.name}`")
                 else:
                     run.remove()
                 reaper.release()
-                watch.end(review or progress)
+                watch.end(review or notice)
 
 
-def run_headless(launch: Launch, prompt: str, progress: Progress) -> int:
-    """``claude -p`` in a bottle; its output goes to stdout, its exit code is returned."""
-    with started(launch, progress) as run:
-        run.start_bottle(claude_command(launch.agent, "-p", prompt))
+@contextlib.contextmanager
+def forwarded_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Inside the block, Ctrl-C, SIGTERM and SIGHUP go to ``process``: the engine's attached client, which
+    passes them on to Claude Code (the bottle's init hands them to it as a host would)."""
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
+
+    with on_stop_signals(forward):
+        yield
+
+
+def run_attached(launch: Launch, command: list[str], progress: Progress, notice: Progress | None = None) -> int:
+    """``command`` in a bottle without a terminal, its standard streams this process's own: standard input
+    (unless a terminal) streamed in, standard output and error out byte for byte, by the engine's own client
+    (``Engine.attach_command``); signals forwarded; its exit code returned. Nothing else is written to
+    standard output."""
+    stdin = not sys.stdin.isatty()
+    with started(launch, progress, notice=notice) as run:
         engine, bottle = run.engine, run.names.bottle
-        for chunk in engine.logs(bottle, stdout=True, stderr=False, follow=True):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
+        run.create_held_bottle(command, stdin)
+        # Started now, its entrypoint waits for the gate meanwhile. In a session of its own: a Ctrl-C at the
+        # terminal reaches this process only, which forwards it once.
+        client = subprocess.Popen(engine.attach_command(bottle, interactive=stdin), start_new_session=True)
+        try:
+            run.release()
+            with forwarded_signals(client):
+                client.wait()
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+        info = engine.container(bottle)
+        if info is not None and info.status == "created":
+            raise DockerError(f"cannot start the bottle: `{' '.join(engine.attach_command(bottle, stdin))}` "
+                              f"exited with {client.returncode}")
         # Claude Code has exited, its connections closed: the gate stops while the engine finishes the bottle.
         with ThreadPoolExecutor(1) as pool:
             pool.submit(run.stop_gate)
-            status = engine.wait(bottle)
-        if status:
-            sys.stderr.write(b"".join(engine.logs(bottle, stdout=False, stderr=True)).decode("utf-8", "replace"))
-        return status
+            return engine.wait(bottle)
 
 
-def run_interactive(launch: Launch, progress: Progress, keep: bool) -> int:
-    """Interactive Claude Code in this terminal; the engine's own client handles the terminal (raw mode,
-    resizing: ``Engine.attach_command``)."""
-    with started(launch, progress, keep=keep) as run:
-        run.create_bottle(claude_command(launch.agent), tty=True)
+def run_in_terminal(launch: Launch, command: list[str], progress: Progress, keep: bool = False,
+                    notice: Progress | None = None) -> int:
+    """``command`` in a bottle in this terminal; the engine's own client handles the terminal (raw mode,
+    resizing: ``Engine.attach_command``), so Ctrl-C is a key Claude Code reads. Its exit code."""
+    with started(launch, progress, keep=keep, notice=notice) as run:
+        run.create_bottle(command, tty=True)
         progress(f"starting Claude Code in {launch.workspace}")
         return subprocess.call(run.engine.attach_command(run.names.bottle, interactive=sys.stdin.isatty()))

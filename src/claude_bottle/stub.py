@@ -62,18 +62,21 @@ class RecordedRequest:
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
 
-    def outline(self) -> dict[str, list[str]]:
-        """The body's top-level fields and tool types: what a log shows of it (never the conversation)."""
+    def outline(self) -> dict[str, Any]:
+        """The body's top-level fields, tool types and number of messages: what a log shows of it (never the
+        conversation)."""
         try:
             payload = self.json()
         except ValueError:
-            return {"fields": [], "tool_types": []}
+            return {"fields": [], "tool_types": [], "messages": 0}
         if not isinstance(payload, dict):
-            return {"fields": [], "tool_types": []}
+            return {"fields": [], "tool_types": [], "messages": 0}
         tools = payload.get("tools")
         tools = tools if isinstance(tools, list) else []
+        messages = payload.get("messages")
         return {"fields": sorted(payload), "tool_types": sorted({str(t.get("type", "custom")) for t in tools
-                                                                 if isinstance(t, dict)})}
+                                                                 if isinstance(t, dict)}),
+                "messages": len(messages) if isinstance(messages, list) else 0}
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:

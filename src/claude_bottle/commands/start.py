@@ -1,13 +1,21 @@
-"""``start`` (interactive) and ``run`` (headless): launch Claude Code in a bottle."""
+"""``start`` (in this terminal), ``run`` (headless) and ``claude`` (the drop-in): Claude Code in a bottle, with
+Claude Code's own arguments."""
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING
 
-from claude_bottle.commands.common import progress, with_runtime
+from claude_bottle.commands.common import progress
 
 if TYPE_CHECKING:
-    from claude_bottle.launch import Launch
+    from claude_bottle.launch import Launch, Progress
+
+# The drop-in takes no options of its own (its arguments are Claude Code's): these stand in for them.
+AGENT_VARIABLE = "CLAUDE_BOTTLE_AGENT"
+UPSTREAM_VARIABLE = "CLAUDE_BOTTLE_UPSTREAM"
+UPSTREAM_NETWORK_VARIABLE = "CLAUDE_BOTTLE_UPSTREAM_NETWORK"  # comma-separated, like --upstream-network
 
 
 def prepare(agent_name: str | None, workspace: str | None, upstream: str | None,
@@ -16,6 +24,7 @@ def prepare(agent_name: str | None, workspace: str | None, upstream: str | None,
     and the agent's credential routes; a bad --upstream fails here."""
     from claude_bottle import tokens
     from claude_bottle.agent.load import load_agent
+    from claude_bottle.commands.common import with_runtime
     from claude_bottle.gate.settings import parse_upstream
     from claude_bottle.launch import Launch, workspace_of
 
@@ -30,17 +39,46 @@ def prepare(agent_name: str | None, workspace: str | None, upstream: str | None,
                   routes=tokens.routes_for(agent.credentials))
 
 
+def input_is_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+def steps() -> Progress:
+    """Where a run's steps go: standard error on a terminal; nowhere else (scripts, CI and SDKs read standard
+    error as Claude Code's). Warnings and notices are ``progress``, always shown."""
+    return progress if sys.stderr.isatty() else lambda message: None
+
+
 def start(agent: str | None, workspace: str | None, upstream: str | None, upstream_network: tuple[str, ...],
-          runtime: str | None, learn: bool, keep: bool) -> int:
-    """Run Claude Code interactively in this terminal; its exit code."""
-    from claude_bottle.launch import run_interactive
+          runtime: str | None, learn: bool, keep: bool, claude_args: tuple[str, ...] = ()) -> int:
+    """Claude Code in this terminal (``claude CLAUDE_ARGS``); its exit code."""
+    from claude_bottle.launch import claude_command, run_in_terminal
 
-    return run_interactive(prepare(agent, workspace, upstream, upstream_network, runtime, learn), progress, keep)
+    launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn)
+    return run_in_terminal(launch, claude_command(launch.agent, *claude_args), steps(), keep, notice=progress)
 
 
-def run(agent: str | None, prompt: str, workspace: str | None, upstream: str | None,
-        upstream_network: tuple[str, ...], runtime: str | None, learn: bool) -> int:
-    """Run ``claude -p prompt`` headless, its output on stdout; its exit code."""
-    from claude_bottle.launch import run_headless
+def run(agent: str | None, prompt: str | None, workspace: str | None, upstream: str | None,
+        upstream_network: tuple[str, ...], runtime: str | None, learn: bool, claude_args: tuple[str, ...] = ()) -> int:
+    """``claude -p [PROMPT] CLAUDE_ARGS`` headless: standard input (the prompt, without PROMPT) in, Claude
+    Code's output out; its exit code."""
+    from claude_bottle.launch import claude_command, run_attached
 
-    return run_headless(prepare(agent, workspace, upstream, upstream_network, runtime, learn), prompt, progress)
+    launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn)
+    prompt_args = ("-p",) if prompt is None else ("-p", prompt)
+    return run_attached(launch, claude_command(launch.agent, *prompt_args, *claude_args), steps(), notice=progress)
+
+
+def claude(args: tuple[str, ...]) -> int:
+    """``claude ARGS`` as a bottle: the current directory the workspace, the agent $CLAUDE_BOTTLE_AGENT (else
+    the project's approved file, else the defaults); through a terminal when standard input and output are
+    one, else the standard streams byte for byte. Nothing of the caller's environment goes in."""
+    from claude_bottle.launch import claude_command, run_attached, run_in_terminal
+
+    networks = tuple(n.strip() for n in os.environ.get(UPSTREAM_NETWORK_VARIABLE, "").split(",") if n.strip())
+    launch = prepare(os.environ.get(AGENT_VARIABLE) or None, None, os.environ.get(UPSTREAM_VARIABLE) or None,
+                     networks)
+    command = claude_command(launch.agent, *args)
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return run_in_terminal(launch, command, steps(), notice=progress)
+    return run_attached(launch, command, steps(), notice=progress)

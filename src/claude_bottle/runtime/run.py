@@ -73,9 +73,9 @@ CLAUDE_ENV = {
 
 
 class Run:
-    """A run: ``start_gate()``, then the bottle (``start_bottle``, or ``create_bottle`` to start it yourself);
-    always ``remove()`` (it is idempotent). Everything it does goes through ``engine``; its containers are
-    known by their names (``names.gate``, ``names.bottle``)."""
+    """A run: ``start_gate()``, then the bottle (``start_bottle``; or ``create_bottle`` or
+    ``create_held_bottle`` to start it yourself); always ``remove()`` (it is idempotent). Everything it does
+    goes through ``engine``; its containers are known by their names (``names.gate``, ``names.bottle``)."""
 
     def __init__(self, spec: RunSpec, engine: Engine) -> None:
         self.spec = spec
@@ -235,6 +235,12 @@ class Run:
         self.release()
         return bottle
 
+    def create_held_bottle(self, command: list[str], stdin: bool) -> ContainerInfo:
+        """The bottle, without a terminal (and with an open standard input if ``stdin``), created and not yet
+        released: whoever starts it attached gets everything Claude Code writes while the gate boots; its
+        entrypoint holds ``command`` until ``release``."""
+        return self._create_bottle(command, tty=False, stdin=stdin)
+
     def start_bottle(self, command: list[str]) -> ContainerInfo:
         """The bottle, without a terminal, started while the gate boots: its entrypoint holds ``command`` until
         ``release``, before which this does not return."""
@@ -246,7 +252,7 @@ class Run:
         self.release()
         return bottle
 
-    def _create_bottle(self, command: list[str], tty: bool) -> ContainerInfo:
+    def _create_bottle(self, command: list[str], tty: bool, stdin: bool = False) -> ContainerInfo:
         """The bottle: internal network only, user 1000, no capabilities, no new privileges, limits, and a
         resolver that answers nothing (its only peer is the gate, addressed by IP). Its trust store and git
         configuration are host files mounted read-only; its ~/.claude.json is written fresh by its entrypoint."""
@@ -283,7 +289,7 @@ class Run:
                     spec.bottle_image, self.names.bottle, self.labels, command=tuple(command),
                     user=spec.user, environment=environment, bounded_logs=True, network=self.internal.name,
                     dns=(self.gate_ip,), dns_search=(".",), dns_opt=("timeout:1", "attempts:1"),
-                    working_dir="/workspace", tty=tty, stdin_open=tty, runtime=spec.runtime,
+                    working_dir="/workspace", tty=tty, stdin_open=tty or stdin, runtime=spec.runtime,
                     pids_limit=resources.pids, memory=resources.memory, nano_cpus=int(resources.cpus * 1e9),
                     binds=tuple((source, mount["bind"], mount["mode"] == "ro") for source, mount in volumes.items()),
                     mounts=tuple(mounts), no_ipv6=True, host_user=True))

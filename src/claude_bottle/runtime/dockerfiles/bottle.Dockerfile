@@ -24,7 +24,7 @@ RUN printf '%s\n' 'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*
 COPY ca/ /usr/local/share/ca-certificates/claude-bottle/
 ARG EXTRA_PACKAGES=""
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates git ripgrep curl bash less procps ${EXTRA_PACKAGES} \
+ && apt-get install -y --no-install-recommends ca-certificates git ripgrep curl bash less procps tini ${EXTRA_PACKAGES} \
  && update-ca-certificates \
  && apt-get clean && rm -rf /var/lib/apt/lists/*
 # The system bundle as built, where a run's file mount over the system bundle does not hide it: the host
@@ -45,5 +45,7 @@ USER agent
 RUN mkdir -p /home/agent/.local/bin && ln -s /usr/local/bin/claude /home/agent/.local/bin/claude
 ENV PATH=/home/agent/.local/bin:/usr/local/bin:/usr/bin:/bin
 WORKDIR /workspace
-ENTRYPOINT ["/usr/local/bin/claude-bottle-entry"]
+# tini as PID 1: Claude Code gets signals as on a host (a PID 1 ignores SIGINT without a handler of its own,
+# so an interrupted `claude -p` would run on) and what its tools leave running is reaped.
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/claude-bottle-entry"]
 CMD ["claude"]

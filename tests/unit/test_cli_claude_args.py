@@ -1,0 +1,75 @@
+"""`start`, `run` and the drop-in hand Claude Code its own arguments untouched; `run` takes its prompt from
+standard input; the drop-in's settings come from the environment, never its arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from claude_bottle import cli as cli_module
+from claude_bottle.cli import cli
+from claude_bottle.commands import start as start_command
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
+    """What the commands were asked to run, instead of running it."""
+    seen: list[tuple[str, tuple[Any, ...]]] = []
+    for name in ("start", "run", "claude"):
+        monkeypatch.setattr(start_command, name, lambda *args, name=name: seen.append((name, args)) or 0)
+    return seen
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["start"], ("start", (None, None, None, (), None, False, False, ()))),
+    (["start", "dev", "--keep", "--", "--resume", "abc"],
+     ("start", ("dev", None, None, (), None, False, True, ("--resume", "abc")))),
+    (["start", "--", "dev"], ("start", (None, None, None, (), None, False, False, ("dev",)))),  # Claude's word
+    (["run", "-p", "hi", "--", "--output-format", "stream-json", "--", "x"],
+     ("run", (None, "hi", None, None, (), None, False, ("--output-format", "stream-json", "--", "x")))),
+    (["run", "dev", "-p", "hi"], ("run", ("dev", "hi", None, None, (), None, False, ()))),
+])
+def test_what_follows_the_double_dash_is_claude_codes(
+        calls: list[tuple[str, tuple[Any, ...]]], args: list[str], expected: tuple[str, tuple[Any, ...]]) -> None:
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert calls == [expected]
+
+
+def test_run_without_a_prompt_reads_standard_input(calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+    result = CliRunner().invoke(cli, ["run", "--", "--max-turns", "3"], input="the prompt\n")  # not a terminal
+    assert result.exit_code == 0, result.output
+    assert calls == [("run", (None, None, None, None, (), None, False, ("--max-turns", "3")))]
+
+
+def test_run_without_a_prompt_on_a_terminal_says_how_to_give_one(
+        calls: list[tuple[str, tuple[Any, ...]]], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(start_command, "input_is_terminal", lambda: True)
+    result = CliRunner().invoke(cli, ["run"])
+    assert result.exit_code == 2
+    assert "-p PROMPT, or on standard input" in result.output
+    assert calls == []
+
+
+@pytest.mark.parametrize("command", ["start", "run"])
+def test_claude_options_before_the_double_dash_are_refused_with_the_fix(
+        calls: list[tuple[str, tuple[Any, ...]]], command: str) -> None:
+    result = CliRunner().invoke(cli, [command, "-p", "hi", "--model", "opus"] if command == "run"
+                                else [command, "--model", "opus"])
+    assert result.exit_code == 2
+    assert f"claude-bottle {command} [AGENT] [OPTIONS] -- --model" in result.output
+    assert calls == []
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"], ["-h"], ["--debug", "-p", "hi"], ["--workspace", "x"], ["--", "x"], ["-p", "--", "y"],
+])
+def test_the_drop_in_takes_every_argument_as_claude_codes(
+        calls: list[tuple[str, tuple[Any, ...]]], monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    monkeypatch.setattr("sys.argv", ["claude-bottle-claude", *args])
+    with pytest.raises(SystemExit) as exited:
+        cli_module.claude_main()
+    assert exited.value.code == 0
+    assert calls == [("claude", (tuple(args),))]
