@@ -1,0 +1,96 @@
+"""The drop-in `claude-bottle-claude`, driven as programs drive `claude`, with the real Claude Code: standard
+streams both ways byte for byte, nothing of the caller's environment inside, signals passed on, its exit code
+Claude Code's, and nothing left however it ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from claude_bottle.commands.start import AGENT_VARIABLE, UPSTREAM_NETWORK_VARIABLE, UPSTREAM_VARIABLE
+from tests.bottle.conftest import Upstream, leftovers, write_agent
+
+pytestmark = pytest.mark.docker
+DROP_IN = Path(sys.executable).with_name("claude-bottle-claude")  # the console script the package installs
+AGENT = "drop-in"
+GONE_SECONDS = 10
+
+
+@pytest.fixture
+def environ(token: str, upstream: Upstream) -> dict[str, str]:
+    """The caller's environment: the agent and the stub chosen by the drop-in's variables."""
+    write_agent(AGENT, "")
+    return {**os.environ, AGENT_VARIABLE: AGENT, UPSTREAM_VARIABLE: upstream.url,
+            UPSTREAM_NETWORK_VARIABLE: upstream.network}
+
+
+def test_stream_json_both_ways_and_none_of_the_callers_environment(
+        client: docker.DockerClient, environ: dict[str, str], workspace: Path) -> None:
+    canary = f"canary-{secrets.token_hex(8)}"
+    message = {"type": "user", "message": {"role": "user", "content": "run: env > /workspace/env.txt"}}
+    result = subprocess.run(
+        [str(DROP_IN), "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose"],
+        input=json.dumps(message) + "\n", capture_output=True, text=True, timeout=240, cwd=workspace,
+        env={**environ, "CALLER_SECRET": canary, "ANTHROPIC_BASE_URL": f"http://{canary}.invalid"})
+    assert result.returncode == 0, result.stderr
+    messages = [json.loads(line) for line in result.stdout.splitlines()]  # standard output is Claude Code's only
+    assert messages[0]["type"] == "system" and messages[0]["subtype"] == "init"
+    assert messages[-1]["type"] == "result" and messages[-1]["subtype"] == "success"
+    assert any(m["type"] == "assistant" and m["message"]["content"][0].get("name") == "Bash" for m in messages)
+    inside = (workspace / "env.txt").read_text()
+    assert "HOME=/home/agent" in inside, "the tool ran in the bottle"
+    assert canary not in inside and canary not in result.stdout
+    assert leftovers(client, AGENT) == []
+
+
+def sleeping_drop_in(client: docker.DockerClient, environ: dict[str, str], workspace: Path) -> subprocess.Popen[bytes]:
+    """The drop-in with Claude Code mid-run: its Bash tool running ``sleep 600`` in the bottle."""
+    process = subprocess.Popen([str(DROP_IN), "-p", "run: sleep 600"], cwd=workspace, env=environ,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and process.poll() is None:
+        bottles = client.containers.list(filters={"label": f"claude-bottle.agent={AGENT}", "name": "-bottle"})
+        try:
+            if bottles and any("sleep 600" in " ".join(p) for p in bottles[0].top()["Processes"]):
+                return process
+        except docker.errors.APIError:  # exited between the two calls
+            pass
+        time.sleep(0.3)
+    process.kill()
+    _, stderr = process.communicate(timeout=60)
+    raise AssertionError(f"Claude Code never ran its tool: {stderr.decode()}")
+
+
+@pytest.mark.parametrize(("sent", "code"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)])
+def test_a_signal_reaches_claude_code_and_its_exit_is_the_drop_ins(
+        client: docker.DockerClient, environ: dict[str, str], workspace: Path, sent: signal.Signals,
+        code: int) -> None:
+    process = sleeping_drop_in(client, environ, workspace)
+    try:
+        process.send_signal(sent)
+        _, stderr = process.communicate(timeout=GONE_SECONDS + 20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == code, stderr.decode()
+    assert leftovers(client, AGENT) == []
+
+
+def test_the_drop_in_killed_outright_leaves_no_container(
+        client: docker.DockerClient, environ: dict[str, str], workspace: Path) -> None:
+    process = sleeping_drop_in(client, environ, workspace)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(30)
+    deadline = time.monotonic() + GONE_SECONDS
+    while leftovers(client, AGENT) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftovers(client, AGENT) == [], "the run outlived the drop-in"
