@@ -132,11 +132,12 @@ class Bottle:
         return self.docker("ps", "-aq", "--filter", flt, check=False).stdout.split() + \
             self.docker("network", "ls", "-q", "--filter", flt, check=False).stdout.split()
 
-    def timed(self, argv: list[str], timeout: float = 180) -> dict[str, float]:
-        """Run argv; times (from start) of the first and last stdout chunk and of the exit."""
+    def timed(self, argv: list[str], timeout: float = 180, env: dict[str, str] | None = None) -> dict[str, float]:
+        """Run argv in the workspace with ``env`` (by default the benchmark's) and an empty standard input, as a
+        script would; times (from start) of the first and last stdout chunk and of the exit."""
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
-                                cwd=self.workspace, start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=self.env if env is None else env, cwd=self.workspace, start_new_session=True)
         marks: dict[str, float] = {}
         out = bytearray()
         err = bytearray()
