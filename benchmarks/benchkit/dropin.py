@@ -10,18 +10,39 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .bottle import VENV_BIN, Bottle
-from .core import BenchError, Entry, log, percentile, ratio
+from .core import ROOT, BenchError, Entry, log, percentile, ratio
 
 PROMPT = "say hi"
 STREAM_JSON = ("--output-format", "stream-json", "--verbose")  # what the Agent SDKs ask for
 IN_IMAGE = "/usr/local/bin/claude"  # bottle.Dockerfile: Claude Code's native binary
+DROPIN = "claude-bottle-claude"
 
 Marks = dict[str, float]
+
+
+def console_script(name: str, folder: Path) -> Path:
+    """The package's console script ``name`` as installed next to this Python; where the install predates it
+    (an editable install's scripts are written at install time), the same script pip writes, from
+    pyproject.toml's entry point, in ``folder``."""
+    installed = VENV_BIN / name
+    if installed.exists():
+        return installed
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    if name not in scripts:
+        raise BenchError(f"pyproject.toml has no console script {name}")
+    module, function = scripts[name].split(":")
+    script = folder / name
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import {function}\n"
+                      f"sys.exit({function}())\n")
+    script.chmod(0o755)
+    return script
 
 
 class DropIn:
@@ -58,10 +79,7 @@ class DropIn:
         if not address:
             raise BenchError(f"the stub container {stub} has no address on {b.net}")
         self.host_env = self._host_environment(f"http://{address}:8000")
-        script = VENV_BIN / "claude-bottle-claude"
-        # The console script as installed; where the checkout's install predates it, the same entry point
-        # through the CLI (`claude-bottle claude`), which the package documents as equivalent.
-        self.dropin_argv = [str(script)] if script.exists() else [*b.cli, "claude"]
+        self.dropin_argv = [str(console_script(DROPIN, b.tmp))]
         self.dropin_env = {**b.env, "CLAUDE_BOTTLE_AGENT": b.agent,
                            "CLAUDE_BOTTLE_UPSTREAM": f"http://{b.egress_stub}:8000"}
         self.details["dropin_setup"] = {"claude_version": self.version, "dropin_command": self.dropin_argv,
