@@ -2,7 +2,7 @@
 """The drop-in `claude-bottle-claude`: its overhead to Claude's first byte of output against the same Claude
 Code binary run on the host, and against `claude-bottle run -p`, side by side in one run.
 
-    .venv/bin/python benchmarks/dropin_bench.py [--reps N] [--no-write]
+    .venv/bin/python benchmarks/dropin_bench.py [--reps N] [--no-write] [--render]
 
 The bottle part's set-up (benchkit/bottle.py: the images, a throw-away agent and token, the stub Messages API
 in containers), then a warm-up of each path and N rounds of them, the order rotated each round (benchkit/
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchkit import (
+    RESULTS,
     BenchError,
     Deadline,
     Entry,
@@ -51,7 +53,8 @@ def write(doc: dict[str, Any]) -> None:
         f"Date: {doc['machine']['date']}  ",
         f"Command: `{doc['command']}`  ",
         machine_line(doc["machine"], f"docker {doc['docker']}", f"Claude Code {setup.get('claude_version', '?')}"),
-        f"Load average at start: {doc['machine']['loadavg_at_start']:.2f}  ",
+        f"Load average (1 min) at start {doc['machine']['loadavg_at_start']:.2f}, at the end "
+        f"{doc.get('loadavg_at_end', float('nan')):.2f}  ",
         *status_lines(doc), "",
         "Every path runs `-p 'say hi'` against the same stub Messages API (a container of the gate image) and is "
         "timed from its start to its first byte on standard output and to its exit, with an empty standard "
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     doc["results"] = [e.as_json() for e in entries]
     doc["details"] = rounded(details)
     doc["duration_s"] = round(time.monotonic() - started_at, 1)
+    doc["loadavg_at_end"] = os.getloadavg()[0]  # other work on the machine (tests, builds) skews the rounds
     if args.write and doc["results"]:
         write(doc)
     print_verdicts(doc["results"])
@@ -116,7 +120,11 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=11, help="rounds (each runs every path once)")
     parser.add_argument("--no-write", dest="write", action="store_false", help="do not write results files")
     parser.add_argument("--deadline", type=float, default=20 * 60, help="global deadline, seconds")
+    parser.add_argument("--render", action="store_true", help="only rewrite results/dropin.md from dropin.json")
     args = parser.parse_args()
+    if args.render:
+        write(json.loads((RESULTS / "dropin.json").read_text()))
+        return 0
     args.bottle_reps = args.reps  # Bottle's name for it
     interrupt_on_sigterm()
     return run(args)

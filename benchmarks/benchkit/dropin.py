@@ -72,7 +72,7 @@ class DropIn:
             b.docker("rm", "-f", name, check=False)
         version = subprocess.run([str(self.claude), "--version"], capture_output=True, text=True, timeout=60,
                                  env={"PATH": os.environ.get("PATH", ""), "HOME": str(b.tmp)})
-        self.version = version.stdout.strip()
+        self.version = version.stdout.strip().removesuffix(" (Claude Code)")
         stub = f"{b.net}-stub"
         address = b.docker("inspect", "-f", f'{{{{(index .NetworkSettings.Networks "{b.net}").IPAddress}}}}',
                            stub).stdout.strip()
