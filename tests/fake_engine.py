@@ -141,6 +141,11 @@ class FakeEngine(Engine):
             self.containers_by_name[name] = dataclasses.replace(found, status="exited")
             self.events.append(("stop", name))
 
+    def kill(self, name: str, signum: int) -> None:
+        self._check("kill")
+        if (found := self.containers_by_name.get(name)) is not None and found.status == "running":
+            self.events.append(("kill", f"{name} {signum}"))
+
     def remove_container(self, name: str) -> None:
         self._check("remove_container")
         if self.containers_by_name.pop(name, None) is not None:

@@ -217,13 +217,15 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
 
 
 @contextlib.contextmanager
-def forwarded_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
-    """Inside the block, Ctrl-C, SIGTERM and SIGHUP go to ``process``: the engine's attached client, which
-    passes them on to Claude Code (the bottle's init hands them to it as a host would)."""
+def forwarded_signals(engine: Engine, container: str) -> Iterator[None]:
+    """Inside the block, SIGINT, SIGTERM and SIGHUP go to ``container``'s Claude Code (the bottle's init hands
+    them on, as a host would); an engine that cannot take them ends the run instead."""
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signum)
+        try:
+            engine.kill(container, signum)
+        except DockerError:
+            raise KeyboardInterrupt from None
 
     with on_stop_signals(forward):
         yield
@@ -243,7 +245,7 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
         client = subprocess.Popen(engine.attach_command(bottle, interactive=stdin), start_new_session=True)
         try:
             run.release()
-            with forwarded_signals(client):
+            with forwarded_signals(engine, bottle):
                 client.wait()
         finally:
             if client.poll() is None:
@@ -262,8 +264,17 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
 def run_in_terminal(launch: Launch, command: list[str], progress: Progress, keep: bool = False,
                     notice: Progress | None = None) -> int:
     """``command`` in a bottle in this terminal; the engine's own client handles the terminal (raw mode,
-    resizing: ``Engine.attach_command``), so Ctrl-C is a key Claude Code reads. Its exit code."""
+    resizing: ``Engine.attach_command``), so Ctrl-C is a key Claude Code reads, and signals sent to this
+    process are forwarded. Its exit code."""
     with started(launch, progress, keep=keep, notice=notice) as run:
+        engine, bottle = run.engine, run.names.bottle
         run.create_bottle(command, tty=True)
         progress(f"starting Claude Code in {launch.workspace}")
-        return subprocess.call(run.engine.attach_command(run.names.bottle, interactive=sys.stdin.isatty()))
+        client = subprocess.Popen(engine.attach_command(bottle, interactive=sys.stdin.isatty()))
+        try:
+            with forwarded_signals(engine, bottle):
+                return client.wait()
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()

@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 import docker
+import pexpect
 import pytest
 
 from claude_bottle.commands.start import AGENT_VARIABLE, UPSTREAM_NETWORK_VARIABLE, UPSTREAM_VARIABLE
-from tests.bottle.conftest import Upstream, leftovers, write_agent
+from claude_bottle.stub import DEFAULT_TEXT
+from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent
 
 pytestmark = pytest.mark.docker
 DROP_IN = Path(sys.executable).with_name("claude-bottle-claude")  # the console script the package installs
@@ -49,6 +51,26 @@ def test_stream_json_both_ways_and_none_of_the_callers_environment(
     inside = (workspace / "env.txt").read_text()
     assert "HOME=/home/agent" in inside, "the tool ran in the bottle"
     assert canary not in inside and canary not in result.stdout
+    assert leftovers(client, AGENT) == []
+
+
+def test_on_a_terminal_claude_code_gets_one(client: docker.DockerClient, environ: dict[str, str],
+                                            workspace: Path) -> None:
+    """Standard input and output terminals: the bottle gets a TTY, as `claude` would have one; a SIGTERM to the
+    drop-in reaches Claude Code, whose exit code is the drop-in's."""
+    child = pexpect.spawn(str(DROP_IN), [], cwd=str(workspace), env=environ, timeout=120, dimensions=(40, 140),
+                          encoding="utf-8", codec_errors="replace")
+    try:
+        child.expect(on_screen("bypass permissions on"))
+        child.send("say hi")
+        time.sleep(0.5)
+        child.send("\r")
+        child.expect(on_screen(DEFAULT_TEXT))
+        child.kill(signal.SIGTERM)
+        child.expect(pexpect.EOF, timeout=60)
+    finally:
+        child.close(force=not child.isalive())
+    assert child.exitstatus == 128 + signal.SIGTERM
     assert leftovers(client, AGENT) == []
 
 

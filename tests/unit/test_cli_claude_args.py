@@ -3,6 +3,8 @@ standard input; the drop-in's settings come from the environment, never its argu
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -11,6 +13,8 @@ from click.testing import CliRunner
 from claude_bottle import cli as cli_module
 from claude_bottle.cli import cli
 from claude_bottle.commands import start as start_command
+from claude_bottle.launch import forwarded_signals
+from tests.fake_engine import FakeEngine
 
 
 @pytest.fixture
@@ -73,3 +77,16 @@ def test_the_drop_in_takes_every_argument_as_claude_codes(
         cli_module.claude_main()
     assert exited.value.code == 0
     assert calls == [("claude", (tuple(args),))]
+
+
+def test_signals_go_to_the_bottle_and_an_engine_that_cannot_take_them_ends_the_run() -> None:
+    engine = FakeEngine()
+    engine.add_container("b", {})
+    with forwarded_signals(engine, "b"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+    assert engine.events[-2:] == [("kill", f"b {signal.SIGTERM}"), ("kill", f"b {signal.SIGINT}")]
+
+    engine.fail.add("kill")
+    with pytest.raises(KeyboardInterrupt), forwarded_signals(engine, "b"):
+        os.kill(os.getpid(), signal.SIGHUP)

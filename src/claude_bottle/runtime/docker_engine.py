@@ -258,6 +258,15 @@ class DockerEngine(Engine):
         except docker.errors.APIError as exc:
             raise _failed(exc) from None
 
+    def kill(self, name: str, signum: int) -> None:
+        try:
+            self.client.api.kill(name, signal=signum)
+        except docker.errors.NotFound:  # gone already
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: not running
+                raise _failed(exc) from None
+
     def remove_container(self, name: str) -> None:
         try:
             self.client.api.remove_container(name, force=True)

@@ -188,6 +188,10 @@ class Engine(ABC):
         """SIGTERM, then SIGKILL after ``timeout`` seconds; nothing when it is gone or stopped already."""
 
     @abstractmethod
+    def kill(self, name: str, signum: int) -> None:
+        """Send signal ``signum`` to its main process; nothing when it is gone or not running."""
+
+    @abstractmethod
     def remove_container(self, name: str) -> None:
         """Remove it whatever its state; nothing when it is gone already."""
 
