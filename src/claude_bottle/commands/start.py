@@ -55,7 +55,11 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
     from claude_bottle.launch import claude_command, run_in_terminal
 
     launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn)
-    return run_in_terminal(launch, claude_command(launch.agent, *claude_args), steps(), keep, notice=progress)
+    status = run_in_terminal(launch, claude_command(launch.agent, *claude_args), steps(), keep, notice=progress)
+    # Claude Code's own "claude --resume ID" hint names a command that would run outside the bottle.
+    steps()(f"to go on with a conversation of this workspace in a bottle: claude-bottle start {agent or ''}"
+            f"{' ' if agent else ''}-- --continue (the latest) or -- --resume ID")
+    return status
 
 
 def run(agent: str | None, prompt: str | None, workspace: str | None, upstream: str | None,
