@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import pty
 import re
 import secrets
 import shutil
@@ -132,12 +133,30 @@ class Bottle:
         return self.docker("ps", "-aq", "--filter", flt, check=False).stdout.split() + \
             self.docker("network", "ls", "-q", "--filter", flt, check=False).stdout.split()
 
-    def timed(self, argv: list[str], timeout: float = 180, env: dict[str, str] | None = None) -> dict[str, float]:
+    def timed(self, argv: list[str], timeout: float = 180, env: dict[str, str] | None = None,
+              stderr_terminal: bool = False) -> dict[str, float]:
         """Run argv in the workspace with ``env`` (by default the benchmark's) and an empty standard input, as a
-        script would; times (from start) of the first and last stdout chunk and of the exit."""
+        script would; times (from start) of the first and last stdout chunk, of the CLI's `starting gate` step
+        on standard error (written only to a terminal: ``stderr_terminal`` gives it a pseudo-terminal there)
+        and of the exit."""
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=self.env if env is None else env, cwd=self.workspace, start_new_session=True)
+        master, child_err = pty.openpty() if stderr_terminal else (None, subprocess.PIPE)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=child_err,
+                                    env=self.env if env is None else env, cwd=self.workspace, start_new_session=True)
+        finally:
+            if master is not None:
+                os.close(child_err)
+        try:
+            return self._timed(proc, argv, t0, timeout, master)
+        finally:
+            if master is not None:
+                os.close(master)
+
+    def _timed(self, proc: subprocess.Popen[bytes], argv: list[str], t0: float, timeout: float,
+               err_fd: int | None) -> dict[str, float]:
+        assert proc.stderr is not None or err_fd is not None
+        err_fd = proc.stderr.fileno() if err_fd is None else err_fd  # type: ignore[union-attr]
         marks: dict[str, float] = {}
         out = bytearray()
         err = bytearray()
@@ -151,12 +170,12 @@ class Bottle:
                 out.extend(chunk)
 
         def read_err() -> None:
-            assert proc.stderr is not None
-            while chunk := proc.stderr.read1(65536):  # type: ignore[attr-defined]
-                now = time.monotonic() - t0
-                if b"starting gate" in chunk:
-                    marks.setdefault("gate_msg", now)
-                err.extend(chunk)
+            with contextlib.suppress(OSError):  # a pseudo-terminal's reads end in EIO once the child has gone
+                while chunk := os.read(err_fd, 65536):
+                    now = time.monotonic() - t0
+                    if b"starting gate" in chunk:
+                        marks.setdefault("gate_msg", now)
+                    err.extend(chunk)
 
         threads = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
         for t in threads:
@@ -184,12 +203,13 @@ class Bottle:
             raise BenchError(f"{argv[:3]} exit {code}: {bytes(out)[-300:]!r} {bytes(err)[-800:]!r}")
         return marks
 
-    def run_p(self, upstream_network: bool = False) -> dict[str, float]:
+    def run_p(self, upstream_network: bool = False, steps: bool = True) -> dict[str, float]:
         """`run -p` at the stub behind the egress network, or with ``upstream_network`` at the one on a network
-        of its own that the gate joins."""
+        of its own that the gate joins; ``steps``: its standard error a terminal, so it writes its steps there
+        (the `starting gate` mark) as at a user's terminal, where a script's pipe gets none."""
         where = ["--upstream", "http://stub:8000", "--upstream-network", self.net] if upstream_network else \
             ["--upstream", f"http://{self.egress_stub}:8000"]
-        m = self.timed([*self.cli, "run", self.agent, "-p", "say hi", *where])
+        m = self.timed([*self.cli, "run", self.agent, "-p", "say hi", *where], stderr_terminal=steps)
         m["leftovers_at_exit"] = len(self.leftovers())
         return m
 

@@ -119,7 +119,7 @@ class DropIn:
     def measure(self, reps: int) -> None:
         b = self.bottle
         paths: dict[str, Callable[[], Marks]] = {
-            "host": self.host, "dropin": self.dropin, "run_p": b.run_p, "docker_run": b.docker_run,
+            "host": self.host, "dropin": self.dropin, "run_p": lambda: b.run_p(steps=False), "docker_run": b.docker_run,
             "host_stream": lambda: self.host(*STREAM_JSON), "dropin_stream": lambda: self.dropin(*STREAM_JSON)}
         log(f"drop-in: a warm-up of each path, then {reps} rounds of {', '.join(paths)} (the order rotated)")
         first = self.dropin()
