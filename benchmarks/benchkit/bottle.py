@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import os
 import pty
 import re
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +28,26 @@ VENV_BIN = Path(sys.executable).parent
 STEP_NOTES = {
     "until_gate_started": "config, image check, the internal network claimed and the egress one found, the gate "
                           "created, connected and started",
-    "create_bottle": "the bottle created with its state volume, its trust store and git configuration written",
-    "start_bottle": "the bottle container started (its entrypoint then holds Claude Code until the release)",
-    "wait_gate_ready": "what is left of the gate's boot once the bottle has started (its CA announced)",
+    "create_bottle": "the bottle created, held (with its state volume, its trust store and git configuration "
+                     "written)",
+    "start_bottle": "the engine's client started (`docker start --attach`) to the bottle's StartedAt: it overlaps "
+                    "the release below (its entrypoint holds Claude Code until then)",
+    "wait_gate_ready": "what is left of the gate's boot once the client was started (its CA announced)",
     "release": "the gate's CA appended to the bottle's trust store and the bottle let go",
-    "claude_runs": "Claude Code in the bottle, from its release to its exit",
-    "teardown_gate_stop": "the gate stopped (SIGTERM, its network endpoints released) for its audit",
-    "teardown": "everything removed: bottle, gate (stop above included), the claim on the internal network",
+    "claude_runs": "Claude Code in the bottle, from its release to the client's exit",
+    "teardown_gate_stop": "the gate stopped (SIGTERM, its network endpoints released) for its audit, while the "
+                          "engine finishes with the bottle",
+    "after_claude_exit": "the client's exit to the gate stopped and the bottle's exit code read (in parallel)",
+    "teardown": "everything removed: bottle, gate, the claim on the internal network",
     "total": "in-process run -p: no CLI start-up",
 }
+
+
+def engine_time(stamp: str) -> float:
+    """An engine's RFC 3339 time (``2026-11-26T00:15:01.123456789Z``, nanoseconds) as seconds since the epoch."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    seconds = dt.datetime.fromisoformat(whole).replace(tzinfo=dt.UTC).timestamp()
+    return seconds + float(f"0.{fraction or 0}")
 
 
 class Bottle:
@@ -277,15 +290,15 @@ class Bottle:
             f"teardown {teardown:.2f} s")
 
     def start_breakdown(self) -> None:
-        """Where `run -p`'s seconds go: the same steps as `run_headless`, in this process, each timed. The
-        engine calls are the product's own (launch.started, Run); only the clock is added around them."""
+        """Where `run -p`'s seconds go: the same steps as `launch.run_attached`, in this process, each timed. The
+        engine calls are the product's own (launch.started, Run, the engine's attach command); only the clock is
+        added around them."""
         self._use_bench_environment()
         from claude_bottle import tokens
         from claude_bottle.agent.load import load_agent
         from claude_bottle.gate.settings import parse_upstream
         from claude_bottle.launch import Launch, claude_command, started
-        from claude_bottle.runtime import removal
-        from claude_bottle.runtime.docker_engine import DockerEngine
+        from claude_bottle.runtime.docker_engine import connect
         from claude_bottle.runtime.run import Run
 
         credential, _ = tokens.find()
@@ -293,8 +306,7 @@ class Bottle:
         reps = self.args.bottle_reps
         log(f"start breakdown: {reps} x run -p in process, each step timed")
         steps: list[dict[str, float]] = []
-        keep_audit, wait_for_gate, release = removal.keep_audit, Run.wait_for_gate, Run.release
-        start = DockerEngine.start  # the bottle's start: the gate's is start_attached
+        wait_for_gate, stop_gate = Run.wait_for_gate, Run.stop_gate
 
         def timed(t: dict[str, float], name: str, call: Any) -> Any:
             def run_timed(*a: Any, **k: Any) -> Any:
@@ -309,28 +321,43 @@ class Bottle:
             for _ in range(reps):
                 self.deadline.check()
                 t: dict[str, float] = {}
-                removal.keep_audit = timed(t, "teardown_gate_stop", keep_audit)
                 Run.wait_for_gate = timed(t, "wait_gate_ready", wait_for_gate)  # type: ignore[method-assign]
-                Run.release = timed(t, "release", release)  # type: ignore[method-assign]
-                DockerEngine.start = timed(t, "start_bottle", start)  # type: ignore[method-assign]
+                Run.stop_gate = timed(t, "teardown_gate_stop", stop_gate)  # type: ignore[method-assign]
                 launch = Launch(agent, self.workspace, credential, parse_upstream(f"http://{self.egress_stub}:8000"))
                 t0 = time.monotonic()
                 with started(launch, lambda line: None) as run:
                     t["until_gate_started"] = time.monotonic() - t0
                     t1 = time.monotonic()
-                    run.start_bottle(claude_command(agent, "-p", "say hi"))
-                    t["create_bottle"] = time.monotonic() - t1 - t["start_bottle"] - t["release"]
-                    t["release"] -= t["wait_gate_ready"]
-                    t3 = time.monotonic()
-                    run.engine.wait(run.names.bottle)
-                    t["claude_runs"] = time.monotonic() - t3
+                    run.create_held_bottle(claude_command(agent, "-p", "say hi"), False)
+                    t["create_bottle"] = time.monotonic() - t1
+                    launched = time.time()  # the engine's clock: the bottle's State.StartedAt
+                    t2 = time.monotonic()
+                    client = subprocess.Popen(run.engine.attach_command(run.names.bottle, interactive=False),
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL, start_new_session=True)
+                    try:
+                        run.release()
+                        t["release"] = time.monotonic() - t2 - t["wait_gate_ready"]
+                        t3 = time.monotonic()
+                        client.wait(max(5.0, self.deadline.left()))
+                        t["claude_runs"] = time.monotonic() - t3
+                    finally:
+                        if client.poll() is None:
+                            client.kill()
+                            client.wait()
                     t4 = time.monotonic()
-                t["teardown"] = time.monotonic() - t4
+                    with ThreadPoolExecutor(1) as pool:  # as run_attached: the gate stops while the bottle ends
+                        pool.submit(run.stop_gate)
+                        run.engine.wait(run.names.bottle)
+                    t["after_claude_exit"] = time.monotonic() - t4
+                    state = connect().containers.get(run.names.bottle).attrs["State"]
+                    t["start_bottle"] = engine_time(state["StartedAt"]) - launched
+                    t5 = time.monotonic()
+                t["teardown"] = time.monotonic() - t5
                 t["total"] = time.monotonic() - t0
                 steps.append(t)
         finally:
-            removal.keep_audit = keep_audit
-            Run.wait_for_gate, Run.release, DockerEngine.start = wait_for_gate, release, start  # type: ignore[method-assign]
+            Run.wait_for_gate, Run.stop_gate = wait_for_gate, stop_gate  # type: ignore[method-assign]
         median = {k: percentile([s[k] for s in steps], 50) for k in steps[0]}
         self.details["start_breakdown_s"] = {"median": median, "runs": steps}
         for k, v in median.items():
