@@ -8,6 +8,7 @@ import json
 import os
 import re
 import secrets
+import time
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import pexpect
 import pytest
 
 from claude_bottle import tokens
@@ -27,6 +29,7 @@ from claude_bottle.launch import Launch, build_images, started
 from claude_bottle.runtime.docker_engine import connect, open_engine
 from claude_bottle.runtime.names import WORKSPACE_LABEL
 from claude_bottle.runtime.run import Run
+from claude_bottle.stub import DEFAULT_TEXT
 from claude_bottle.verify.standins import stub_container
 from tests.helpers import make_token
 from tests.prerequisites import missing
@@ -165,6 +168,18 @@ def on_screen(text: str) -> str:
     """A pattern for ``text`` as a terminal program draws it: spaces may be cursor moves, relative (ESC [ n C)
     or to a column (ESC [ n G, as Claude Code draws from about 2.1.190)."""
     return r"(?:\s|\x1b\[\d*[CG])+".join(re.escape(word) for word in text.split())
+
+
+def in_terminal(command: list[str], cwd: Path, env: dict[str, str]) -> pexpect.spawn:
+    """``command`` on a pseudo-terminal, once interactive Claude Code in it has answered a prompt."""
+    child = pexpect.spawn(command[0], command[1:], cwd=str(cwd), env=env, timeout=120, dimensions=(40, 140),
+                          encoding="utf-8", codec_errors="replace")
+    child.expect(on_screen("bypass permissions on"))
+    child.send("say hi")
+    time.sleep(0.5)
+    child.send("\r")
+    child.expect(on_screen(DEFAULT_TEXT))
+    return child
 
 
 def leftovers(client: docker.DockerClient, agent: str) -> list[str]:

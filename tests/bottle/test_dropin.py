@@ -18,8 +18,7 @@ import pexpect
 import pytest
 
 from claude_bottle.commands.start import AGENT_VARIABLE, UPSTREAM_NETWORK_VARIABLE, UPSTREAM_VARIABLE
-from claude_bottle.stub import DEFAULT_TEXT
-from tests.bottle.conftest import Upstream, leftovers, on_screen, write_agent
+from tests.bottle.conftest import Upstream, in_terminal, leftovers, write_agent
 
 pytestmark = pytest.mark.docker
 DROP_IN = Path(sys.executable).with_name("claude-bottle-claude")  # the console script the package installs
@@ -58,14 +57,8 @@ def test_on_a_terminal_claude_code_gets_one(client: docker.DockerClient, environ
                                             workspace: Path) -> None:
     """Standard input and output terminals: the bottle gets a TTY, as `claude` would have one; a SIGTERM to the
     drop-in reaches Claude Code, whose exit code is the drop-in's."""
-    child = pexpect.spawn(str(DROP_IN), [], cwd=str(workspace), env=environ, timeout=120, dimensions=(40, 140),
-                          encoding="utf-8", codec_errors="replace")
+    child = in_terminal([str(DROP_IN)], workspace, environ)
     try:
-        child.expect(on_screen("bypass permissions on"))
-        child.send("say hi")
-        time.sleep(0.5)
-        child.send("\r")
-        child.expect(on_screen(DEFAULT_TEXT))
         child.kill(signal.SIGTERM)
         child.expect(pexpect.EOF, timeout=60)
     finally:
