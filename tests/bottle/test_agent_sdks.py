@@ -122,22 +122,57 @@ def test_python_sdk_hook_round_trip_through_the_bottle(
     assert leftovers(client, AGENT) == []
 
 
+def calls_a_tool(message: Any) -> bool:
+    return isinstance(message, claude_agent_sdk.AssistantMessage) and any(
+        isinstance(block, claude_agent_sdk.ToolUseBlock) for block in message.content)
+
+
+def assert_gone_soon(client: docker.DockerClient) -> None:
+    deadline = time.monotonic() + GONE_SECONDS
+    while leftovers(client, AGENT) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftovers(client, AGENT) == [], "the run outlived the SDK's end of it"
+
+
 @pytest.mark.usefixtures("python_sdk")
-def test_python_sdk_client_closed_mid_run_leaves_no_container(
+def test_python_sdk_client_left_mid_run_leaves_no_container(
         client: docker.DockerClient, drop_in_env: dict[str, str], workspace: Path) -> None:
+    """Leaving ``ClaudeSDKClient`` closes Claude Code's standard input, then after 5 s sends SIGTERM (then
+    SIGKILL): nothing of the run is left 10 s after it returns."""
     async def disconnect_mid_tool() -> None:
         async with claude_agent_sdk.ClaudeSDKClient(sdk_options(drop_in_env, workspace)) as sdk:
             await sdk.query("run: sleep 600")
             async for message in sdk.receive_messages():
-                if isinstance(message, claude_agent_sdk.AssistantMessage) and any(
-                        isinstance(b, claude_agent_sdk.ToolUseBlock) for b in message.content):
-                    break  # Claude Code is running the tool: the client goes away mid-run
+                if calls_a_tool(message):
+                    break
 
     asyncio.run(asyncio.wait_for(disconnect_mid_tool(), QUERY_SECONDS))
-    deadline = time.monotonic() + GONE_SECONDS
-    while leftovers(client, AGENT) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert leftovers(client, AGENT) == [], "the run outlived the SDK's client"
+    assert_gone_soon(client)
+
+
+# A program that breaks out of query()'s messages mid-run and ends. Breaking out alone does not end Claude Code:
+# the Python SDK (0.2.189) closes it only as the program exits, as it would a claude on the host.
+BREAK_OUT = """
+import asyncio, sys
+import claude_agent_sdk as sdk
+
+async def main():
+    options = sdk.ClaudeAgentOptions(cli_path=sys.argv[1], cwd=".")
+    async for message in sdk.query(prompt="run: sleep 600", options=options):
+        if isinstance(message, sdk.AssistantMessage) and any(isinstance(b, sdk.ToolUseBlock) for b in message.content):
+            break
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.usefixtures("python_sdk")
+def test_python_sdk_program_breaking_out_mid_run_leaves_no_container(
+        client: docker.DockerClient, drop_in_env: dict[str, str], workspace: Path) -> None:
+    result = subprocess.run([sys.executable, "-c", BREAK_OUT, str(DROP_IN)], cwd=workspace, capture_output=True,
+                            text=True, timeout=QUERY_SECONDS, env={**os.environ, **drop_in_env})
+    assert result.returncode == 0, result.stderr
+    assert_gone_soon(client)
 
 
 @pytest.mark.usefixtures("python_sdk")
