@@ -21,6 +21,7 @@ from claude_bottle.gate.options import GateOptions
 from claude_bottle.gate.resolver import Resolver
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.server import Gate
+from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.stub import StubUpstream
 from tests.helpers import make_token
 
@@ -95,6 +96,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         learn: bool = False,
         control_socket: Path | None = None,
         routes: tuple[CredentialRoute, ...] = (),
+        upstream_proxy: UpstreamProxy | None = None,
         **limits: float | int,
     ) -> AsyncIterator[RunningGate]:
         token = token or make_token()
@@ -117,6 +119,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             **{name: limits.get(name, getattr(TEST_LIMITS, name)) for name in OPTION_LIMITS},
         )
         config = options.settings(replace(TEST_LIMITS, **{n: v for n, v in limits.items() if n not in OPTION_LIMITS}))
+        config = replace(config, upstream_proxy=upstream_proxy)
         stream = io.StringIO()
         async with Gate(config, AuditLog(stream, secrets=config.injected_secrets), resolver, ca=ca) as gate:
             running = RunningGate(gate, token, stream)

@@ -488,3 +488,11 @@ async def open_http(host: str, port: int, tls: ssl.SSLContext | None = None, ser
     await asyncio.get_running_loop().create_connection(lambda: conn, host, port, ssl=tls, server_hostname=server_name)
     return conn
 
+
+
+async def open_http_on(sock: socket.socket, tls: ssl.SSLContext | None = None, server_name: str | None = None
+                       ) -> HttpConnection:
+    """``open_http`` over ``sock``, already connected (a tunnel through the upstream proxy)."""
+    conn = HttpConnection(client=True)
+    await asyncio.get_running_loop().create_connection(lambda: conn, sock=sock, ssl=tls, server_hostname=server_name)
+    return conn

@@ -11,7 +11,7 @@ from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.resolver import Resolver
 from claude_bottle.gate.settings import GateSettings
 from claude_bottle.gate.tunnel import TunnelSlots
-from claude_bottle.gate.upstream import UpstreamPool
+from claude_bottle.gate.upstream import Dialer, UpstreamPool
 from claude_bottle.policy.decide import EgressPolicy
 
 
@@ -29,6 +29,7 @@ class GateContext:
     resolver: Resolver
     egress: EgressPolicy
     api_pool: UpstreamPool
+    dialer: Dialer  # every other connection out: direct, or through the upstream proxy
     upstream_tls: ssl.SSLContext  # toward proxied hosts the gate terminates: system store + extra CAs, http/1.1
     tunnels: TunnelSlots  # the proxy's open tunnels, against --max-tunnels
     ca: LeafIssuer | None = None  # None: no termination, every tunnel is opaque (still under the name check)

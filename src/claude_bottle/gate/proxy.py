@@ -24,14 +24,15 @@ from claude_bottle.gate.ca import HostNotPermitted
 from claude_bottle.gate.connection import READ_SIZE, HttpConnection
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused
-from claude_bottle.gate.forward import forward, outbound, set_headers
+from claude_bottle.gate.forward import Inbound, ResponseFilter, forward, outbound, set_headers
 from claude_bottle.gate.http1 import ProtocolError, Request, Response, State, header_values
 from claude_bottle.gate.inspection import answered, inspected
 from claude_bottle.gate.routes import route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
-from claude_bottle.gate.upstream import dial, dial_http, resolve
+from claude_bottle.gate.upstream import Dialer, resolve
+from claude_bottle.gate.upstream_proxy import UpstreamProxy, refusal
 from claude_bottle.policy.addresses import IPAddress
 from claude_bottle.policy.decide import Decision, decide_server_name
 from claude_bottle.policy.hosts import (
@@ -148,29 +149,57 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
         if method == "CONNECT":
             client_tls = terminating(target, ctx, record)
             if client_tls is None:
-                upstream = await dial(addresses, target.port, limits.connect_timeout)
+                upstream = await ctx.dialer.streams(target.host, _hosts(addresses), target.port)
                 await _tunnel(conn, target, record, ctx, upstream=upstream)
             else:
-                kept = await dial_http(addresses, target.port, limits.connect_timeout, ctx.upstream_tls,
-                                       target.host)
-                origin = KeptOrigin(addresses, target, ctx.upstream_tls, limits.connect_timeout, kept)
+                kept = await ctx.dialer.http(target.host, _hosts(addresses), target.port, ctx.upstream_tls,
+                                             target.host)
+                origin = KeptOrigin(addresses, target, ctx.upstream_tls, ctx.dialer, kept)
                 await _tunnel(conn, target, record, ctx, origin=origin, client_tls=client_tls)
         else:
             record.path = path.split("?", 1)[0]
-            request_filters = [set_headers(frozenset({b"host"}), [(b"host", authority(target, 80).encode()),
+            host = authority(target, 80)
+            request_filters = [set_headers(frozenset({b"host"}), [(b"host", host.encode()),
                                                                    (b"connection", b"close")]),
                                *inspected(target, ctx)]
-            await forward(conn, outbound(conn, request, path.encode(), limits.idle_timeout),
-                          lambda: dialled(addresses, target, limits.connect_timeout), record,
-                          limits.idle_timeout, request_filters, answered(target, ctx))
+            response_filters = answered(target, ctx)
+            proxy = ctx.dialer.via(target.host)
+            sent = path
+            if proxy is not None:  # absolute form to the upstream proxy, its credentials last (after DLP)
+                sent = f"http://{host}{path}"
+                if proxy.authorization is not None:
+                    request_filters.append(set_headers(frozenset(), [(b"proxy-authorization", proxy.authorization)]))
+                response_filters = [_proxy_answer(proxy, f"GET {sent[:80]}"), *response_filters]
+            await forward(conn, outbound(conn, request, sent.encode(), limits.idle_timeout),
+                          lambda: dialled(ctx.dialer, addresses, target), record,
+                          limits.idle_timeout, request_filters, response_filters)
     finally:
         ctx.tunnels.release()
 
 
+def _hosts(addresses: list[IPAddress]) -> list[str]:
+    return [str(address) for address in addresses]
+
+
+def _proxy_answer(proxy: UpstreamProxy, request: str) -> ResponseFilter:
+    """A 407 on a plain-HTTP request is the upstream proxy's (an origin never sends one): the gate's failure
+    to report, not an answer for the client to act on."""
+
+    def check(response: Inbound) -> None:
+        if response.status == 407:
+            raise refusal(proxy, 407, "", request)
+
+    return check
+
+
 @contextlib.asynccontextmanager
-async def dialled(addresses: list[IPAddress], target: Target, timeout: float) -> AsyncIterator[HttpConnection]:
-    """A fresh connection to one of the vetted ``addresses``, for one request."""
-    origin = await dial_http(addresses, target.port, timeout)
+async def dialled(dialer: Dialer, addresses: list[IPAddress], target: Target) -> AsyncIterator[HttpConnection]:
+    """A fresh connection for one request: to one of the vetted ``addresses``, or to the upstream proxy."""
+    proxy = dialer.via(target.host)
+    if proxy is None:
+        origin = await dialer.http(target.host, _hosts(addresses), target.port)
+    else:
+        origin = await dialer.proxy_http(proxy)
     try:
         yield origin
     finally:

@@ -39,7 +39,7 @@ from claude_bottle.gate.request_loop import serve_requests
 from claude_bottle.gate.resolver import ResolveError, Resolver, SystemResolver
 from claude_bottle.gate.settings import Endpoint, GateSettings
 from claude_bottle.gate.tunnel import TunnelSlots
-from claude_bottle.gate.upstream import UpstreamPool
+from claude_bottle.gate.upstream import Dialer, UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
 from claude_bottle.policy.decide import EgressPolicy
 from claude_bottle.policy.view import policy_view
@@ -77,14 +77,15 @@ class Gate:
 
     async def start(self) -> None:
         limits, upstream = self.config.limits, self.config.upstream
+        dialer = Dialer(limits.connect_timeout, self.config.upstream_proxy)
         self._ctx = GateContext(
             config=self.config,
             audit=self.audit,
             resolver=self.resolver,
             egress=EgressPolicy(self.config.allowlist, self.config.guard, frozenset({self.config.upstream.host}),
                                 raw_tcp=self.config.allow_tcp, learn=self.config.learn),
-            api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(),
-                                  limits.connect_timeout),
+            api_pool=UpstreamPool(upstream.scheme, upstream.host, upstream.port, self.config.ssl_context(), dialer),
+            dialer=dialer,
             upstream_tls=self.config.ssl_context(),
             tunnels=TunnelSlots(limits.max_tunnels),
             ca=self.ca,

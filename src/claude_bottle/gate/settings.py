@@ -22,6 +22,7 @@ from claude_bottle.gate.routes import (
     check_secret,
     parse_route_flag,
 )
+from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.policy.addresses import AddressGuard, IPNetwork, parse_network
 from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy
 from claude_bottle.policy.hosts import (
@@ -105,6 +106,8 @@ class GateSettings:
     control_socket: Path | None = None
     # Credentials for other hosts (gate/routes.py): injected on inspected requests to their bound hosts only.
     routes: tuple[CredentialRoute, ...] = ()
+    # The HTTP proxy every connection out goes through (gate/upstream_proxy.py); None: dialled directly.
+    upstream_proxy: UpstreamProxy | None = None
 
     @property
     def held_secrets(self) -> tuple[bytes, ...]:

@@ -34,7 +34,7 @@ from claude_bottle.gate.http1 import Request, State, header_values
 from claude_bottle.gate.inspection import answered, inspected
 from claude_bottle.gate.request_loop import Exchange, serve_requests
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
-from claude_bottle.gate.upstream import STREAM_LIMIT, dial_http
+from claude_bottle.gate.upstream import STREAM_LIMIT, Dialer
 from claude_bottle.policy.addresses import IPAddress
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import InvalidHost, Target, normalize_host, parse_port, split_host_port
@@ -76,7 +76,7 @@ class KeptOrigin:
     addresses: list[IPAddress]
     target: Target
     tls: ssl.SSLContext
-    timeout: float
+    dialer: Dialer
     conn: HttpConnection | None = None
 
     @contextlib.asynccontextmanager
@@ -84,7 +84,8 @@ class KeptOrigin:
         if self.conn is not None and not self.conn.usable:
             await self.aclose()
         if self.conn is None:
-            self.conn = await dial_http(self.addresses, self.target.port, self.timeout, self.tls, self.target.host)
+            self.conn = await self.dialer.http(self.target.host, [str(a) for a in self.addresses], self.target.port,
+                                               self.tls, self.target.host)
         try:
             yield self.conn
         finally:

@@ -1,17 +1,19 @@
-"""Connecting out: resolving, a keep-alive pool for the API upstream, vetted dialling for the proxy. Failures are the
-upstream's (gate/failures.py)."""
+"""Connecting out: resolving, the one dialer (direct or through the upstream proxy), a keep-alive pool for
+the API upstream. Failures are the upstream's (gate/failures.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from claude_bottle.gate.connection import HttpConnection, open_http
+from claude_bottle.gate.connection import HttpConnection, open_http, open_http_on
 from claude_bottle.gate.failures import UpstreamSide, upstream_failure
 from claude_bottle.gate.resolver import ResolveError, Resolver
+from claude_bottle.gate.upstream_proxy import UpstreamProxy, open_tunnel
 from claude_bottle.policy.addresses import IPAddress
 
 STREAM_LIMIT = 256 * 1024  # asyncio stream buffer: larger reads, fewer wake-ups on tunnels
@@ -43,38 +45,75 @@ async def _first(hosts: list[str], timeout: float, open_one: Callable[[str], Awa
     raise upstream_failure(last if last is not None else OSError("no address to connect to"))
 
 
-async def connect(
-    hosts: list[str], port: int, timeout: float, tls: ssl.SSLContext | None = None, server_name: str | None = None
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Streams to the first of ``hosts`` that answers, with TLS if ``tls`` is given (for tunnels, which relay
-    bytes). Raises UpstreamSide."""
-    return await _first(hosts, timeout, lambda host: asyncio.open_connection(
-        host, port, ssl=tls, server_hostname=server_name, limit=STREAM_LIMIT))
+class Dialer:
+    """The one place the gate connects out: to a destination's vetted addresses directly, or through the
+    upstream proxy (``proxy``) for every name its ``NO_PROXY`` does not exempt. The caller has decided the
+    destination already, so nothing reaches the proxy for a refused one. Every failure is an UpstreamSide;
+    through the proxy, one that names the proxy (gate/upstream_proxy.py)."""
 
+    def __init__(self, timeout: float, proxy: UpstreamProxy | None = None) -> None:
+        self.timeout = timeout  # for the whole connect: TCP, the proxy's CONNECT, TLS
+        self.proxy = proxy
 
-async def connect_http(
-    hosts: list[str], port: int, timeout: float, tls: ssl.SSLContext | None = None, server_name: str | None = None
-) -> HttpConnection:
-    """An HTTP connection to the first of ``hosts`` that answers, with TLS if ``tls`` is given. Raises
-    UpstreamSide."""
-    return await _first(hosts, timeout, lambda host: open_http(host, port, tls, server_name))
+    def via(self, name: str) -> UpstreamProxy | None:
+        """The proxy connections to ``name`` go through, or None when they are dialled directly."""
+        return None if self.proxy is None or self.proxy.bypasses(name) else self.proxy
 
+    async def streams(
+        self, name: str, hosts: list[str], port: int, tls: ssl.SSLContext | None = None,
+        server_name: str | None = None,
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Streams to ``name``:``port`` (for tunnels, which relay bytes): directly to the first of ``hosts``
+        (its vetted addresses, or the name itself) that answers, or through the proxy; with TLS if ``tls``."""
+        proxy = self.via(name)
+        if proxy is None:
+            return await _first(hosts, self.timeout, lambda host: asyncio.open_connection(
+                host, port, ssl=tls, server_hostname=server_name, limit=STREAM_LIMIT))
 
-async def dial(
-    addresses: list[IPAddress], port: int, timeout: float, tls: ssl.SSLContext | None = None,
-    server_name: str | None = None,
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Connect to the first of the vetted ``addresses`` that answers; never to anything else. With ``tls``,
-    the upstream's certificate is verified for ``server_name``."""
-    return await connect([str(a) for a in addresses], port, timeout, tls, server_name)
+        async def through(sock: socket.socket) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            return await asyncio.open_connection(sock=sock, ssl=tls, server_hostname=server_name,
+                                                 limit=STREAM_LIMIT)
 
+        return await self._through(proxy, name, port, through)
 
-async def dial_http(
-    addresses: list[IPAddress], port: int, timeout: float, tls: ssl.SSLContext | None = None,
-    server_name: str | None = None,
-) -> HttpConnection:
-    """``dial``, for an HTTP connection."""
-    return await connect_http([str(a) for a in addresses], port, timeout, tls, server_name)
+    async def http(
+        self, name: str, hosts: list[str], port: int, tls: ssl.SSLContext | None = None,
+        server_name: str | None = None,
+    ) -> HttpConnection:
+        """``streams``, as an HTTP connection."""
+        proxy = self.via(name)
+        if proxy is None:
+            return await _first(hosts, self.timeout, lambda host: open_http(host, port, tls, server_name))
+        return await self._through(proxy, name, port, lambda sock: open_http_on(sock, tls, server_name))
+
+    async def proxy_http(self, proxy: UpstreamProxy) -> HttpConnection:
+        """An HTTP connection to ``proxy`` itself, for a plain-HTTP request in absolute form."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await open_http(proxy.host, proxy.port)
+        except TimeoutError:
+            raise UpstreamSide(504, f"the upstream proxy {proxy.url} did not answer within {self.timeout:g}s"
+                               ) from None
+        except OSError as exc:
+            raise UpstreamSide(502, f"cannot reach the upstream proxy {proxy.url}: {exc.strerror or exc}"
+                               ) from None
+
+    async def _through(self, proxy: UpstreamProxy, name: str, port: int,
+                       layer: Callable[[socket.socket], Awaitable[T]]) -> T:
+        sock: socket.socket | None = None
+        try:
+            async with asyncio.timeout(self.timeout):
+                sock = await open_tunnel(proxy, name, port)
+                return await layer(sock)
+        except TimeoutError:
+            if sock is not None:
+                sock.close()
+            raise UpstreamSide(504, f"no connection to {name}:{port} through the upstream proxy {proxy.url} within "
+                                    f"{self.timeout:g}s") from None
+        except OSError as exc:  # TLS with the destination, through the tunnel
+            if sock is not None:
+                sock.close()
+            raise upstream_failure(exc) from None
 
 
 class UpstreamPool:
@@ -84,10 +123,10 @@ class UpstreamPool:
     and the server has not closed it.
     """
 
-    def __init__(self, scheme: str, host: str, port: int, tls: ssl.SSLContext, connect_timeout: float) -> None:
+    def __init__(self, scheme: str, host: str, port: int, tls: ssl.SSLContext, dialer: Dialer) -> None:
         self._address = (host, port)
         self._tls = tls if scheme == "https" else None
-        self._connect_timeout = connect_timeout
+        self._dialer = dialer
         self._idle: list[tuple[HttpConnection, float]] = []
 
     async def acquire(self) -> HttpConnection:
@@ -97,7 +136,9 @@ class UpstreamPool:
                 return conn
             conn.transport.close()
         host, port = self._address
-        return await connect_http([host], port, self._connect_timeout, self._tls, host if self._tls else None)
+        # Through an upstream proxy by CONNECT, even to a plain-HTTP upstream (a test's stub): the credential
+        # goes inside the tunnel, not in a request the proxy reads.
+        return await self._dialer.http(host, [host], port, self._tls, host if self._tls else None)
 
     def release(self, conn: HttpConnection) -> None:
         if conn.can_reuse():

@@ -1,0 +1,218 @@
+"""The gate's own connections through an upstream HTTP proxy, on loopback: the API route, tunnels and plain HTTP go
+through it with its Basic credentials; refused destinations never reach it; its failures name it.
+
+``FakeProxy`` stands in for a corporate proxy (squid in the bottle tests): it requires credentials, resolves
+names by its own table and logs every request line, as squid's access log does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import pytest
+
+from claude_bottle.gate.resolver import StaticResolver
+from claude_bottle.gate.upstream_proxy import UpstreamProxy
+from claude_bottle.policy.addresses import parse_ip_literal
+from claude_bottle.stub import StubUpstream
+from tests.conftest import GateFactory
+from tests.helpers import EchoServer, connect_via, eventually, exchange, messages_request, parse_head
+
+pytestmark = pytest.mark.asyncio
+LOOPBACK = ("127.0.0.0/8",)
+USER, PASSWORD = "gate", "s3cret-proxy-password"
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+
+
+@dataclass
+class FakeProxy:
+    """An HTTP proxy on 127.0.0.3 requiring ``USER``:``PASSWORD``; ``log`` holds each request line received."""
+
+    names: dict[str, str] = field(default_factory=dict)  # the proxy's own DNS
+    log: list[str] = field(default_factory=list)
+    authorizations: list[str] = field(default_factory=list)
+    port: int = 0
+    _server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            line, *rest = head.split("\r\n")
+            self.log.append(line)
+            headers = dict(h.split(": ", 1) for h in rest if h)
+            given = {k.lower(): v for k, v in headers.items()}.get("proxy-authorization", "")
+            self.authorizations.append(given)
+            if given != "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode():
+                writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=x\r\n"
+                             b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+                return
+            method, target, _ = line.split(" ")
+            if method == "CONNECT":
+                host, port = target.rsplit(":", 1)
+                up_reader, up_writer = await asyncio.open_connection(self.names.get(host, host), int(port))
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                url = urlsplit(target)
+                up_reader, up_writer = await asyncio.open_connection(self.names.get(url.hostname or "", ""),
+                                                                     url.port or 80)
+                kept = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if k.lower() != "proxy-authorization")
+                up_writer.write(f"{method} {url.path or '/'} HTTP/1.1\r\n{kept}\r\n".encode())
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(_pump(reader, up_writer))
+                tasks.create_task(_pump(up_reader, writer))
+            up_writer.close()
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> FakeProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.3", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    def setting(self, password: str = PASSWORD, no_proxy: str = "") -> UpstreamProxy:
+        return UpstreamProxy.parse(f"http://{USER}:{password}@127.0.0.3:{self.port}", "test", no_proxy)
+
+
+def resolver() -> StaticResolver:
+    return StaticResolver({"allowed.test": [parse_ip_literal("127.0.0.2")],  # type: ignore[list-item]
+                           "private.test": [parse_ip_literal("10.1.2.3")]})  # type: ignore[list-item]
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[FakeProxy]:
+    async with FakeProxy({"allowed.test": "127.0.0.2"}) as server:
+        yield server
+
+
+async def test_the_api_route_reaches_the_upstream_through_a_connect_tunnel(
+        make_gate: GateFactory, stub: StubUpstream, proxy: FakeProxy) -> None:
+    async with make_gate(upstream_proxy=proxy.setting()) as gate:
+        response = await exchange(gate.api, messages_request({"model": "m"}), timeout=3)
+    assert parse_head(response)[0] == 200
+    assert proxy.log == [f"CONNECT 127.0.0.1:{stub.port} HTTP/1.1"]
+    (seen,) = stub.requests
+    assert seen.header("authorization") == [f"Bearer {gate.token}"]
+    assert seen.header("proxy-authorization") == []  # the proxy's credentials stay with the proxy
+
+
+async def test_a_tunnel_to_an_allowed_host_goes_through_the_proxy_by_name(
+        make_gate: GateFactory, proxy: FakeProxy) -> None:
+    async with EchoServer() as echo, make_gate(allow_tcp=(f"allowed.test:{echo.port}",), allow_private=LOOPBACK,
+                                               resolver=resolver(), upstream_proxy=proxy.setting()) as gate:
+        status, _, reader, writer = await connect_via(gate.proxy, f"allowed.test:{echo.port}")
+        assert status == 200
+        writer.write(b"through two proxies")
+        assert await asyncio.wait_for(reader.readexactly(19), 3) == b"through two proxies"
+        writer.close()
+        await eventually(gate.records, what="the audit record")
+    assert proxy.log == [f"CONNECT allowed.test:{echo.port} HTTP/1.1"]
+    assert PASSWORD not in "".join(str(r) for r in gate.records())
+
+
+async def test_plain_http_goes_to_the_proxy_in_absolute_form(make_gate: GateFactory, proxy: FakeProxy) -> None:
+    async def origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(origin, "127.0.0.2", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with make_gate(allow=(f"allowed.test:{port}",), allow_private=LOOPBACK, resolver=resolver(),
+                             upstream_proxy=proxy.setting()) as gate:
+            response = await exchange(gate.proxy, f"GET http://allowed.test:{port}/page HTTP/1.1\r\n"
+                                                  f"Host: allowed.test:{port}\r\n\r\n".encode(), 3)
+    finally:
+        server.close()
+    assert parse_head(response)[0] == 200 and response.endswith(b"hello")
+    assert proxy.log == [f"GET http://allowed.test:{port}/page HTTP/1.1"]
+
+
+@pytest.mark.parametrize("target", ["unlisted.test:443", "private.test:443"])
+async def test_a_refused_destination_is_never_requested_from_the_proxy(
+        make_gate: GateFactory, proxy: FakeProxy, target: str) -> None:
+    async with make_gate(allow=("private.test",), resolver=resolver(), upstream_proxy=proxy.setting()) as gate:
+        status, _, _, writer = await connect_via(gate.proxy, target)
+        writer.close()
+    assert status == 403
+    assert proxy.log == []
+
+
+async def test_no_proxy_hosts_are_dialled_directly(make_gate: GateFactory, proxy: FakeProxy) -> None:
+    async with EchoServer() as echo, make_gate(allow_tcp=(f"allowed.test:{echo.port}",), allow_private=LOOPBACK,
+                                               resolver=resolver(),
+                                               upstream_proxy=proxy.setting(no_proxy="localhost,.test")) as gate:
+        status, _, reader, writer = await connect_via(gate.proxy, f"allowed.test:{echo.port}")
+        writer.write(b"direct")
+        assert status == 200 and await asyncio.wait_for(reader.readexactly(6), 3) == b"direct"
+        writer.close()
+    assert proxy.log == [] and echo.peers
+
+
+async def test_a_wrong_password_is_an_upstream_failure_naming_the_proxy(
+        make_gate: GateFactory, proxy: FakeProxy) -> None:
+    async with make_gate(upstream_proxy=proxy.setting(password="wrong")) as gate:
+        response = await exchange(gate.api, messages_request({"model": "m"}), timeout=3)
+        await eventually(gate.records, what="the audit record")
+    status, _ = parse_head(response)
+    (record,) = gate.records()
+    assert status == 502 and record["side"] == "upstream"
+    assert f"upstream proxy http://{USER}@127.0.0.3:{proxy.port}" in record["reason"] and "407" in record["reason"]
+    assert "wrong" not in str(record) and b"wrong" not in response
+
+
+async def test_plain_http_with_a_wrong_password_is_a_failure_not_the_proxys_407(
+        make_gate: GateFactory, proxy: FakeProxy) -> None:
+    async with make_gate(allow=("allowed.test:8080",), allow_private=LOOPBACK, resolver=resolver(),
+                         upstream_proxy=proxy.setting(password="wrong")) as gate:
+        response = await exchange(gate.proxy, b"GET http://allowed.test:8080/ HTTP/1.1\r\n"
+                                              b"Host: allowed.test:8080\r\n\r\n", 3)
+    assert parse_head(response)[0] == 502 and b"407" in response
+
+
+async def test_an_unreachable_proxy_is_named(make_gate: GateFactory) -> None:
+    async with FakeProxy() as gone:
+        setting = gone.setting()
+    async with make_gate(upstream_proxy=setting) as gate:
+        response = await exchange(gate.api, messages_request({"model": "m"}), timeout=3)
+        await eventually(gate.records, what="the audit record")
+    (record,) = gate.records()
+    assert parse_head(response)[0] == 502 and record["side"] == "upstream"
+    assert f"cannot reach the upstream proxy http://{USER}@127.0.0.3:{setting.port}" in record["reason"]
+
+
+async def test_a_connect_the_proxy_refuses_is_named_with_its_status(make_gate: GateFactory, stub: StubUpstream) -> None:
+    async def refusing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 403 Forbidden by policy\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refusing, "127.0.0.3", 0)
+    setting = UpstreamProxy.parse(f"http://127.0.0.3:{server.sockets[0].getsockname()[1]}", "test")
+    try:
+        async with make_gate(upstream_proxy=setting) as gate:
+            await exchange(gate.api, messages_request({"model": "m"}), timeout=3)
+            await eventually(gate.records, what="the audit record")
+    finally:
+        server.close()
+    (record,) = gate.records()
+    assert f"refused CONNECT 127.0.0.1:{stub.port}: 403 Forbidden by policy" in record["reason"]
