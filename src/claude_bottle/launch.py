@@ -100,11 +100,20 @@ class Launch:
     routes: tuple[CredentialRoute, ...] = ()  # the agent's credentials with their values (tokens.routes_for)
 
 
+# Arguments by which a caller chooses how Claude Code asks for permission (an Agent SDK's permission callback is
+# ``--permission-prompt-tool stdio``): then the bottle does not impose bypass mode over that choice.
+PERMISSION_CHOICES = ("--permission-mode", "--permission-prompt-tool", "--dangerously-skip-permissions")
+
+
 def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
-    """The bypass-mode warning is accepted in the bottle's read-only ~/.claude/settings.json
+    """Claude Code in bypass mode, the bottle's reason to be, unless the agent's arguments or ``extra`` choose a
+    permission mode themselves: the bottle holds either way, and a caller that decides on each tool keeps that.
+    The bypass-mode warning is accepted in the bottle's read-only ~/.claude/settings.json
     (``runtime.files.CLAUDE_SETTINGS``)."""
     model = ["--model", agent.model] if agent.model else []
-    return ["claude", "--dangerously-skip-permissions", *model, *agent.claude_args, *extra]
+    arguments = [*model, *agent.claude_args, *extra]
+    chosen = any(argument.split("=", 1)[0] in PERMISSION_CHOICES for argument in arguments)
+    return ["claude", *([] if chosen else ["--dangerously-skip-permissions"]), *arguments]
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -1,7 +1,8 @@
 """The Claude Agent SDKs (Python from PyPI, TypeScript from npm) pointed at the drop-in `claude-bottle-claude`, as
 their users would point them, with the real Claude Code in a real bottle against the stub Messages API: answers
-arrive as the SDK's message objects, the control protocol (a hook) goes both ways through the bottle, an SDK that
-closes early leaves no container, and nothing of the SDK caller's environment reaches the bottle."""
+arrive as the SDK's message objects, the control protocol (a hook, a permission callback) goes both ways through
+the bottle, an SDK that closes early leaves no container, and nothing of the SDK caller's environment reaches
+the bottle."""
 
 from __future__ import annotations
 
@@ -119,6 +120,30 @@ def test_python_sdk_hook_round_trip_through_the_bottle(
     assert f"Tool said: {marker}" in texts(messages)
     assert not (workspace / "touched").exists(), "the hook's answer held in the bottle"
     assert not result_of(messages).is_error
+    assert leftovers(client, AGENT) == []
+
+
+@pytest.mark.usefixtures("python_sdk")
+def test_python_sdk_permission_callback_decides_in_the_bottle(
+        client: docker.DockerClient, drop_in_env: dict[str, str], workspace: Path) -> None:
+    """An SDK with a permission callback chooses how Claude Code asks (``--permission-prompt-tool stdio``): the
+    bottle keeps that choice, so Claude Code asks the callback on the host and obeys its refusal."""
+    marker = f"refused-by-the-callback-{secrets.token_hex(6)}"
+    asked: list[tuple[str, Any]] = []
+
+    async def decide(tool: str, tool_input: dict[str, Any], context: Any) -> Any:
+        asked.append((tool, tool_input.get("command")))
+        return claude_agent_sdk.PermissionResultDeny(message=marker)
+
+    async def converse() -> list[Any]:
+        async with claude_agent_sdk.ClaudeSDKClient(sdk_options(drop_in_env, workspace, can_use_tool=decide)) as sdk:
+            await sdk.query("run: touch /workspace/touched")
+            return [message async for message in sdk.receive_response()]
+
+    messages = asyncio.run(asyncio.wait_for(converse(), QUERY_SECONDS))
+    assert asked == [("Bash", "touch /workspace/touched")]
+    assert not (workspace / "touched").exists(), "the callback's refusal held in the bottle"
+    assert any(marker in text for text in texts(messages)), "the refusal went back to the model as the tool's result"
     assert leftovers(client, AGENT) == []
 
 

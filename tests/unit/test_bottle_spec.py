@@ -108,6 +108,18 @@ def test_claude_command_adds_model_and_args_and_no_settings_flag() -> None:
     assert command == ["claude", "--dangerously-skip-permissions", "--model", "m", "--verbose", "-p", "hi"]
 
 
+@pytest.mark.parametrize(("agent_args", "extra"), [
+    ((), ("--permission-prompt-tool", "stdio")),  # an Agent SDK with a permission callback
+    ((), ("--permission-mode=plan",)),
+    (("--permission-mode", "default"), ()),
+    ((), ("--dangerously-skip-permissions",)),  # said once, not twice
+])
+def test_a_permission_mode_chosen_by_the_caller_or_the_agent_is_not_overridden(
+        agent_args: tuple[str, ...], extra: tuple[str, ...]) -> None:
+    command = claude_command(AgentConfig(claude_args=agent_args), *extra)
+    assert command == ["claude", *agent_args, *extra]
+
+
 def test_raw_tcp_targets_reach_the_gate_command(tmp_path: Path) -> None:
     agent = parse_agent("a", tomllib.loads('version = 1\nallow = ["x.example"]\nallow_tcp = ["git.example.com:22"]\n'
                                            'allow_private = ["10.0.0.0/8"]\n'), "a.toml")
