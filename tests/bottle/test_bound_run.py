@@ -40,15 +40,15 @@ def containers_of(client: docker.DockerClient, agent: str) -> list[docker.models
 
 @contextlib.contextmanager
 def mid_run(client: docker.DockerClient, upstream: Upstream, agent: str, workspace: Path,
-            command: str = "run") -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+            command: str = "run", engine: str = "") -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``claude-bottle run AGENT -p ...`` (or ``start AGENT``) with its bottle running and its gate ready: the
-    process and the run's id."""
+    process and the run's id. ``engine``: the address of ``client``'s engine (DOCKER_HOST), if not the usual."""
     write_agent(agent, "")
     prompt = ["-p", "hi"] if command == "run" else []
     process = subprocess.Popen([sys.executable, "-c", SLEEPING_CLI, command, agent, *prompt, "--upstream",
                                 upstream.url, "--upstream-network", upstream.network],
                                cwd=workspace, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+                               stderr=subprocess.PIPE, env={**os.environ, **({"DOCKER_HOST": engine} if engine else {})})
     try:
         deadline = time.monotonic() + 240  # the images are built already: this is the start
         while time.monotonic() < deadline and process.poll() is None:
@@ -67,6 +67,23 @@ def mid_run(client: docker.DockerClient, upstream: Upstream, agent: str, workspa
         for container in containers_of(client, agent):  # what the test found left, so the next is not misled
             with contextlib.suppress(docker.errors.APIError):
                 container.remove(force=True)
+
+
+def reaper_of(run_id: str) -> int:
+    """The pid of the one reaper that watches run ``run_id``."""
+    reapers = [int(pid) for pid in subprocess.run(["pgrep", "-f", f"claude_bottle.runtime.reaper {run_id}"],
+                                                  capture_output=True, text=True).stdout.split()]
+    assert len(reapers) == 1, "one reaper watches the run"
+    return reapers[0]
+
+
+def exited_within(container: docker.models.containers.Container, seconds: float) -> str:
+    """``container``'s status once it is no longer running, or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while container.status == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        container.reload()
+    return str(container.status)
 
 
 def gone_within(client: docker.DockerClient, agent: str, seconds: float) -> list[str]:
@@ -100,16 +117,9 @@ def test_the_gate_stops_when_the_stream_it_was_started_on_closes(
     start on the workspace."""
     with mid_run(client, upstream, "killed-all", workspace) as (process, run_id):
         gate = client.containers.get(f"claude-bottle-{run_id}-gate")
-        reapers = [int(pid) for pid in subprocess.run(["pgrep", "-f", f"claude_bottle.runtime.reaper {run_id}"],
-                                                      capture_output=True, text=True).stdout.split()]
-        assert len(reapers) == 1, "one reaper watches the run"
-        os.kill(reapers[0], signal.SIGKILL)
+        os.kill(reaper_of(run_id), signal.SIGKILL)
         os.kill(process.pid, signal.SIGKILL)
-        deadline = time.monotonic() + GONE_SECONDS
-        while gate.status == "running" and time.monotonic() < deadline:
-            time.sleep(0.2)
-            gate.reload()
-        assert gate.status == "exited", "the gate outlived the stream it was started on"
+        assert exited_within(gate, GONE_SECONDS) == "exited", "the gate outlived the stream it was started on"
         # What a crashed host leaves: the rest stopped too. `ls` shows it; the next start here removes it.
         client.containers.get(f"claude-bottle-{run_id}-bottle").kill()
         listed = subprocess.run([sys.executable, "-m", "claude_bottle", "ls", "--json"], capture_output=True,

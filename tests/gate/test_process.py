@@ -170,6 +170,28 @@ async def test_with_exit_with_stdin_it_serves_while_its_stdin_is_open_and_exits_
         writer.close()
 
 
+@pytest.mark.asyncio
+async def test_with_a_stdin_heartbeat_it_serves_while_beats_come_and_exits_when_they_stop(
+        tmp_path: Path, stub: StubUpstream) -> None:
+    """An engine that keeps the gate's standard input open after the host is gone (Podman): the host beats on
+    it, and silence for ``--stdin-heartbeat`` seconds stops the gate though the stream stays open."""
+    args = gate_args("-", "--upstream", stub.url, "--exit-with-stdin", "--stdin-heartbeat", "1")
+    with gate_process(args, f"{make_token()}\n".encode(), close_stdin=False) as (proc, api, _):
+        assert proc.stdin is not None
+        for _ in range(4):  # two seconds of beats, twice its silence
+            proc.stdin.write(b"\n")
+            proc.stdin.flush()
+            await asyncio.sleep(0.5)
+        assert proc.poll() is None, "it serves while the beats come"
+        reader, writer = await asyncio.open_connection(api.host, api.port)
+        writer.write(messages_request({"model": "m"}, keep_alive=True))
+        assert (await read_head(reader))[0] == 200
+        started = time.monotonic()
+        assert await asyncio.to_thread(proc.wait, 10) == 0
+        assert time.monotonic() - started < 5
+        writer.close()
+
+
 def test_audit_log_to_stderr_is_json_lines(tmp_path: Path) -> None:
     args = gate_args(token_file(tmp_path, make_token()), "--audit-log", "-")
     with gate_process(args) as (proc, _, proxy):

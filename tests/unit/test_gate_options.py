@@ -91,6 +91,7 @@ def generated(rng: random.Random) -> GateOptions:
         learn=rng.random() < 0.5,
         control_socket=rng.choice([None, Path("/tmp/claude-bottle-control.sock")]),
         exit_with_stdin=rng.random() < 0.5,
+        stdin_heartbeat=rng.choice([0.0, 5.0, rng.uniform(0, 3600)]),
     )
 
 

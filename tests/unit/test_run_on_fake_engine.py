@@ -18,8 +18,10 @@ from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.ready import Ready
 from claude_bottle.gate.settings import Endpoint
 from claude_bottle.launch import Launch, run_spec
+from claude_bottle.runtime import lifeline
 from claude_bottle.runtime.files import IMAGE_BUNDLE, bottle_files, policy_dir
 from claude_bottle.runtime.gate import GATE_ALIAS
+from claude_bottle.runtime.lifeline import SILENCE_SECONDS
 from claude_bottle.runtime.listing import runs
 from claude_bottle.runtime.names import POOL_LABEL
 from claude_bottle.runtime.removal import remove_run
@@ -131,11 +133,34 @@ def test_a_run_holds_its_gates_stream_until_it_ends_and_then_lets_go(workspace: 
         while chunk := gates.recv(4096):  # the token's line, then nothing, and no end: open
             secrets += chunk
     assert secrets.count(b"\n") == 1 and secrets.endswith(b"\n")
+    assert "--stdin-heartbeat" not in engine.specs[run.names.gate].command, "its end is enough on Docker"
     run.remove()
     gates.settimeout(5)
     assert gates.recv(1) == b"", "let go: the gate's standard input ends"
     assert not run.gate_lost.is_set()
     run.check_gate()
+
+
+def test_where_the_engine_keeps_the_gates_input_open_the_run_beats_on_it(
+        workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Podman: the gate is told to stop when the beats stop, and they come until the run lets go."""
+    monkeypatch.setattr(lifeline, "BEAT_SECONDS", 0.05)
+    engine = BottleEngine(internal_names=False, pooled_networks=False)
+    engine.stdin_ends_with_client = False
+    run = new_run(engine, workspace)
+    run.start_gate()
+    command = engine.specs[run.names.gate].command
+    assert command[command.index("--stdin-heartbeat") + 1] == str(SILENCE_SECONDS)
+    run.start_bottle(["sleep", "600"])
+    gates = engine.attached[run.names.gate]
+    gates.settimeout(5)
+    came = b""
+    while came.count(b"\n") < 4:  # the token's line, then beats
+        came += gates.recv(4096)
+    run.remove()
+    while chunk := gates.recv(4096):
+        came += chunk
+    assert not run.gate_lost.is_set()
 
 
 def test_a_gate_gone_mid_run_removes_the_bottle_and_says_so(workspace: Path) -> None:

@@ -87,7 +87,7 @@ def run_gate(params: Mapping[str, Any]) -> None:
     with audit_stream(options.audit_log) as stream:
         serve(settings, AuditLog(stream, secrets=settings.injected_secrets),
               ca_cert_out=options.ca_cert_out,
-              lifeline=sys.stdin.fileno() if options.exit_with_stdin else None)
+              lifeline=sys.stdin.fileno() if options.exit_with_stdin else None, silence=options.stdin_heartbeat)
 
 
 def run_stub_upstream(listen: str, text: str | None, log: bool, tls_file: str | None) -> None:

@@ -155,6 +155,10 @@ class GateOptions:
     exit_with_stdin: bool = field(default=False, metadata=_flags(Flag(
         "--exit-with-stdin", "Read only the secrets' lines from standard input (--token-file -), then stop as on "
         "SIGTERM when it closes: the host holds it open while the run lives.")))
+    stdin_heartbeat: float = field(default=0.0, metadata=_flags(Flag(
+        "--stdin-heartbeat", "With --exit-with-stdin: stop as well when nothing comes on standard input for this "
+        "many seconds (0: never), for an engine that keeps it open after its client is gone; the host then "
+        "writes a line there every second.", "SECONDS", bounds=(0, 3600))))
 
     def __post_init__(self) -> None:
         # The request policy in the form its flags carry (and so the gate sees): entries with rules, then

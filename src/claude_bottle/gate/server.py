@@ -227,18 +227,20 @@ def raise_open_files_limit() -> int:
 
 
 def serve(config: GateSettings, audit: AuditLog, announce: Callable[[str], None] | None = None,
-          ca_cert_out: Path | None = None, lifeline: int | None = None) -> None:
+          ca_cert_out: Path | None = None, lifeline: int | None = None, silence: float = 0.0) -> None:
     """``run`` the gate on its event loop, uvloop's: the one place the gate's loop is chosen. libuv's loop
     and transports cost less CPU than asyncio's pure-Python ones on every request and SSE event, and its TLS
     protocol allocates its read buffer without filling it, so an idle terminated tunnel holds little memory."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(run(config, audit, announce=announce, ca_cert_out=ca_cert_out, lifeline=lifeline))
+        runner.run(run(config, audit, announce=announce, ca_cert_out=ca_cert_out, lifeline=lifeline,
+                       silence=silence))
 
 
 async def run(config: GateSettings, audit: AuditLog, announce: Callable[[str], None] | None = None,
-              ca_cert_out: Path | None = None, lifeline: int | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, or given ``lifeline`` (a file descriptor) until its end (gate/lifeline.py),
-    then drain. Used by ``claude-bottle gate`` (through ``serve``).
+              ca_cert_out: Path | None = None, lifeline: int | None = None, silence: float = 0.0) -> None:
+    """Serve until SIGTERM or SIGINT, or given ``lifeline`` (a file descriptor) until its end or, ``silence``
+    above 0, until nothing came on it for that many seconds (gate/lifeline.py), then drain. Used by
+    ``claude-bottle gate`` (through ``serve``).
 
     Once it listens it announces that, with its CA's certificate, in one line (gate/ready.py); with
     ``ca_cert_out`` it first writes the certificate there (a ConfigError if it cannot)."""
@@ -250,7 +252,7 @@ async def run(config: GateSettings, audit: AuditLog, announce: Callable[[str], N
     if lifeline is not None:  # watched once the signals are handled, so an early end is not missed
         def closed() -> None:
             loop.call_soon_threadsafe(stop.set)
-        watch(lifeline, closed)
+        watch(lifeline, closed, silence)
     say = announce or (lambda m: print(m, file=sys.stderr, flush=True))
     ca = run_ca(config)
     if ca_cert_out is not None:

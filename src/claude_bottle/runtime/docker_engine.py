@@ -420,6 +420,7 @@ class PodmanEngine(DockerEngine):
     internal_names = False
     pooled_networks = False
     bridges_on_host = True
+    stdin_ends_with_client = False
 
     def __init__(self, client: docker.DockerClient, about: EngineInfo | None = None, rootless: bool = False) -> None:
         """``rootless``: whether it runs as an ordinary user, unless ``about`` says."""

@@ -25,15 +25,17 @@ GATE_STOP_SECONDS = 3
 GATE_ALIAS = "gate"  # the gate's name on the internal network, where the engine resolves names there (Docker)
 
 
-def gate_options(spec: RunSpec, listen: str = GATE_ALIAS) -> GateOptions:
+def gate_options(spec: RunSpec, listen: str = GATE_ALIAS, heartbeat: float = 0.0) -> GateOptions:
     """What the run's gate is told: where it listens (``listen``: its name or address on the internal network),
-    its upstream, the agent's egress and API policy, and the secrets (which go on its stdin, never in argv)."""
+    its upstream, the agent's egress and API policy, and the secrets (which go on its stdin, never in argv).
+    It stops when its standard input ends or (``heartbeat`` above 0) stays silent that long."""
     return GateOptions(
         api_listen=Endpoint(listen, API_PORT), proxy_listen=Endpoint(listen, PROXY_PORT), credential=spec.credential,
         upstream=spec.upstream, allow=spec.allow, allow_tcp=spec.allow_tcp, allow_private=spec.allow_private,
         allow_server_tool=spec.server_tools, request_policy=spec.request_policy, dlp=spec.dlp, routes=spec.routes,
         extra_ca=tuple(Path(path["bind"]) for path in upstream_ca_mounts(spec).values()), audit_log="-",
         learn=spec.learn, control_socket=Path(CONTROL_SOCKET), exit_with_stdin=True,
+        stdin_heartbeat=heartbeat,
     )
 
 

@@ -43,7 +43,7 @@ from claude_bottle.runtime.gate import (
     upstream_ca_mounts,
 )
 from claude_bottle.runtime.interrupts import uninterrupted
-from claude_bottle.runtime.lifeline import Lifeline
+from claude_bottle.runtime.lifeline import SILENCE_SECONDS, Heartbeat, Lifeline
 from claude_bottle.runtime.names import (
     RunNames,
     state_volume,
@@ -91,6 +91,7 @@ class Run:
         self.gate_ca = b""  # the gate's CA certificate (PEM), as it announced it; set by wait_for_gate
         self._gate_output: socket.socket | None = None  # the gate's attached stream, until it says it listens
         self.lifeline: Lifeline | None = None  # the same stream from then on, held until the run ends
+        self.heartbeat: Heartbeat | None = None  # beats on it, where the engine needs them
         self.gate_lost = threading.Event()  # the gate ended while the bottle ran: set before its removal
         self.gate_listen = GATE_ALIAS  # the gate's name or (Podman) address on the internal network
 
@@ -119,7 +120,8 @@ class Run:
         with uninterrupted(), ThreadPoolExecutor(2) as pool:  # its threads inherit the blocked signals
             internal, egress = pool.submit(self._internal_network), pool.submit(egress_network, self.engine)
             self.internal, self.egress = internal.result(), egress.result()
-        gate, options = self.names.gate, gate_options(spec, self.gate_listen)
+        beats = not self.engine.stdin_ends_with_client
+        gate, options = self.names.gate, gate_options(spec, self.gate_listen, SILENCE_SECONDS if beats else 0.0)
         try:
             with uninterrupted():
                 self.engine.create_container(ContainerSpec(
@@ -138,6 +140,9 @@ class Run:
             self.gate_started = True
             self._gate_output = raw
             raw.sendall(options.stdin())  # and held open: the gate stops when it closes (runtime/lifeline.py)
+            if beats:
+                self.heartbeat = Heartbeat(raw)
+                self.heartbeat.start()
             self.gate_ip = self.engine.address(gate, self.internal.name)  # assigned by now, while it boots
         except DockerError as exc:
             raise DockerError(f"cannot start the gate: {exc}") from None
@@ -319,10 +324,14 @@ class Run:
 
     def _let_go(self) -> None:
         """The run ends on purpose: its gate's stream closed, which is no loss (``Lifeline.close``)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self.lifeline is not None:
             self.lifeline.close()
 
     def remove(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self._gate_output is not None:  # a start that ended before the gate was waited for
             self._gate_output.close()
             self._gate_output = None

@@ -140,6 +140,10 @@ class Engine(ABC):
     # Whether an isolated network's bridge still has an address on the host (Podman's), so a start checks
     # that the host does not answer a bottle there (``Run.check_host_unreachable``).
     bridges_on_host = False
+    # Whether a container's standard input ends when the client attached to it goes away, however (Docker's,
+    # with ``StdinOnce``). Podman's Docker-compatible API keeps it open: there the host beats on the gate's
+    # stream, which stops when the beats stop (runtime/lifeline.py).
+    stdin_ends_with_client = True
 
     @abstractmethod
     def describe(self) -> EngineInfo:
