@@ -31,6 +31,8 @@ SLEEPING_CLI = ("import sys\n"
                 "sys.argv[0] = 'claude-bottle'\n"
                 "cli.main()\n")
 GONE_SECONDS = 10
+# After its gate: bottle-entry.sh's GATE_GONE_SECONDS, its last probe and pause (3 s and 2 s), and room.
+BOTTLE_GONE_SECONDS = 15 + 5 + 10
 READY = b"claude-bottle gate: ready"
 
 
@@ -113,15 +115,17 @@ def test_the_gate_stops_when_the_stream_it_was_started_on_closes(
         client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
         built_images: tuple[str, str]) -> None:
     """Without the reaper (a whole process group or cgroup killed, a host that loses power), the gate still
-    stops by itself: the credential does not outlive the CLI. What is left is listed, and removed by the next
-    start on the workspace."""
+    stops by itself: the credential does not outlive the CLI; and then the bottle. What is left is listed, and
+    removed by the next start on the workspace."""
     with mid_run(client, upstream, "killed-all", workspace) as (process, run_id):
         gate = client.containers.get(f"claude-bottle-{run_id}-gate")
         os.kill(reaper_of(run_id), signal.SIGKILL)
         os.kill(process.pid, signal.SIGKILL)
         assert exited_within(gate, GONE_SECONDS) == "exited", "the gate outlived the stream it was started on"
-        # What a crashed host leaves: the rest stopped too. `ls` shows it; the next start here removes it.
-        client.containers.get(f"claude-bottle-{run_id}-bottle").kill()
+        # The bottle, its gate gone, ends too (its entrypoint's watch): what is left is stopped, as a crashed
+        # host leaves it. `ls` shows it; the next start here removes it.
+        bottle = client.containers.get(f"claude-bottle-{run_id}-bottle")
+        assert exited_within(bottle, BOTTLE_GONE_SECONDS) == "exited", "the bottle outlived its gate"
         listed = subprocess.run([sys.executable, "-m", "claude_bottle", "ls", "--json"], capture_output=True,
                                 text=True, timeout=60, check=True)
         assert {entry["run"]: entry["status"] for entry in json.loads(listed.stdout)}[run_id] == "exited"

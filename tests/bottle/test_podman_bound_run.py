@@ -1,7 +1,7 @@
 """A run bound to its parts on Podman, whose Docker-compatible API keeps a container's standard input open
 when its client goes away: the CLI killed outright leaves nothing (its reaper removes the run), and with the
 reaper killed too the gate, which holds the credential, still stops within seconds (the host's beats on its
-stream stop: runtime/lifeline.py)."""
+stream stop: runtime/lifeline.py), and then the bottle (its entrypoint watches the gate)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,14 @@ from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.names import WORKSPACE_LABEL
 from claude_bottle.verify.standins import stub_container
 from tests.bottle.conftest import TEST_LABEL, Upstream, build_test_images, podman_client
-from tests.bottle.test_bound_run import GONE_SECONDS, exited_within, gone_within, mid_run, reaper_of
+from tests.bottle.test_bound_run import (
+    BOTTLE_GONE_SECONDS,
+    GONE_SECONDS,
+    exited_within,
+    gone_within,
+    mid_run,
+    reaper_of,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
 SOCKET = os.environ.get("CLAUDE_BOTTLE_TEST_PODMAN", "unix:///run/podman/podman.sock")
@@ -84,3 +91,6 @@ def test_the_gate_stops_on_podman_when_the_host_is_gone_with_its_reaper(
         killed = time.monotonic()
         assert exited_within(gate, GONE_SECONDS) == "exited", "the gate outlived the host that started it"
         assert time.monotonic() - killed < GONE_SECONDS
+        bottle = podman.containers.get(f"claude-bottle-{run_id}-bottle")
+        # "stopped": Podman's word for an exited container whose clean-up is still under way
+        assert exited_within(bottle, BOTTLE_GONE_SECONDS) in ("exited", "stopped"), "the bottle outlived its gate"

@@ -276,7 +276,8 @@ class Run:
             mounts.append(Mount(GIT_CONFIG, str(files / "gitconfig")))
         seed = seeded_claude_json(spec.credential.kind, spec.credential.placeholder(), spec.mcp_servers)
         environment = {**self.bottle_environment(), "CLAUDE_BOTTLE_CLAUDE_JSON": seed.decode(),
-                       "CLAUDE_BOTTLE_READY_FILE": READY_FILE}
+                       "CLAUDE_BOTTLE_READY_FILE": READY_FILE,
+                       "CLAUDE_BOTTLE_GATE": f"{self.gate_ip}:{API_PORT}"}  # watched by the entrypoint
         try:
             state = self.engine.create_volume(state_volume(spec.agent, spec.workspace), self.names.volume_labels)
         except DockerError as exc:
