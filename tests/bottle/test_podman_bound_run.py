@@ -1,7 +1,8 @@
 """A run bound to its parts on Podman, whose Docker-compatible API keeps a container's standard input open
 when its client goes away: the CLI killed outright leaves nothing (its reaper removes the run), and with the
 reaper killed too the gate, which holds the credential, still stops within seconds (the host's beats on its
-stream stop: runtime/lifeline.py), and then the bottle (its entrypoint watches the gate)."""
+stream stop: runtime/lifeline.py), and then the bottle (its entrypoint watches the gate). The gate killed
+ends the command with its error, as on Docker."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import docker
 import pytest
 
 from claude_bottle import records
+from claude_bottle.errors import EXIT_GATE
 from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.names import WORKSPACE_LABEL
 from claude_bottle.verify.standins import stub_container
@@ -94,3 +96,17 @@ def test_the_gate_stops_on_podman_when_the_host_is_gone_with_its_reaper(
         bottle = podman.containers.get(f"claude-bottle-{run_id}-bottle")
         # "stopped": Podman's word for an exited container whose clean-up is still under way
         assert exited_within(bottle, BOTTLE_GONE_SECONDS) in ("exited", "stopped"), "the bottle outlived its gate"
+
+
+def test_the_gate_killed_mid_run_ends_the_command_with_its_error_on_podman(
+        podman: docker.DockerClient, stub: Upstream, token: str, workspace: Path) -> None:
+    """The gate's attached stream ends with it on Podman too: the run does not wait on a bottle with no peer."""
+    with mid_run(podman, stub, "podman-gate-killed", workspace, engine=SOCKET) as (process, run_id):
+        podman.containers.get(f"claude-bottle-{run_id}-gate").kill()
+        ended = time.monotonic()
+        _, stderr = process.communicate(timeout=GONE_SECONDS + 30)
+        assert time.monotonic() - ended < GONE_SECONDS, "the command hung on"
+        assert process.returncode == EXIT_GATE
+        assert "the gate stopped while the run went on" in stderr.decode()
+        assert gone_within(podman, "podman-gate-killed", 1) == [], "the bottle is removed, and the rest of the run"
+    assert records.find(run_id).run == run_id, "its audit is kept on the host"
