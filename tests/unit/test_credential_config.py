@@ -128,10 +128,10 @@ def test_the_gate_reads_each_routes_value_after_the_token(monkeypatch: pytest.Mo
     spec = parse_route_flag("github basic x-access-token claude-bottle-sentinel-github-0123456789abcdef github.com")
     token = make_token()
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{token}\n{VALUE}\n"))
-    credential, (route,) = gc.read_secrets("-", (spec,))
+    credential, (route,), _ = gc.read_secrets("-", (spec,))
     assert credential.secret == token and route.secret == VALUE and route.spec == spec
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{token}\n"))
-    with pytest.raises(ConfigError, match=re.escape("expected the token and then one value per")):
+    with pytest.raises(ConfigError, match=re.escape("expected the token, then one value per")):
         gc.read_secrets("-", (spec,))
 
 
@@ -143,12 +143,12 @@ def test_a_gate_bound_to_its_stdin_reads_only_the_secrets_lines(monkeypatch: pyt
     token = make_token()
     stdin = io.StringIO(f"{token}\n{VALUE}\nmore\n")
     monkeypatch.setattr(sys, "stdin", stdin)
-    credential, (route,) = gc.read_secrets("-", (spec,), to_end=False)
+    credential, (route,), _ = gc.read_secrets("-", (spec,), to_end=False)
     assert credential.secret == token and route.secret == VALUE and stdin.read() == "more\n"
     stdin = io.StringIO(f"{token}\nmore\n")
     monkeypatch.setattr(sys, "stdin", stdin)
-    assert gc.read_secrets("-", (), to_end=False) == (Credential.parse(token, "t"), ())
+    assert gc.read_secrets("-", (), to_end=False) == (Credential.parse(token, "t"), (), "")
     assert stdin.read() == "more\n"
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{token}\n"))
-    with pytest.raises(ConfigError, match=re.escape("expected the token and then one value per")):
+    with pytest.raises(ConfigError, match=re.escape("expected the token, then one value per")):
         gc.read_secrets("-", (spec,), to_end=False)

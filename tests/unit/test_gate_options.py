@@ -30,6 +30,7 @@ from claude_bottle.gate.settings import (
     parse_networks,
     parse_upstream,
 )
+from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import Launch, run_spec
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.messages import SERVER_TOOL_FAMILIES
@@ -81,6 +82,9 @@ def generated(rng: random.Random) -> GateOptions:
         dlp=parse_dlp(some(rng, lambda i: f"extra{i} itk{i}_[a-z0-9]{{32}}"),
                       some(rng, lambda i: rng.choice(BUILTIN_NAMES))),
         routes=routes,
+        upstream_proxy=rng.choice([None, UpstreamProxy.parse("http://proxy.corp:3128", "p"),
+                                   UpstreamProxy.parse(f"http://u%40corp:pw{rng.randint(0, 9)}:x@[fd00::1]:8080", "p",
+                                                       ",".join(some(rng, host)))]),
         extra_ca=some(rng, lambda i: Path(f"/opt/gate/upstream-ca/{i}.pem")),
         audit_log=rng.choice([None, "-", "/tmp/audit.jsonl"]),
         ca_cert_out=rng.choice([None, Path("/tmp/ca.pem")]),
@@ -106,7 +110,9 @@ def test_secrets_go_on_standard_input_never_in_the_arguments() -> None:
     for seed in range(CASES):
         options = generated(random.Random(seed))
         argv = " ".join(options.args())
-        secrets = [options.credential.secret, *(route.secret for route in options.routes)]
+        proxy = options.upstream_proxy
+        secrets = [options.credential.secret, *(route.secret for route in options.routes),
+                   *([proxy.password] if proxy is not None and proxy.username else [])]
         assert not [secret for secret in secrets if secret in argv], f"seed {seed}"
         assert options.stdin().decode().splitlines() == secrets, f"seed {seed}"
         assert options.args()[options.args().index("--token-file") + 1] == "-"
@@ -190,3 +196,28 @@ def test_the_runtime_hands_the_agents_parsed_values_over_as_they_are(tmp_path: P
         spec.allow, spec.allow_tcp, spec.allow_private, spec.upstream)
     assert (options.api_listen, options.proxy_listen) == (Endpoint("10.89.0.2", API_PORT),
                                                           Endpoint("10.89.0.2", PROXY_PORT))
+
+
+def test_the_upstream_proxys_password_crosses_on_standard_input_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = UpstreamProxy.parse("http://me:hunter2@proxy.corp:3128", "test", "localhost,.corp")
+    options = GateOptions(api_listen=Endpoint("127.0.0.1", 1), proxy_listen=Endpoint("127.0.0.1", 2),
+                          credential=Credential.parse(make_token(), "t"), upstream_proxy=proxy, exit_with_stdin=True)
+    assert "hunter2" not in " ".join(options.args()) and "hunter2" not in repr(options)
+    assert options.stdin().decode().splitlines()[-1] == "hunter2"
+    back = parsed(options.args(), options.stdin(), monkeypatch)
+    assert back.upstream_proxy == proxy and back.settings().upstream_proxy == proxy
+
+
+@pytest.mark.parametrize(("flags_given", "words"), [
+    (["--upstream-proxy", "http://me:hunter2@proxy:3128"], "password does not go in the arguments"),
+    (["--upstream-proxy", "http://a:1", "--upstream-proxy", "http://b:2"], "more than once"),
+    (["--upstream-no-proxy", "localhost"], "without --upstream-proxy"),
+    (["--upstream-proxy", "socks5://proxy:1080"], "not an http:// proxy URL"),
+])
+def test_a_bad_upstream_proxy_flag_is_named(flags_given: list[str], words: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    options = GateOptions(api_listen=Endpoint("127.0.0.1", 1), proxy_listen=Endpoint("127.0.0.1", 2),
+                          credential=Credential.parse(make_token(), "t"))
+    with pytest.raises(ConfigError, match=words) as caught:
+        parsed([*options.args(), *flags_given], options.stdin(), monkeypatch)
+    assert "hunter2" not in str(caught.value)

@@ -11,7 +11,7 @@ from claude_bottle.gate.upstream_proxy import UpstreamProxy
 def test_a_url_with_credentials_parses_and_shows_no_password() -> None:
     proxy = UpstreamProxy.parse("http://me%40corp:p%3Ass@Proxy.Corp:3128", "--upstream-proxy")
     assert (proxy.host, proxy.port, proxy.username, proxy.password) == ("proxy.corp", 3128, "me@corp", "p:ss")
-    assert proxy.url == "http://me@corp@proxy.corp:3128" and "p:ss" not in repr(proxy)
+    assert proxy.url == "http://me%40corp@proxy.corp:3128" and "p:ss" not in repr(proxy)
     assert proxy.authorization == b"Basic bWVAY29ycDpwOnNz"
 
 

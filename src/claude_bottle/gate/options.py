@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from claude_bottle.credentials import Credential
+from claude_bottle.errors import ConfigError
 from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import (
@@ -40,6 +41,7 @@ from claude_bottle.gate.settings import (
     parse_upstream,
     read_secrets,
 )
+from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.policy.addresses import IPNetwork
 from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy
 from claude_bottle.policy.hosts import Allowlist, HostPattern
@@ -126,6 +128,13 @@ class GateOptions:
         "inspected requests to them in place of the client's; SENTINEL, the bottle's stand-in, is refused "
         "elsewhere. Its value is read from standard input after the token (--token-file -), one line per route "
         "in order. Repeatable.", "'NAME SCHEME USERNAME|- SENTINEL HOST[,HOST...]'")))
+    # Its password, if it has a user, follows the routes' values on standard input.
+    upstream_proxy: UpstreamProxy | None = field(default=None, metadata=_flags(
+        Flag("--upstream-proxy", "Connect out through this HTTP proxy (CONNECT; plain HTTP in absolute form). With a "
+             "USER, its password is read from standard input after the routes' values (--token-file -).",
+             "http://[USER@]HOST[:PORT]"),
+        Flag("--upstream-no-proxy", "Dial this destination directly, not through --upstream-proxy: a NO_PROXY entry "
+             "(*, a domain and its subdomains, an address, a CIDR). Repeatable.", "ENTRY")))
     extra_ca: tuple[Path, ...] = field(default=(), metadata=_flags(Flag(
         "--extra-ca", "Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.",
         "PATH", path=True)))
@@ -181,6 +190,8 @@ class GateOptions:
                 args += value.args()
             elif item.name == "routes":
                 args += [arg for route in self.routes for arg in ("--credential-route", route.spec.flag())]
+            elif item.name == "upstream_proxy":
+                args += value.args() if value is not None else []
             elif item.default is not dataclasses.MISSING and value == item.default:
                 continue
             elif isinstance(value, bool):
@@ -191,8 +202,10 @@ class GateOptions:
 
     def stdin(self) -> bytes:
         """What the gate reads on its standard input: the token, then each route's value, one line each in the
-        order of ``routes`` (``--credential-route``)."""
-        values = (self.credential.secret, *(route.secret for route in self.routes))
+        order of ``routes`` (``--credential-route``), then the upstream proxy's password if it has a user."""
+        proxy = self.upstream_proxy
+        password = (proxy.password,) if proxy is not None and proxy.username else ()
+        values = (self.credential.secret, *(route.secret for route in self.routes), *password)
         return "".join(f"{value}\n" for value in values).encode()
 
     # -- gate side: from the command line, then into settings ---------------------------------------------
@@ -206,7 +219,11 @@ class GateOptions:
         values = dict(params)
         request_policy = parse_egress_rules(values.pop("egress_rule"), values.pop("no_inspect"))
         specs = parse_routes(values.pop("credential_route"), request_policy)
-        credential, routes = read_secrets(values.pop("token_file"), specs, to_end=not values["exit_with_stdin"])
+        proxy = parse_proxy_flags(values.pop("upstream_proxy"), values.pop("upstream_no_proxy"))
+        credential, routes, password = read_secrets(values.pop("token_file"), specs, not values["exit_with_stdin"],
+                                                    proxy_password=proxy is not None and bool(proxy.username))
+        if proxy is not None and password:
+            proxy = dataclasses.replace(proxy, password=password)
         dlp = parse_dlp(values.pop("dlp_rule"), values.pop("dlp_off"))
         parsed: dict[str, Any] = {
             "api_listen": parse_listen(values.pop("api_listen"), "--api-listen"),
@@ -221,7 +238,8 @@ class GateOptions:
             "ca_cert_out": _path(values.pop("ca_cert_out")),
             "control_socket": _path(values.pop("control_socket")),
         }
-        return cls(credential=credential, routes=routes, request_policy=request_policy, dlp=dlp, **parsed, **values)
+        return cls(credential=credential, routes=routes, request_policy=request_policy, dlp=dlp, upstream_proxy=proxy,
+                   **parsed, **values)
 
     def settings(self, limits: Limits | None = None) -> GateSettings:
         """The one loader: these options as the settings the gate runs with. The allowlist is composed here
@@ -247,7 +265,24 @@ class GateOptions:
                                        drain_seconds=self.drain_seconds),
             learn=self.learn,
             control_socket=self.control_socket,
+            upstream_proxy=self.upstream_proxy,
         )
+
+
+def parse_proxy_flags(urls: tuple[str, ...], no_proxy: tuple[str, ...]) -> UpstreamProxy | None:
+    """``--upstream-proxy`` (once at most; no password: that comes on standard input) and its
+    ``--upstream-no-proxy`` entries. A ConfigError names the flag."""
+    if len(urls) > 1:
+        raise ConfigError("--upstream-proxy: given more than once")
+    if not urls:
+        if no_proxy:
+            raise ConfigError("--upstream-no-proxy: without --upstream-proxy there is nothing to bypass")
+        return None
+    proxy = UpstreamProxy.parse(urls[0], "--upstream-proxy", ",".join(no_proxy))
+    if proxy.password:
+        raise ConfigError("--upstream-proxy: a password does not go in the arguments, which any process may read; "
+                          "give http://USER@HOST:PORT and the password on standard input (--token-file -)")
+    return proxy
 
 
 def flags() -> list[tuple[str, Flag, Any]]:

@@ -270,28 +270,31 @@ def parse_routes(texts: tuple[str, ...] | list[str], request_policy: RequestPoli
     return routes
 
 
-def read_secrets(token_file: str, routes: tuple[RouteSpec, ...],
-                 to_end: bool = True) -> tuple[Credential, tuple[CredentialRoute, ...]]:
-    """The Anthropic token from ``--token-file`` and, for routes, their values: standard input holds the
-    token's line, then one line per route in the order of ``--credential-route``. ``to_end``: standard input
-    holds nothing else and is read to its end; else exactly those lines are read and the stream left open
-    (``--exit-with-stdin``)."""
-    if not routes and (to_end or token_file != "-"):
-        return read_token_file(token_file), ()
+def read_secrets(token_file: str, routes: tuple[RouteSpec, ...], to_end: bool = True, proxy_password: bool = False
+                 ) -> tuple[Credential, tuple[CredentialRoute, ...], str]:
+    """The Anthropic token from ``--token-file`` and, for routes, their values, and with ``proxy_password``
+    the upstream proxy's password (else ""): standard input holds the token's line, then one line per route in
+    the order of ``--credential-route``, then the password. ``to_end``: standard input holds nothing else and
+    is read to its end; else exactly those lines are read and the stream left open (``--exit-with-stdin``)."""
+    if not routes and not proxy_password and (to_end or token_file != "-"):
+        return read_token_file(token_file), (), ""
     if token_file != "-":
-        raise ConfigError("--credential-route needs --token-file -: the routes' values follow the token on "
-                          "standard input, one line each")
+        raise ConfigError("--credential-route and --upstream-proxy with a user need --token-file -: their secrets "
+                          "follow the token on standard input, one line each")
+    wanted = 1 + len(routes) + proxy_password
     if to_end:
         lines = sys.stdin.read().splitlines()
     else:
-        lines = [line.rstrip("\r\n") for line in (sys.stdin.readline() for _ in range(1 + len(routes))) if line]
-    if len(lines) != 1 + len(routes):
-        raise ConfigError(f"standard input holds {len(lines)} lines; expected the token and then one value per "
-                          f"--credential-route ({1 + len(routes)} lines)")
+        lines = [line.rstrip("\r\n") for line in (sys.stdin.readline() for _ in range(wanted)) if line]
+    if len(lines) != wanted:
+        raise ConfigError(f"standard input holds {len(lines)} lines; expected the token, then one value per "
+                          f"--credential-route, then the upstream proxy's password if it has a user ({wanted} lines)")
     credential = Credential.parse(lines[0], "the token on standard input")
     try:
         values = [check_secret(line, f"the value of credential route {route.name} on standard input")
-                  for route, line in zip(routes, lines[1:], strict=True)]
+                  for route, line in zip(routes, lines[1:], strict=False)]
     except InvalidRoute as exc:
         raise ConfigError(str(exc)) from None
-    return credential, tuple(CredentialRoute(route, value) for route, value in zip(routes, values, strict=True))
+    password = lines[-1] if proxy_password else ""
+    held = tuple(CredentialRoute(route, value) for route, value in zip(routes, values, strict=True))
+    return credential, held, password

@@ -21,7 +21,7 @@ import base64
 import ipaddress
 import socket
 from dataclasses import dataclass, field
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.failures import UpstreamSide
@@ -45,8 +45,11 @@ class UpstreamProxy:
     def parse(cls, url: str, what: str, no_proxy: str = "") -> UpstreamProxy:
         """``http://[USER[:PASSWORD]@]HOST[:PORT]`` (the port defaults to 80; user and password
         percent-encoded). A ConfigError names ``what`` (the flag, key or variable) and never the password."""
-        parts = urlsplit(url.strip())
-        shown = _without_password(url)
+        try:
+            parts = urlsplit(url.strip())
+        except ValueError:
+            raise ConfigError(f"{what}: not a URL") from None
+        shown = _without_password(parts)
         if parts.scheme.lower() != "http":
             raise ConfigError(f"{what}: {shown!r} is not an http:// proxy URL (only HTTP proxies are supported)")
         try:
@@ -62,8 +65,13 @@ class UpstreamProxy:
     @property
     def url(self) -> str:
         """The proxy's URL without its password: safe for messages, arguments and the audit."""
-        user = f"{self.username}@" if self.username else ""
+        user = f"{quote(self.username, safe='')}@" if self.username else ""
         return f"http://{user}{_bracketed(self.host)}:{self.port}"
+
+    def args(self) -> list[str]:
+        """The gate command's flags for this proxy; never the password (it goes on standard input)."""
+        bypass = (arg for entry in self.no_proxy for arg in ("--upstream-no-proxy", entry))
+        return ["--upstream-proxy", self.url, *bypass]
 
     @property
     def authorization(self) -> bytes | None:
@@ -182,8 +190,7 @@ def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _without_password(url: str) -> str:
-    parts = urlsplit(url.strip())
+def _without_password(parts: SplitResult) -> str:
     if parts.password is None:
-        return url.strip()
+        return parts.geturl()
     return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
