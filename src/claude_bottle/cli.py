@@ -98,6 +98,10 @@ _learn_option = click.option(
     "--learn", is_flag=True,
     help="Learn mode: let destinations outside the allowlist through and record them as would_deny (the address "
          "guard, credential hosts and DLP still apply); then `claude-bottle policy suggest`.")
+_upstream_proxy_option = click.option(
+    "--upstream-proxy", metavar="URL", default=None,
+    help="The HTTP proxy the gate connects out through, http://[USER:PASSWORD@]HOST[:PORT], or 'none' (default: "
+         "the agent's upstream_proxy, else $HTTPS_PROXY / $HTTP_PROXY, with $NO_PROXY).")
 _upstream_network_option = click.option(
     "--upstream-network", multiple=True, metavar="NETWORK", hidden=True,
     help="Join the gate to this Docker network, to reach an upstream running there.")
@@ -107,13 +111,15 @@ _upstream_network_option = click.option(
 @_agent_argument
 @_workspace_option
 @_upstream_option
+@_upstream_proxy_option
 @_upstream_network_option
 @_runtime_option
 @_learn_option
 @click.option("--keep", is_flag=True, help="Keep the stopped containers and networks for inspection.")
 @click.pass_context
 def start(ctx: click.Context, agent: str | None, workspace: str | None, upstream: str | None,
-          upstream_network: tuple[str, ...], runtime: str | None, learn: bool, keep: bool) -> None:
+          upstream_proxy: str | None, upstream_network: tuple[str, ...], runtime: str | None, learn: bool,
+          keep: bool) -> None:
     """Start Claude Code interactively in a bottle, in this terminal: claude-bottle start [AGENT] [OPTIONS]
     [-- CLAUDE_ARGS...], e.g. `-- --continue` or `-- --resume ID` (sessions are kept per agent and workspace).
 
@@ -124,7 +130,8 @@ def start(ctx: click.Context, agent: str | None, workspace: str | None, upstream
     from claude_bottle.commands import start as command
 
     claude_args = tuple(ctx.meta.get("command", ()))
-    sys.exit(command.start(agent, workspace, upstream, upstream_network, runtime, learn, keep, claude_args))
+    sys.exit(command.start(agent, workspace, upstream, upstream_network, runtime, learn, keep, claude_args,
+                           upstream_proxy))
 
 
 @cli.command(cls=_ClaudeArgs, context_settings=CONTEXT)
@@ -132,12 +139,13 @@ def start(ctx: click.Context, agent: str | None, workspace: str | None, upstream
 @click.option("-p", "--prompt", help="The prompt for claude -p (default: read from standard input).")
 @_workspace_option
 @_upstream_option
+@_upstream_proxy_option
 @_upstream_network_option
 @_runtime_option
 @_learn_option
 @click.pass_context
 def run(ctx: click.Context, agent: str | None, prompt: str | None, workspace: str | None, upstream: str | None,
-        upstream_network: tuple[str, ...], runtime: str | None, learn: bool) -> None:
+        upstream_proxy: str | None, upstream_network: tuple[str, ...], runtime: str | None, learn: bool) -> None:
     """Run Claude Code headless (claude -p) in a bottle: claude-bottle run [AGENT] [-p PROMPT] [OPTIONS]
     [-- CLAUDE_ARGS...], e.g. `-- --output-format stream-json --verbose` or `-- --resume ID`.
 
@@ -151,7 +159,8 @@ def run(ctx: click.Context, agent: str | None, prompt: str | None, workspace: st
         raise click.UsageError("give the prompt: -p PROMPT, or on standard input (echo PROMPT | claude-bottle "
                                "run)", ctx)
     claude_args = tuple(ctx.meta.get("command", ()))
-    sys.exit(command.run(agent, prompt, workspace, upstream, upstream_network, runtime, learn, claude_args))
+    sys.exit(command.run(agent, prompt, workspace, upstream, upstream_network, runtime, learn, claude_args,
+                         upstream_proxy))
 
 
 class _Verbatim(click.Command):

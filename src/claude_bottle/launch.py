@@ -23,6 +23,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import Upstream
+from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.runtime import engine, images
 from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.files import protective_mounts
@@ -98,6 +99,7 @@ class Launch:
     upstream_ca_files: tuple[Path, ...] = ()  # stand-ins' CAs the gate trusts (RunSpec.upstream_ca_files)
     learn: bool = False  # learn mode: what the allowlist does not name passes, audited as would_deny
     routes: tuple[CredentialRoute, ...] = ()  # the agent's credentials with their values (tokens.routes_for)
+    upstream_proxy: UpstreamProxy | None = None  # the gate's way out (agent/upstream_proxy.py); None: direct
 
 
 # Arguments by which a caller chooses how Claude Code asks for permission (an Agent SDK's permission callback is
@@ -160,6 +162,7 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
         runtime=agent.runtime,
         learn=launch.learn,
         routes=launch.routes,
+        upstream_proxy=launch.upstream_proxy,
         route_env={variable: routes[config.name].spec.sentinel for config in agent.credentials
                    for variable in config.bottle_env},
         git_routes=tuple(routes[config.name].spec for config in agent.credentials if config.git),

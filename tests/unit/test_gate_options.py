@@ -221,3 +221,14 @@ def test_a_bad_upstream_proxy_flag_is_named(flags_given: list[str], words: str,
     with pytest.raises(ConfigError, match=words) as caught:
         parsed([*options.args(), *flags_given], options.stdin(), monkeypatch)
     assert "hunter2" not in str(caught.value)
+
+
+def test_a_runs_upstream_proxy_reaches_its_gate_with_the_password_on_standard_input(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = parse_agent("a", {"version": 1}, "a.toml")
+    proxy = UpstreamProxy.parse("http://me:hunter2@proxy.corp:3128", "test", "localhost")
+    launch = Launch(agent, tmp_path, Credential.parse(make_token(), "t"), upstream_proxy=proxy)
+    options = gate_options(run_spec(launch, "bottle", "gate", "1000:1000"))
+    assert "hunter2" not in " ".join(options.args())
+    assert options.stdin().decode().splitlines()[-1] == "hunter2"
+    assert parsed(options.args(), options.stdin(), monkeypatch).upstream_proxy == proxy

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from claude_bottle.agent.schema import parse_agent
+from claude_bottle.agent.upstream_proxy import choose_upstream_proxy
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 
@@ -44,3 +46,44 @@ def test_anything_else_is_refused_naming_the_setting_and_never_the_password(url:
 ])
 def test_no_proxy_entries(no_proxy: str, host: str, bypassed: bool) -> None:
     assert UpstreamProxy.parse("http://proxy:3128", "x", no_proxy).bypasses(host) is bypassed
+
+
+# -- which proxy a run's gate uses: the option, else the agent's, else the host's variables ---------------------
+
+ENVIRON = {"HTTPS_PROXY": "http://env-https:3128", "http_proxy": "http://env-http:8080", "NO_PROXY": "internal"}
+
+
+@pytest.mark.parametrize(("option", "agent", "environ", "chosen"), [
+    (None, "", {}, None),
+    (None, "", ENVIRON, "env-https"),
+    (None, "", {"http_proxy": "http://env-http:8080"}, "env-http"),
+    (None, "", {"https_proxy": "http://lower:1", "HTTPS_PROXY": "http://upper:1"}, "lower"),
+    (None, "http://agent:3128", ENVIRON, "agent"),
+    ("http://option:3128", "http://agent:3128", ENVIRON, "option"),
+    ("none", "http://agent:3128", ENVIRON, None),
+    (None, "NONE", ENVIRON, None),
+])
+def test_the_option_then_the_agent_then_the_environment(option: str | None, agent: str, environ: dict[str, str],
+                                                        chosen: str | None) -> None:
+    proxy = choose_upstream_proxy(option, agent, environ)
+    assert (proxy.host if proxy is not None else None) == chosen
+
+
+def test_no_proxy_from_the_environment_applies_to_the_chosen_proxy() -> None:
+    proxy = choose_upstream_proxy("http://option:3128", "", {"no_proxy": "git.internal"})
+    assert proxy is not None and proxy.bypasses("git.internal") and not proxy.bypasses("api.anthropic.com")
+
+
+def test_a_bad_value_names_where_it_came_from() -> None:
+    with pytest.raises(ConfigError, match=r"\$HTTPS_PROXY"):
+        choose_upstream_proxy(None, "", {"HTTPS_PROXY": "socks5://x:1"})
+    with pytest.raises(ConfigError, match="--upstream-proxy"):
+        choose_upstream_proxy("proxy.corp", "", {})
+
+
+def test_an_agent_names_its_proxy_and_a_bad_one_fails_when_parsed() -> None:
+    agent = parse_agent("a", {"version": 1, "upstream_proxy": "http://u:pw@proxy.corp:3128"}, "a.toml")
+    assert agent.upstream_proxy == "http://u:pw@proxy.corp:3128" and "pw" not in repr(agent)
+    assert parse_agent("a", {"version": 1, "upstream_proxy": "none"}, "a.toml").upstream_proxy == "none"
+    with pytest.raises(ConfigError, match=r"a\.toml: upstream_proxy"):
+        parse_agent("a", {"version": 1, "upstream_proxy": "https://proxy.corp"}, "a.toml")

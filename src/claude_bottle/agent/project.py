@@ -23,6 +23,7 @@ PROJECT_FILE_LIMIT = 256 * 1024
 # the credential goes, host paths in the bottle, the address guard, and whom TLS trusts.
 PROJECT_FORBIDDEN = {
     "upstream": "it decides where your credential is sent",
+    "upstream_proxy": "it decides where all the gate's traffic goes",
     "mounts": "it puts paths of your machine into the bottle",
     "allow_private": "it opens private networks to the bottle",
     "extra_ca_certificates": "it decides whom TLS connections trust",

@@ -14,6 +14,7 @@ from claude_bottle.agent.credential_config import CredentialConfig, check_bound_
 from claude_bottle.agent.fields import Fields
 from claude_bottle.agent.mounts import Mount, parse_mounts
 from claude_bottle.agent.presets import PRESETS, READ_PRESETS
+from claude_bottle.agent.upstream_proxy import check_setting
 from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.dlp import DlpPolicy, DlpRule, InvalidDlpRule, parse_builtin_name, parse_dlp_rule
@@ -73,6 +74,9 @@ class AgentConfig:
     egress: RequestPolicy = RequestPolicy()  # [[egress]] entries and the read-only presets' entries
     dlp: DlpPolicy = DlpPolicy()  # [dlp]: extra rules, built-in rules turned off
     upstream: Upstream = ANTHROPIC_API  # where the gate's API route forwards, with the credential
+    # The HTTP proxy the gate connects out through (agent/upstream_proxy.py): a URL, "none", or empty (unset:
+    # the host's proxy variables decide). Checked when parsed; never from a project file.
+    upstream_proxy: str = field(default="", repr=False)
     credentials: tuple[CredentialConfig, ...] = ()  # [credentials.NAME]: routes beyond Anthropic
     runtime: str = ""  # the bottle's OCI runtime (e.g. runsc for gVisor); empty: the engine's default
     sources: tuple[str, ...] = ()  # the files this came from, for messages
@@ -91,7 +95,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     top = Fields(data, source)
     top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
                     "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp",
-                    "credentials", "runtime"})
+                    "credentials", "runtime", "upstream_proxy"})
     if data.get("version") != CONFIG_VERSION:
         raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
 
@@ -123,6 +127,8 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     except ConfigError as exc:
         raise top.fail("upstream", str(exc)) from None
 
+    upstream_proxy = check_setting(top.string("upstream_proxy"), f"{source}: upstream_proxy") \
+        if top.string("upstream_proxy") else ""
     credentials = parse_credentials(Fields(top.table("credentials"), source, "credentials."))
     read_entries.extend((f"credentials.{c.name}", entry) for c, entry in credentials if entry is not None)
     claude = Fields(top.table("claude"), source, "claude.")
@@ -154,6 +160,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
         egress=_egress(data.get("egress", []), top, read_entries),
         dlp=_dlp(Fields(top.table("dlp"), source, "dlp.")),
         upstream=upstream,
+        upstream_proxy=upstream_proxy,
         credentials=tuple(c for c, _ in credentials),
         runtime=runtime,
         sources=(source,),

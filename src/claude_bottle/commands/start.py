@@ -19,11 +19,14 @@ UPSTREAM_NETWORK_VARIABLE = "CLAUDE_BOTTLE_UPSTREAM_NETWORK"  # comma-separated,
 
 
 def prepare(agent_name: str | None, workspace: str | None, upstream: str | None,
-            upstream_network: tuple[str, ...], runtime: str | None = None, learn: bool = False) -> Launch:
-    """Everything a run needs before anything starts: the agent (with --runtime), the workspace, the token
-    and the agent's credential routes; a bad --upstream fails here."""
+            upstream_network: tuple[str, ...], runtime: str | None = None, learn: bool = False,
+            upstream_proxy: str | None = None) -> Launch:
+    """Everything a run needs before anything starts: the agent (with --runtime), the workspace, the token,
+    the agent's credential routes and the gate's upstream proxy (--upstream-proxy, else the agent's, else
+    the host's proxy variables); a bad --upstream or proxy fails here."""
     from claude_bottle import tokens
     from claude_bottle.agent.load import load_agent
+    from claude_bottle.agent.upstream_proxy import choose_upstream_proxy
     from claude_bottle.commands.common import with_runtime
     from claude_bottle.gate.settings import parse_upstream
     from claude_bottle.launch import Launch, workspace_of
@@ -35,8 +38,9 @@ def prepare(agent_name: str | None, workspace: str | None, upstream: str | None,
     if learn:
         progress("learn mode: destinations outside the allowlist are let through and recorded as would_deny; "
                  "`claude-bottle policy suggest` turns the run into an allowlist")
+    proxy = choose_upstream_proxy(upstream_proxy, agent.upstream_proxy, os.environ)
     return Launch(agent, path, credential, parsed_upstream, upstream_network, learn=learn,
-                  routes=tokens.routes_for(agent.credentials))
+                  routes=tokens.routes_for(agent.credentials), upstream_proxy=proxy)
 
 
 def input_is_terminal() -> bool:
@@ -50,11 +54,12 @@ def steps() -> Progress:
 
 
 def start(agent: str | None, workspace: str | None, upstream: str | None, upstream_network: tuple[str, ...],
-          runtime: str | None, learn: bool, keep: bool, claude_args: tuple[str, ...] = ()) -> int:
+          runtime: str | None, learn: bool, keep: bool, claude_args: tuple[str, ...] = (),
+          upstream_proxy: str | None = None) -> int:
     """Claude Code in this terminal (``claude CLAUDE_ARGS``); its exit code."""
     from claude_bottle.launch import claude_command, run_in_terminal
 
-    launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn)
+    launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn, upstream_proxy)
     status = run_in_terminal(launch, claude_command(launch.agent, *claude_args), steps(), keep, notice=progress)
     # Claude Code's own "claude --resume ID" hint names a command that would run outside the bottle.
     steps()(f"to go on with a conversation of this workspace in a bottle: claude-bottle start {agent or ''}"
@@ -63,12 +68,13 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
 
 
 def run(agent: str | None, prompt: str | None, workspace: str | None, upstream: str | None,
-        upstream_network: tuple[str, ...], runtime: str | None, learn: bool, claude_args: tuple[str, ...] = ()) -> int:
+        upstream_network: tuple[str, ...], runtime: str | None, learn: bool, claude_args: tuple[str, ...] = (),
+        upstream_proxy: str | None = None) -> int:
     """``claude -p [PROMPT] CLAUDE_ARGS`` headless: standard input (the prompt, without PROMPT) in, Claude
     Code's output out; its exit code."""
     from claude_bottle.launch import claude_command, run_attached
 
-    launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn)
+    launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn, upstream_proxy)
     prompt_args = ("-p",) if prompt is None else ("-p", prompt)
     return run_attached(launch, claude_command(launch.agent, *prompt_args, *claude_args), steps(), notice=progress)
 

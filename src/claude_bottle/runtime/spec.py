@@ -11,6 +11,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.gate.routes import CredentialRoute, RouteSpec
 from claude_bottle.gate.settings import Upstream
+from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.policy.addresses import IPNetwork
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.policy.rules import RequestPolicy
@@ -53,3 +54,4 @@ class RunSpec:
     routes: tuple[CredentialRoute, ...] = ()  # [credentials.NAME] with their values: the gate gets them on stdin
     route_env: dict[str, str] = field(default_factory=dict)  # bottle variables holding a route's sentinel
     git_routes: tuple[RouteSpec, ...] = ()  # routes the bottle's git credential helper answers for
+    upstream_proxy: UpstreamProxy | None = None  # the gate connects out through it; its password goes on stdin
