@@ -5,10 +5,10 @@ Code binary run on the host, and against `claude-bottle run -p`, side by side in
     .venv/bin/python benchmarks/dropin_bench.py [--reps N] [--no-write] [--render]
 
 The bottle part's set-up (benchkit/bottle.py: the images, a throw-away agent and token, the stub Messages API
-in containers), then a warm-up of each path and N rounds of them, the order rotated each round (benchkit/
-dropin.py). Writes benchmarks/results/dropin.json and benchmarks/results/dropin.md and prints one PASS/MISS line
-per target. Exit status: 0 when it ran (targets met or not), 1 when it could not, 130 on Ctrl-C. Everything it
-starts is removed on the way out. Needs a Docker engine. See benchmarks/README.md.
+in containers), then a warm-up of each path and N rounds of them, the order rotated each round and reversed
+every other (benchkit/dropin.py). Writes benchmarks/results/dropin.json and benchmarks/results/dropin.md and
+prints one PASS/MISS line per target. Exit status: 0 when it ran (targets met or not), 1 when it could not, 130
+on Ctrl-C. Everything it starts is removed on the way out. Needs a Docker engine. See benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -137,7 +137,8 @@ class DropIn:
         paths: dict[str, Callable[[], Marks]] = {
             "host": self.host, "dropin": self.dropin, "run_p": lambda: b.run_p(steps=False), "docker_run": b.docker_run,
             "host_stream": lambda: self.host(*STREAM_JSON), "dropin_stream": lambda: self.dropin(*STREAM_JSON)}
-        log(f"drop-in: a warm-up of each path, then {reps} rounds of {', '.join(paths)} (the order rotated)")
+        log(f"drop-in: a warm-up of each path, then {reps} rounds of {', '.join(paths)} (the order rotated, every "
+            "other round reversed)")
         first = self.dropin()
         log(f"   first drop-in: first byte {first['first_out']:.2f} s, exit {first['exit']:.2f} s")
         for call in paths.values():
@@ -146,7 +147,10 @@ class DropIn:
         runs: dict[str, list[Marks]] = {k: [] for k in paths}
         names = list(paths)
         for i in range(reps):
+            # Rotated, and reversed every other round: no path always follows the same one (a bottle's run
+            # right before another's leaves the engine's work and caches warm or busy).
             order = names[i % len(names):] + names[:i % len(names)]
+            order = order[::-1] if i % 2 else order
             for name in order:
                 b.deadline.check()
                 runs[name].append(paths[name]())
