@@ -24,6 +24,7 @@ watch_gate() {
     local host=${1%:*} port=${1##*:} target=$2 made=$SECONDS
     set +e
     while [ $((SECONDS - made)) -lt "$GATE_GONE_SECONDS" ]; do
+        kill -0 "$target" 2>/dev/null || return 0  # the command ended by itself
         timeout 3 bash -c ': <>"/dev/tcp/$0/$1"' "$host" "$port"
         case $? in
             1 | 124) ;;  # refused, no route, or no answer
@@ -33,7 +34,10 @@ watch_gate() {
     done 2>/dev/null
     echo "claude-bottle: the gate is gone (unreachable for ${GATE_GONE_SECONDS} s): ending the bottle" >&2
     kill -TERM "$target" 2>/dev/null
-    sleep 5
+    for _ in 1 2 3 4 5; do
+        sleep 1
+        kill -0 "$target" 2>/dev/null || return 0
+    done
     kill -KILL "$target" 2>/dev/null
 }
 
