@@ -10,17 +10,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from ipaddress import ip_address
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import trustme
 
 from claude_bottle.gate.resolver import StaticResolver
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.policy.addresses import parse_ip_literal
 from claude_bottle.stub import StubUpstream
 from tests.conftest import GateFactory
+from tests.gate.test_inspection import HOST, StandInCA, response, tls_via
 from tests.helpers import EchoServer, connect_via, eventually, exchange, messages_request, parse_head
 
 pytestmark = pytest.mark.asyncio
@@ -216,3 +221,25 @@ async def test_a_connect_the_proxy_refuses_is_named_with_its_status(make_gate: G
         server.close()
     (record,) = gate.records()
     assert f"refused CONNECT 127.0.0.1:{stub.port}: 403 Forbidden by policy" in record["reason"]
+
+
+async def test_a_terminated_tunnel_reaches_its_host_through_the_proxy_with_tls_and_the_name_check(
+        make_gate: GateFactory, tmp_path: Path) -> None:
+    upstream_ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    upstream_ca.issue_cert(HOST).configure_cert(server_tls)
+    ca_file = tmp_path / "upstream-ca.pem"
+    upstream_ca.cert_pem.write_to_path(str(ca_file))
+    ca = StandInCA()
+    async with StubUpstream("127.0.0.2", tls=server_tls) as origin, FakeProxy({HOST: "127.0.0.2"}) as proxy:
+        target = f"{HOST}:{origin.port}"
+        async with make_gate(allow=(target,), allow_private=LOOPBACK, ca=ca, extra_ca=(str(ca_file),),
+                             resolver=StaticResolver({HOST: [ip_address("127.0.0.2")]}),
+                             upstream_proxy=proxy.setting()) as gate:
+            reader, writer = await tls_via(gate, target, ca.client_context())
+            writer.write(f"GET /v1/models HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            status, _, body = await response(reader)
+            writer.close()
+    assert status == 200 and b"stub-model" in body
+    assert proxy.log == [f"CONNECT {target} HTTP/1.1"]
+    assert [(r.method, r.target) for r in origin.requests] == [("GET", "/v1/models")]
