@@ -28,6 +28,7 @@ import pytest
 from claude_bottle import tokens
 from claude_bottle.agent.schema import parse_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.errors import EXIT_GATE
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import Launch, started
@@ -158,4 +159,22 @@ def test_allowed_through_squid_refused_never_asked_and_the_password_in_the_gate_
     assert "refused.example" in audit
     for where, text in (("the bottle", seen), ("docker inspect", inspected), ("the audit", audit)):
         assert PASSWORD not in text, f"the proxy's password is in {where}"
+    assert leftovers(client, AGENT) == []
+
+
+@pytest.mark.parametrize(("case", "words"), [("wrong password", "refused the credentials (407"),
+                                             ("no squid", "cannot reach the upstream proxy")])
+def test_a_wrong_password_or_no_squid_gives_its_error_and_leaves_nothing(
+        client: docker.DockerClient, upstream: Upstream, squid: Squid, workspace: Path, token: str, case: str,
+        words: str) -> None:
+    write_agent(AGENT, "")
+    url = squid.url.replace(PASSWORD, "wrong-password") if case == "wrong password" else \
+        squid.url.rsplit(":", 1)[0] + ":9"  # nothing listens there
+    result = subprocess.run([sys.executable, "-m", "claude_bottle", "run", AGENT, "-p", "say hi", "--upstream",
+                             squid.stub_url, "--upstream-network", upstream.network],
+                            env={**os.environ, "HTTPS_PROXY": url}, stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=240, cwd=workspace)
+    assert result.returncode == EXIT_GATE, result.stderr
+    assert words in result.stderr and f"http://{USER}@" in result.stderr
+    assert "wrong-password" not in result.stderr and PASSWORD not in result.stderr
     assert leftovers(client, AGENT) == []

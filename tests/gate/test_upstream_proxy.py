@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 import trustme
 
+from claude_bottle.errors import GateError
 from claude_bottle.gate.resolver import StaticResolver
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.policy.addresses import parse_ip_literal
@@ -47,6 +48,8 @@ class FakeProxy:
     """An HTTP proxy on 127.0.0.3 requiring ``USER``:``PASSWORD``; ``log`` holds each request line received."""
 
     names: dict[str, str] = field(default_factory=dict)  # the proxy's own DNS
+    refuse: set[str] = field(default_factory=set)  # hosts its policy refuses
+    password: str = PASSWORD  # the one it accepts
     log: list[str] = field(default_factory=list)
     authorizations: list[str] = field(default_factory=list)
     port: int = 0
@@ -60,11 +63,14 @@ class FakeProxy:
             headers = dict(h.split(": ", 1) for h in rest if h)
             given = {k.lower(): v for k, v in headers.items()}.get("proxy-authorization", "")
             self.authorizations.append(given)
-            if given != "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode():
+            if given != "Basic " + base64.b64encode(f"{USER}:{self.password}".encode()).decode():
                 writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=x\r\n"
                              b"Content-Length: 0\r\nConnection: close\r\n\r\n")
                 return
             method, target, _ = line.split(" ")
+            if method == "CONNECT" and target.rsplit(":", 1)[0] in self.refuse:
+                writer.write(b"HTTP/1.1 403 Forbidden by policy\r\nContent-Length: 0\r\n\r\n")
+                return
             if method == "CONNECT":
                 host, port = target.rsplit(":", 1)
                 up_reader, up_writer = await asyncio.open_connection(self.names.get(host, host), int(port))
@@ -95,6 +101,12 @@ class FakeProxy:
         return UpstreamProxy.parse(f"http://{USER}:{password}@127.0.0.3:{self.port}", "test", no_proxy)
 
 
+def asked(proxy: FakeProxy) -> list[str]:
+    """What the proxy was asked after the gate's check at start (a tunnel to the API upstream)."""
+    assert proxy.log[0].startswith("CONNECT 127.0.0.1:"), proxy.log
+    return proxy.log[1:]
+
+
 def resolver() -> StaticResolver:
     return StaticResolver({"allowed.test": [parse_ip_literal("127.0.0.2")],  # type: ignore[list-item]
                            "private.test": [parse_ip_literal("10.1.2.3")]})  # type: ignore[list-item]
@@ -111,7 +123,7 @@ async def test_the_api_route_reaches_the_upstream_through_a_connect_tunnel(
     async with make_gate(upstream_proxy=proxy.setting()) as gate:
         response = await exchange(gate.api, messages_request({"model": "m"}), timeout=3)
     assert parse_head(response)[0] == 200
-    assert proxy.log == [f"CONNECT 127.0.0.1:{stub.port} HTTP/1.1"]
+    assert proxy.log == [f"CONNECT 127.0.0.1:{stub.port} HTTP/1.1"] * 2  # the check at start, then the request
     (seen,) = stub.requests
     assert seen.header("authorization") == [f"Bearer {gate.token}"]
     assert seen.header("proxy-authorization") == []  # the proxy's credentials stay with the proxy
@@ -127,7 +139,7 @@ async def test_a_tunnel_to_an_allowed_host_goes_through_the_proxy_by_name(
         assert await asyncio.wait_for(reader.readexactly(19), 3) == b"through two proxies"
         writer.close()
         await eventually(gate.records, what="the audit record")
-    assert proxy.log == [f"CONNECT allowed.test:{echo.port} HTTP/1.1"]
+    assert asked(proxy) == [f"CONNECT allowed.test:{echo.port} HTTP/1.1"]
     assert PASSWORD not in "".join(str(r) for r in gate.records())
 
 
@@ -148,7 +160,7 @@ async def test_plain_http_goes_to_the_proxy_in_absolute_form(make_gate: GateFact
     finally:
         server.close()
     assert parse_head(response)[0] == 200 and response.endswith(b"hello")
-    assert proxy.log == [f"GET http://allowed.test:{port}/page HTTP/1.1"]
+    assert asked(proxy) == [f"GET http://allowed.test:{port}/page HTTP/1.1"]
 
 
 @pytest.mark.parametrize("target", ["unlisted.test:443", "private.test:443"])
@@ -158,7 +170,7 @@ async def test_a_refused_destination_is_never_requested_from_the_proxy(
         status, _, _, writer = await connect_via(gate.proxy, target)
         writer.close()
     assert status == 403
-    assert proxy.log == []
+    assert asked(proxy) == []
 
 
 async def test_no_proxy_hosts_are_dialled_directly(make_gate: GateFactory, proxy: FakeProxy) -> None:
@@ -169,58 +181,72 @@ async def test_no_proxy_hosts_are_dialled_directly(make_gate: GateFactory, proxy
         writer.write(b"direct")
         assert status == 200 and await asyncio.wait_for(reader.readexactly(6), 3) == b"direct"
         writer.close()
-    assert proxy.log == [] and echo.peers
+    assert asked(proxy) == [] and echo.peers
 
 
-async def test_a_wrong_password_is_an_upstream_failure_naming_the_proxy(
+async def test_a_wrong_password_stops_the_gate_at_start_naming_the_proxy(
+        make_gate: GateFactory, proxy: FakeProxy, stub: StubUpstream) -> None:
+    with pytest.raises(GateError) as caught:
+        async with make_gate(upstream_proxy=proxy.setting(password="wrong")):
+            pass
+    assert f"cannot reach the API upstream 127.0.0.1:{stub.port}" in str(caught.value)
+    assert f"upstream proxy http://{USER}@127.0.0.3:{proxy.port} refused the credentials (407" in str(caught.value)
+    assert "wrong" not in str(caught.value).replace("refused", "")
+
+
+async def test_an_unreachable_proxy_stops_the_gate_at_start(make_gate: GateFactory) -> None:
+    async with FakeProxy() as gone:
+        setting = gone.setting()
+    with pytest.raises(GateError, match=f"cannot reach the upstream proxy http://{USER}@127.0.0.3:{setting.port}"):
+        async with make_gate(upstream_proxy=setting):
+            pass
+
+
+async def test_a_wrong_password_later_is_an_upstream_failure_naming_the_proxy(
         make_gate: GateFactory, proxy: FakeProxy) -> None:
-    async with make_gate(upstream_proxy=proxy.setting(password="wrong")) as gate:
+    async with make_gate(upstream_proxy=proxy.setting()) as gate:
+        proxy.password = "changed"
         response = await exchange(gate.api, messages_request({"model": "m"}), timeout=3)
         await eventually(gate.records, what="the audit record")
     status, _ = parse_head(response)
     (record,) = gate.records()
     assert status == 502 and record["side"] == "upstream"
     assert f"upstream proxy http://{USER}@127.0.0.3:{proxy.port}" in record["reason"] and "407" in record["reason"]
-    assert "wrong" not in str(record) and b"wrong" not in response
+    assert PASSWORD not in str(record) and PASSWORD.encode() not in response
 
 
 async def test_plain_http_with_a_wrong_password_is_a_failure_not_the_proxys_407(
         make_gate: GateFactory, proxy: FakeProxy) -> None:
     async with make_gate(allow=("allowed.test:8080",), allow_private=LOOPBACK, resolver=resolver(),
-                         upstream_proxy=proxy.setting(password="wrong")) as gate:
+                         upstream_proxy=proxy.setting()) as gate:
+        proxy.password = "changed"
         response = await exchange(gate.proxy, b"GET http://allowed.test:8080/ HTTP/1.1\r\n"
                                               b"Host: allowed.test:8080\r\n\r\n", 3)
     assert parse_head(response)[0] == 502 and b"407" in response
 
 
-async def test_an_unreachable_proxy_is_named(make_gate: GateFactory) -> None:
-    async with FakeProxy() as gone:
-        setting = gone.setting()
-    async with make_gate(upstream_proxy=setting) as gate:
+async def test_a_proxy_gone_later_is_named(make_gate: GateFactory) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        proxy = await stack.enter_async_context(FakeProxy())
+        gate = await stack.enter_async_context(make_gate(upstream_proxy=proxy.setting()))
+        await proxy.__aexit__()
         response = await exchange(gate.api, messages_request({"model": "m"}), timeout=3)
         await eventually(gate.records, what="the audit record")
-    (record,) = gate.records()
+        (record,) = gate.records()
     assert parse_head(response)[0] == 502 and record["side"] == "upstream"
-    assert f"cannot reach the upstream proxy http://{USER}@127.0.0.3:{setting.port}" in record["reason"]
+    assert f"cannot reach the upstream proxy http://{USER}@127.0.0.3:{proxy.port}" in record["reason"]
 
 
-async def test_a_connect_the_proxy_refuses_is_named_with_its_status(make_gate: GateFactory, stub: StubUpstream) -> None:
-    async def refusing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 403 Forbidden by policy\r\nContent-Length: 0\r\n\r\n")
-        await writer.drain()
+async def test_a_connect_the_proxy_refuses_is_named_with_its_status(make_gate: GateFactory, proxy: FakeProxy) -> None:
+    proxy.refuse.add("allowed.test")
+    async with make_gate(allow_tcp=("allowed.test:22",), allow_private=LOOPBACK, resolver=resolver(),
+                         upstream_proxy=proxy.setting()) as gate:
+        status, _, _, writer = await connect_via(gate.proxy, "allowed.test:22")
         writer.close()
-
-    server = await asyncio.start_server(refusing, "127.0.0.3", 0)
-    setting = UpstreamProxy.parse(f"http://127.0.0.3:{server.sockets[0].getsockname()[1]}", "test")
-    try:
-        async with make_gate(upstream_proxy=setting) as gate:
-            await exchange(gate.api, messages_request({"model": "m"}), timeout=3)
-            await eventually(gate.records, what="the audit record")
-    finally:
-        server.close()
+        await eventually(gate.records, what="the audit record")
     (record,) = gate.records()
-    assert f"refused CONNECT 127.0.0.1:{stub.port}: 403 Forbidden by policy" in record["reason"]
+    assert status == 502 and record["side"] == "upstream"
+    assert "refused CONNECT allowed.test:22: 403 Forbidden by policy" in record["reason"]
 
 
 async def test_a_terminated_tunnel_reaches_its_host_through_the_proxy_with_tls_and_the_name_check(
@@ -241,5 +267,5 @@ async def test_a_terminated_tunnel_reaches_its_host_through_the_proxy_with_tls_a
             status, _, body = await response(reader)
             writer.close()
     assert status == 200 and b"stub-model" in body
-    assert proxy.log == [f"CONNECT {target} HTTP/1.1"]
+    assert asked(proxy) == [f"CONNECT {target} HTTP/1.1"]
     assert [(r.method, r.target) for r in origin.requests] == [("GET", "/v1/models")]

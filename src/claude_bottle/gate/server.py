@@ -29,7 +29,7 @@ from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.connection import HttpConnection, serve_http
 from claude_bottle.gate.context import GateContext, LeafIssuer
-from claude_bottle.gate.failures import Refused
+from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.http1 import State
 from claude_bottle.gate.lifeline import watch
 from claude_bottle.gate.proxy import proxy_exchange
@@ -102,6 +102,13 @@ class Gate:
             raise GateError(f"cannot listen on {endpoint}: {exc.strerror or exc}") from None
         self.api_address, self.proxy_address = (Endpoint(*s.sockets[0].getsockname()[:2]) for s in self._servers[:2])
         await self._refresh_protected()
+        try:
+            await dialer.check(upstream.host, upstream.port)
+        except UpstreamSide as exc:
+            # Before it is ready: a wrong proxy password or a proxy that is down ends the run at once, where
+            # Claude Code would retry the API route's 502s for minutes.
+            await self.stop(0)
+            raise GateError(f"cannot reach the API upstream {upstream.host}:{upstream.port}: {exc.reason}") from None
         if self.config.control_socket is not None:
             try:
                 self._servers.append(await control.serve(self.config.control_socket, self.control))

@@ -86,6 +86,14 @@ class Dialer:
             return await _first(hosts, self.timeout, lambda host: open_http(host, port, tls, server_name))
         return await self._through(proxy, name, port, lambda sock: open_http_on(sock, tls, server_name))
 
+    async def check(self, name: str, port: int) -> None:
+        """Through the proxy (if ``name`` goes through one), open a tunnel to ``name``:``port`` and close it:
+        the proxy answers and takes the gate's credentials. Raises UpstreamSide naming the proxy."""
+        proxy = self.via(name)
+        if proxy is not None:
+            sock = await self._through(proxy, name, port, _opened)
+            sock.close()
+
     async def proxy_http(self, proxy: UpstreamProxy) -> HttpConnection:
         """An HTTP connection to ``proxy`` itself, for a plain-HTTP request in absolute form."""
         try:
@@ -114,6 +122,10 @@ class Dialer:
             if sock is not None:
                 sock.close()
             raise upstream_failure(exc) from None
+
+
+async def _opened(sock: socket.socket) -> socket.socket:
+    return sock
 
 
 class UpstreamPool:
