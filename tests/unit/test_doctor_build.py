@@ -53,6 +53,7 @@ def test_doctor_says_what_the_engine_is_and_which_images_it_has(monkeypatch: pyt
         "ok  OCI runtimes: runc, runsc (default runc); gVisor available (runtime = 'runsc')",
         "ok  engine resolves no external names on internal networks",
         "ok  token found in the keyring",
+        "ok  upstream proxy: none (the gate connects out directly)",
         f"ok  bottle image {bottle} built",
         f"NO  gate image {gate} not built: run claude-bottle build",
     ]
@@ -74,7 +75,8 @@ def test_doctor_warns_of_limits_an_engine_cannot_enforce_and_of_an_old_docker(mo
 def test_doctor_without_an_engine_says_so_and_checks_the_token_still(monkeypatch: pytest.MonkeyPatch) -> None:
     code, lines = doctor_on(None, monkeypatch)
     assert code == 1
-    assert lines == ["NO  cannot reach the container engine (fake)", "ok  token found in the keyring"]
+    assert lines == ["NO  cannot reach the container engine (fake)", "ok  token found in the keyring",
+                     "ok  upstream proxy: none (the gate connects out directly)"]
 
 
 def test_build_builds_both_images_on_the_engine_and_prints_their_tags(monkeypatch: pytest.MonkeyPatch,

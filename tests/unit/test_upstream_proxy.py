@@ -87,3 +87,37 @@ def test_an_agent_names_its_proxy_and_a_bad_one_fails_when_parsed() -> None:
     assert parse_agent("a", {"version": 1, "upstream_proxy": "none"}, "a.toml").upstream_proxy == "none"
     with pytest.raises(ConfigError, match=r"a\.toml: upstream_proxy"):
         parse_agent("a", {"version": 1, "upstream_proxy": "https://proxy.corp"}, "a.toml")
+
+
+def test_doctor_names_the_proxy_and_whether_the_api_answers_through_it() -> None:
+    import socket
+    import threading
+
+    from claude_bottle.commands.doctor import upstream_proxy_check
+
+    assert upstream_proxy_check({}) == (True, "upstream proxy: none (the gate connects out directly)")
+    assert upstream_proxy_check({"HTTPS_PROXY": "http://127.0.0.1:1", "NO_PROXY": "*"})[0]
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    ok, line = upstream_proxy_check({"HTTPS_PROXY": f"http://u:secret@127.0.0.1:{port}"}, timeout=3)
+    assert not ok and f"cannot reach the upstream proxy http://u@127.0.0.1:{port}" in line and "secret" not in line
+
+    server = socket.create_server(("127.0.0.1", 0))
+    asked: list[bytes] = []
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            asked.append(conn.recv(4096))
+            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        ok, line = upstream_proxy_check({"https_proxy": f"http://127.0.0.1:{server.getsockname()[1]}"}, timeout=3)
+    finally:
+        thread.join(5)
+        server.close()
+    assert ok and "api.anthropic.com:443 answers through it" in line
+    assert asked[0].startswith(b"CONNECT api.anthropic.com:443 HTTP/1.1\r\n")

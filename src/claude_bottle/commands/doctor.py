@@ -3,15 +3,43 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import click
 
 from claude_bottle.errors import BottleError
 
 
+def upstream_proxy_check(environ: Mapping[str, str], timeout: float = 10.0) -> tuple[bool, str]:
+    """The upstream proxy a run's gate would use by default (the host's proxy variables), and whether the API
+    host answers through it (a tunnel opened and closed from this host). ``(ok, line)``."""
+    import asyncio
+
+    from claude_bottle.agent.upstream_proxy import choose_upstream_proxy
+    from claude_bottle.gate.failures import UpstreamSide
+    from claude_bottle.gate.settings import DEFAULT_UPSTREAM, parse_upstream
+    from claude_bottle.gate.upstream import Dialer
+
+    try:
+        proxy = choose_upstream_proxy(None, "", environ)
+    except BottleError as exc:
+        return False, f"upstream proxy: {exc}"
+    if proxy is None:
+        return True, "upstream proxy: none (the gate connects out directly)"
+    api = parse_upstream(DEFAULT_UPSTREAM)
+    dialer = Dialer(timeout, proxy)
+    if dialer.via(api.host) is None:
+        return True, f"upstream proxy: {proxy.url}, bypassed for {api.host} (NO_PROXY)"
+    try:
+        asyncio.run(dialer.check(api.host, api.port))
+    except UpstreamSide as exc:
+        return False, f"upstream proxy: {proxy.url}: {exc.reason}"
+    return True, f"upstream proxy: {proxy.url}; {api.host}:{api.port} answers through it"
+
+
 def doctor() -> int:
-    """Check the container engine, its OCI runtimes, the token and the images, one line each; 1 if any
-    check failed, else 0."""
+    """Check the container engine, its OCI runtimes, the token, the upstream proxy and the images, one line
+    each; 1 if any check failed, else 0."""
     from claude_bottle import tokens
     from claude_bottle.agent.schema import AgentConfig
     from claude_bottle.launch import build_inputs
@@ -49,6 +77,7 @@ def doctor() -> int:
         report(True, f"token found in {source}")
     except BottleError as exc:
         report(False, str(exc))
+    report(*upstream_proxy_check(os.environ))
     if opened is not None:
         inputs = build_inputs(AgentConfig())
         for spec in (images.bottle_spec(inputs), images.gate_spec(inputs)):
