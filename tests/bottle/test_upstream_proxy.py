@@ -112,12 +112,16 @@ cache_effective_user proxy
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_run_answers_through_squid(upstream: Upstream, squid: Squid, workspace: Path, token: str) -> None:
+def run_p(upstream: Upstream, squid: Squid, workspace: Path, **environ: str) -> subprocess.CompletedProcess[str]:
+    """``claude-bottle run -p`` against the stub by its address, with ``environ`` added."""
     write_agent(AGENT, "")
-    environ = {**os.environ, "HTTPS_PROXY": squid.url}
-    result = subprocess.run([sys.executable, "-m", "claude_bottle", "run", AGENT, "-p", "say hi", "--upstream",
-                             squid.stub_url, "--upstream-network", upstream.network], env=environ,
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240, cwd=workspace)
+    return subprocess.run([sys.executable, "-m", "claude_bottle", "run", AGENT, "-p", "say hi", "--upstream",
+                           squid.stub_url, "--upstream-network", upstream.network], env={**os.environ, **environ},
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240, cwd=workspace)
+
+
+def test_run_answers_through_squid(upstream: Upstream, squid: Squid, workspace: Path, token: str) -> None:
+    result = run_p(upstream, squid, workspace, HTTPS_PROXY=squid.url)
     assert result.returncode == 0, result.stderr
     assert DEFAULT_TEXT in result.stdout
     assert f"CONNECT {squid.stub_url.removeprefix('http://')} " in squid.log(), squid.log()
@@ -167,14 +171,19 @@ def test_allowed_through_squid_refused_never_asked_and_the_password_in_the_gate_
 def test_a_wrong_password_or_no_squid_gives_its_error_and_leaves_nothing(
         client: docker.DockerClient, upstream: Upstream, squid: Squid, workspace: Path, token: str, case: str,
         words: str) -> None:
-    write_agent(AGENT, "")
     url = squid.url.replace(PASSWORD, "wrong-password") if case == "wrong password" else \
         squid.url.rsplit(":", 1)[0] + ":9"  # nothing listens there
-    result = subprocess.run([sys.executable, "-m", "claude_bottle", "run", AGENT, "-p", "say hi", "--upstream",
-                             squid.stub_url, "--upstream-network", upstream.network],
-                            env={**os.environ, "HTTPS_PROXY": url}, stdin=subprocess.DEVNULL, capture_output=True,
-                            text=True, timeout=240, cwd=workspace)
+    result = run_p(upstream, squid, workspace, HTTPS_PROXY=url)
     assert result.returncode == EXIT_GATE, result.stderr
     assert words in result.stderr and f"http://{USER}@" in result.stderr
     assert "wrong-password" not in result.stderr and PASSWORD not in result.stderr
     assert leftovers(client, AGENT) == []
+
+
+def test_a_no_proxy_host_is_dialled_directly(upstream: Upstream, squid: Squid, workspace: Path, token: str) -> None:
+    before = squid.log()
+    stub = squid.stub_url.removeprefix("http://").split(":")[0]
+    result = run_p(upstream, squid, workspace, https_proxy=squid.url, no_proxy=f"localhost,{stub}")
+    assert result.returncode == 0, result.stderr
+    assert DEFAULT_TEXT in result.stdout
+    assert squid.log() == before, "nothing went through squid"
