@@ -53,3 +53,8 @@ def test_docker_asks_for_no_user_namespace_nor_sysctls() -> None:
     client.api = api = CreatingApi()
     host = created_with(DockerEngine(client), api, host_user=True)
     assert "UsernsMode" not in host and "Sysctls" not in host
+
+
+def test_only_podman_keeps_a_containers_input_open_after_its_client_is_gone() -> None:
+    """So only there the run beats on its gate's stream (runtime/lifeline.py)."""
+    assert DockerEngine.stdin_ends_with_client and not PodmanEngine.stdin_ends_with_client
