@@ -13,7 +13,7 @@ from typing import TypeVar
 from claude_bottle.gate.connection import HttpConnection, open_http, open_http_on
 from claude_bottle.gate.failures import UpstreamSide, upstream_failure
 from claude_bottle.gate.resolver import ResolveError, Resolver
-from claude_bottle.gate.upstream_proxy import UpstreamProxy, open_tunnel
+from claude_bottle.gate.upstream_proxy import UpstreamProxy, open_tunnel, unreachable
 from claude_bottle.policy.addresses import IPAddress
 
 STREAM_LIMIT = 256 * 1024  # asyncio stream buffer: larger reads, fewer wake-ups on tunnels
@@ -103,8 +103,7 @@ class Dialer:
             raise UpstreamSide(504, f"the upstream proxy {proxy.url} did not answer within {self.timeout:g}s"
                                ) from None
         except OSError as exc:
-            raise UpstreamSide(502, f"cannot reach the upstream proxy {proxy.url}: {exc.strerror or exc}"
-                               ) from None
+            raise unreachable(proxy, exc) from None
 
     async def _through(self, proxy: UpstreamProxy, name: str, port: int,
                        layer: Callable[[socket.socket], Awaitable[T]]) -> T:

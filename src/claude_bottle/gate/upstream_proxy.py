@@ -105,7 +105,7 @@ async def open_tunnel(proxy: UpstreamProxy, host: str, port: int) -> socket.sock
     try:
         sock = await _connect(proxy.host, proxy.port)
     except OSError as exc:
-        raise UpstreamSide(502, f"cannot reach the upstream proxy {proxy.url}: {exc.strerror or exc}") from None
+        raise unreachable(proxy, exc) from None
     try:
         authority = f"{_bracketed(host)}:{port}"
         head = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n".encode()
@@ -124,6 +124,15 @@ async def open_tunnel(proxy: UpstreamProxy, host: str, port: int) -> socket.sock
     except BaseException:
         sock.close()
         raise
+
+
+def unreachable(proxy: UpstreamProxy, exc: OSError) -> UpstreamSide:
+    """No connection to the proxy itself."""
+    address = _address(proxy.host)
+    hint = ("; a proxy on the host's loopback is not reachable from the gate's container: give an address the "
+            "containers reach, or --upstream-proxy none") if proxy.host == "localhost" or (
+                address is not None and address.is_loopback) else ""
+    return UpstreamSide(502, f"cannot reach the upstream proxy {proxy.url}: {exc.strerror or exc}{hint}")
 
 
 def refusal(proxy: UpstreamProxy, status: int, reason: str, request: str) -> UpstreamSide:
