@@ -37,6 +37,11 @@ READY = b"claude-bottle gate: ready"
 
 
 def containers_of(client: docker.DockerClient, agent: str) -> list[docker.models.containers.Container]:
+    for _ in range(10):
+        with contextlib.suppress(docker.errors.APIError):  # Podman: 500, not 404, for one removed meanwhile
+            return list(client.containers.list(all=True, filters={"label": f"{AGENT_LABEL}={agent}"},
+                                               ignore_removed=True))
+        time.sleep(0.2)
     return list(client.containers.list(all=True, filters={"label": f"{AGENT_LABEL}={agent}"}, ignore_removed=True))
 
 
@@ -56,7 +61,7 @@ def mid_run(client: docker.DockerClient, upstream: Upstream, agent: str, workspa
         while time.monotonic() < deadline and process.poll() is None:
             running = [c for c in containers_of(client, agent) if c.name.endswith("-bottle") and c.status == "running"]
             gates = [c for c in containers_of(client, agent) if c.name.endswith("-gate")]
-            with contextlib.suppress(docker.errors.NotFound):  # a start's containers come and go
+            with contextlib.suppress(docker.errors.APIError):  # a start's containers come and go (Podman: 500)
                 if running and gates and READY in gates[0].logs(stdout=False, stderr=True):
                     break
             time.sleep(0.2)
