@@ -47,10 +47,11 @@ def test_run_p_answers_through_the_gate_with_the_real_token(
     client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path
 ) -> None:
     write_agent("headless", "")
+    before = len(upstream.requests())  # the stub is the session's: earlier tests' requests came with their tokens
     result = cli("run", "headless", "-p", "say hi", upstream=upstream, cwd=workspace)
     assert result.returncode == 0, result.stderr
     assert DEFAULT_TEXT in result.stdout
-    seen = [r for r in upstream.requests() if r["target"].startswith("/v1/messages")]
+    seen = [r for r in upstream.requests()[before:] if r["target"].startswith("/v1/messages")]
     assert seen, "the stub saw no /v1/messages call"
     assert all(["authorization", f"Bearer {token}"] in [[n.lower(), v] for n, v in r["headers"]] for r in seen)
     assert leftovers(client, "headless") == []
