@@ -90,6 +90,7 @@ def test_a_network_anything_is_on_goes_to_no_other_run(
     older claude-bottle), and a container someone connected to a free kept network. A run started then must
     get another network, from which the first run's gate and bottle are out of reach."""
     _, gate_image = built_images
+    trim_pool(DockerEngine(client), gate_image)  # what earlier runs left: at most the kept number free
     with run_of("left", workspace, token, upstream) as left:
         assert left.internal is not None
         client.containers.get(claim_container(left.internal.name)).remove(force=True)

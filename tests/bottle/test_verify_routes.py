@@ -52,8 +52,8 @@ def test_a_route_value_in_the_bottle_or_a_gate_without_the_route_fails_verify(
     def handing_over_the_value(self: Run) -> dict[str, str]:
         return {**environment(self), "LEAKED": self.spec.routes[0].secret}
 
-    def without_routes(spec: RunSpec, listen: str = runtime_gate.GATE_ALIAS) -> GateOptions:
-        return options(RunSpec(**{**spec.__dict__, "routes": ()}), listen)
+    def without_routes(spec: RunSpec, listen: str = runtime_gate.GATE_ALIAS, heartbeat: float = 0.0) -> GateOptions:
+        return options(RunSpec(**{**spec.__dict__, "routes": ()}), listen, heartbeat)
 
     options = runtime_gate.gate_options
     monkeypatch.setattr(Run, "bottle_environment", handing_over_the_value)
