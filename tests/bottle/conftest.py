@@ -223,6 +223,17 @@ def podman_client(socket: str, name: str, setup: str) -> docker.DockerClient:
     return client
 
 
+PODMAN_SOCKET = os.environ.get("CLAUDE_BOTTLE_TEST_PODMAN", "unix:///run/podman/podman.sock")  # rootful Podman
+
+
+@pytest.fixture(scope="module")
+def podman() -> Iterator[docker.DockerClient]:
+    """A client of the rootful Podman service (scripts/podman sets it up)."""
+    client = podman_client(PODMAN_SOCKET, "Podman", "scripts/podman")
+    yield client
+    client.close()
+
+
 def gate_log(run: Run, stdout: bool = True, stderr: bool = True) -> str:
     """What the run's gate has written so far: its messages on standard output, its audit on standard error."""
     return b"".join(run.engine.logs(run.names.gate, stdout=stdout, stderr=stderr)).decode("utf-8", "replace")

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,11 @@ from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime import docker_engine
 from claude_bottle.runtime import run as run_module
-from tests.bottle.conftest import podman_client, write_agent
+from tests.bottle.conftest import PODMAN_SOCKET as SOCKET
+from tests.bottle.conftest import write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
 CLI = [sys.executable, "-m", "claude_bottle"]
-SOCKET = os.environ.get("CLAUDE_BOTTLE_TEST_PODMAN", "unix:///run/podman/podman.sock")
-
-
-@pytest.fixture(scope="module")
-def podman() -> Iterator[docker.DockerClient]:
-    client = podman_client(SOCKET, "Podman", "scripts/podman")
-    yield client
-    client.close()
 
 
 def on_podman(*args: str, cwd: Path, home: Path, timeout: float = 1500) -> subprocess.CompletedProcess[str]:

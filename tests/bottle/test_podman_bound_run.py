@@ -22,7 +22,8 @@ from claude_bottle.errors import EXIT_GATE
 from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.names import WORKSPACE_LABEL
 from claude_bottle.verify.standins import stub_container
-from tests.bottle.conftest import TEST_LABEL, Upstream, build_test_images, podman_client
+from tests.bottle.conftest import PODMAN_SOCKET as SOCKET
+from tests.bottle.conftest import TEST_LABEL, Upstream, build_test_images
 from tests.bottle.test_bound_run import (
     BOTTLE_GONE_SECONDS,
     GONE_SECONDS,
@@ -33,14 +34,6 @@ from tests.bottle.test_bound_run import (
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
-SOCKET = os.environ.get("CLAUDE_BOTTLE_TEST_PODMAN", "unix:///run/podman/podman.sock")
-
-
-@pytest.fixture(scope="module")
-def podman() -> Iterator[docker.DockerClient]:
-    client = podman_client(SOCKET, "Podman", "scripts/podman")
-    yield client
-    client.close()
 
 
 @pytest.fixture(autouse=True)
