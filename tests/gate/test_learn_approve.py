@@ -178,12 +178,13 @@ async def test_the_control_channel_refuses_what_the_allowlist_would_and_the_api_
     assert [r for r in gate.records() if r["listener"] == "control"] == []
 
 
+@pytest.mark.parametrize("line", [b"allow example.com", b"[" * 4000], ids=["not-json", "nested-too-deep"])
 async def test_the_control_channel_answers_a_broken_request_with_an_error(make_gate: GateFactory,
-                                                                         tmp_path: Path) -> None:
+                                                                         tmp_path: Path, line: bytes) -> None:
     socket_path = tmp_path / "control.sock"
     async with make_gate(control_socket=socket_path):
         reader, writer = await asyncio.open_unix_connection(str(socket_path))
-        writer.write(b"allow example.com\n")
+        writer.write(line + b"\n")
         reply = json.loads(await asyncio.wait_for(reader.readline(), 5))
         writer.close()
     assert reply == {"ok": False, "error": "a request is one JSON object on one line"}

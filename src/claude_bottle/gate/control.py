@@ -83,7 +83,7 @@ def parse_request(line: bytes) -> tuple[str, str]:
     """``(op, entry)`` of a request line; ControlError if it is not one."""
     try:
         request = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         raise ControlError("a request is one JSON object on one line") from None
     if not isinstance(request, dict) or not isinstance(request.get("op"), str) \
             or not isinstance(request.get("entry", ""), str):
