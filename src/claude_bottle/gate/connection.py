@@ -51,6 +51,10 @@ READ_SIZE = 64 * 1024
 # reading from its socket until they are taken (a client pipelining faster than the gate forwards).
 READ_HIGH_WATER = 256 * 1024
 
+# Pieces of a message kept back for one write are joined into one bytes below this total size (one copy of
+# small pieces is cheaper than a vectored write); above it they go as a vectored write, the body uncopied.
+JOIN_BELOW = 64 * 1024
+
 
 class HttpConnection(asyncio.Protocol):
     """One HTTP/1.1 connection, as a server (the default: the peer is the client) or, with ``client``, as a
@@ -424,11 +428,17 @@ class HttpConnection(asyncio.Protocol):
 
     def write_pending(self) -> None:
         """Hand what ``send`` has kept back to the transport, in one write."""
-        if self._pending:
-            data = b"".join(self._pending)
-            self._pending.clear()
-            if not self.transport.is_closing():
-                self.transport.write(data)
+        pending = self._pending
+        if pending:
+            self._pending = []
+            if self.transport.is_closing():
+                return
+            if len(pending) == 1:
+                self.transport.write(pending[0])
+            elif sum(map(len, pending)) < JOIN_BELOW:
+                self.transport.write(b"".join(pending))
+            else:  # a large body goes as it is, with its head, in one vectored write: no copy of it is made
+                self.transport.writelines(pending)
 
     def can_reuse(self) -> bool:
         """Both sides finished the exchange and keep-alive holds: ready for the next one."""
