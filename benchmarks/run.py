@@ -58,12 +58,22 @@ from benchkit import (
     srt,
     target_lines,
     tool_version,
+    tree_cpu,
     wait_port,
     write_results,
 )
 from benchkit.bottle import Bottle
 
+from claude_bottle.gate.api import GATE_SET_HEADERS
+from claude_bottle.gate.dlp import DlpPolicy
+from claude_bottle.gate.forward import FRAMING_HEADERS
+from claude_bottle.gate.http1 import MAX_HEADER_BYTES, MessageParser, Request, end_to_end
+from claude_bottle.gate.inspection import CLIENT_CREDENTIAL_HEADERS
+
 DENIED_TARGET = "127.0.0.3:443"  # allowed by neither the gate nor squid
+# A request head as Claude Code 2.1.190 sent it (`claude -p`, OAuth placeholder token), captured on loopback.
+CLAUDE_CODE_HEAD = HERE / "benchkit" / "claude_code_head.http"
+HEAD_CHECK_TARGET_US = 6.0
 
 
 # ----------------------------------------------------------------------------------- baseline configs
@@ -242,6 +252,43 @@ class Loopback:
         log("   " + " | ".join(f"{k} p50 {v['p50']:.3f} p99 {v['p99']:.3f} ms" for k, v in st.items())
             + " | CPU/request " + " ".join(f"{k} {v:.3f}" for k, v in cpu.items()))
 
+    # -- a real request head's check ---------------------------------------------------------------
+
+    def head_check(self) -> None:
+        """DLP's check of Claude Code's request head as the API route's DLP filter sees it, on a matcher
+        prepared as the gate's is (the default rules, the gate's token held): in this process, median of
+        rounds."""
+        target, headers = api_route_head(CLAUDE_CODE_HEAD.read_bytes())
+        matcher = DlpPolicy().matcher([self.lb.token.encode()])
+        size = len(target) + sum(len(n) + len(v) + 4 for n, v in headers)
+        n, rounds = 2000, 7
+        log(f"Claude Code request head check: {size} bytes (target + headers as DLP sees them), {rounds} x {n}")
+
+        def one_round() -> float:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                matcher.scanner().check_head(target, headers)
+            return (time.perf_counter() - t0) / n * 1e6
+
+        def floor_round() -> float:  # one search of the token over the same bytes: what any scan costs
+            needle = self.lb.token.encode()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                needle in b"".join([name + b": " + value + b"\r\n" for name, value in headers])  # noqa: B015
+            return (time.perf_counter() - t0) / n * 1e6
+
+        one_round()  # warm-up
+        us = [one_round() for _ in range(rounds)]
+        floor_us = percentile([floor_round() for _ in range(rounds)], 50)
+        med = percentile(us, 50)
+        self.details["claude_code_head_check_us"] = {"rounds": us, "bytes": size, "find_floor_us": floor_us}
+        self.entries.append(Entry("claude_code_head_check", "us", med, "join + one find", floor_us,
+                                  ratio(med, floor_us),
+                                  f"<= {HEAD_CHECK_TARGET_US:g} us", med <= HEAD_CHECK_TARGET_US,
+                                  f"DLP check_head on a real Claude Code head ({size} bytes as checked); median of "
+                                  f"{rounds} x {n}, in the benchmark's process"))
+        log(f"   {med:.1f} us per head (the headers joined and one search of the token: {floor_us:.1f} us)")
+
     # -- SSE per-event delay -----------------------------------------------------------------------
 
     def sse_delay(self) -> None:
@@ -296,6 +343,8 @@ class Loopback:
             for k, c in conns.items():  # warm-up
                 if c.exchange(request)[0] != 200:
                     raise BenchError(f"{k}: 10 MB request refused")
+            pids = {"gate": self.gate.pid, "nginx": self.nginx.pid}
+            cpu0 = {k: tree_cpu(pid) for k, pid in pids.items()}
             for _ in range(reps):
                 for k, c in conns.items():
                     self.deadline.check()
@@ -305,15 +354,20 @@ class Loopback:
                     if status != 200:
                         raise BenchError(f"{k}: 10 MB request answered {status}")
                     rates[k].append(body_len / MB / secs)
+            cpu = {k: (tree_cpu(pid) - cpu0[k]) / reps * 1000 for k, pid in pids.items()}
         finally:
             for c in conns.values():
                 c.close()
         med = {k: percentile(v, 50) for k, v in rates.items()}
         self.details["body10mb_mb_s"] = {**rates, "body_bytes": body_len}
+        self.details["body10mb_cpu_ms_per_request"] = cpu
         self.entries.append(Entry("body10mb_throughput", "MB/s", med["gate"], "nginx", med["nginx"],
                                   ratio(med["gate"], med["nginx"]),
                                   note=f"median of {reps}; request sent -> response read; direct {med['direct']:.0f}"
                                   " MB/s (the stub parses the JSON on every path)"))
+        self.entries.append(Entry("body10mb_cpu_per_request", "ms", cpu["gate"], "nginx", cpu["nginx"],
+                                  ratio(cpu["gate"], cpu["nginx"]),
+                                  note="CPU the proxy spent per 10 MB request (/proc, all its processes)"))
         log("   " + " | ".join(f"{k} {v:.0f} MB/s" for k, v in med.items()))
 
     # -- egress ------------------------------------------------------------------------------------
@@ -391,6 +445,19 @@ class Loopback:
         self.peer_rows("tunnel_throughput", "MB/s", med, f"median of {reps} x {total / 2**20:.0f} MiB, "
                        f"sink-confirmed; direct {med['direct']:.0f} MB/s", ">= squid", med["gate"] >= med["squid"])
         log("   " + " | ".join(f"{k} {v:.0f} MB/s" for k, v in med.items()))
+
+
+def api_route_head(raw: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """``raw`` (a request head) parsed by the gate's parser: its target and headers as the API route's DLP
+    filter sees them (gate/api.py): end-to-end only, no framing, without the client's credentials, Host and
+    Accept-Encoding (the gate sets those after DLP)."""
+    parser = MessageParser(False, MAX_HEADER_BYTES)
+    parser.receive(raw)
+    request = parser.events[0]
+    if not isinstance(request, Request):
+        raise BenchError(f"{CLAUDE_CODE_HEAD}: not a request head")
+    drop = CLIENT_CREDENTIAL_HEADERS | GATE_SET_HEADERS | FRAMING_HEADERS
+    return request.target, [(n, v) for n, v in end_to_end(request.headers) if n not in drop]
 
 
 # ----------------------------------------------------------------------------------------------- output
@@ -477,6 +544,7 @@ def run(args: argparse.Namespace) -> int:
             with deadline.for_phase("loopback setup", 90):
                 lb.setup("egress" in parts)
             phases: list[tuple[str, str, float, Callable[[], None]]] = [
+                ("api", "head check", 60, lb.head_check),
                 ("api", "api latency", 240, lb.api_latency),
                 ("api", "sse delay", 180, lb.sse_delay),
                 ("api", "streams", 240, lb.streams),
