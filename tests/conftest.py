@@ -97,6 +97,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         control_socket: Path | None = None,
         routes: tuple[CredentialRoute, ...] = (),
         upstream_proxy: UpstreamProxy | None = None,
+        mcp_servers: tuple[str, ...] = (),
         **limits: float | int,
     ) -> AsyncIterator[RunningGate]:
         token = token or make_token()
@@ -113,6 +114,8 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             request_policy=gc.parse_egress_rules(egress_rules, no_inspect),
             dlp=gc.parse_dlp((), dlp_off),
             routes=routes,
+            mcp_servers=gc.parse_mcp_servers(mcp_servers, gc.parse_egress_rules(egress_rules, no_inspect),
+                                             gc.parse_allowlist(allow_tcp)),
             extra_ca=tuple(Path(path) for path in extra_ca),
             learn=learn,
             control_socket=control_socket,

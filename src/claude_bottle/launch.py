@@ -14,10 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from claude_bottle import trust, workspace
 from claude_bottle.agent.mounts import check_mounts
-from claude_bottle.agent.schema import AgentConfig
+from claude_bottle.agent.schema import AgentConfig, McpServer
 from claude_bottle.claude_code import LATEST
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, DockerError
@@ -156,8 +157,7 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
         resources=agent.resources, upstream_networks=launch.upstream_networks,
         upstream_ca_files=launch.upstream_ca_files,
         mounts=tuple((m.source, m.target, m.read_only) for m in agent.mounts),
-        mcp_servers={s.name: ({"type": "stdio", "command": s.command[0], "args": list(s.command[1:])}
-                              if s.command else {"type": "http", "url": s.url}) for s in agent.mcp_servers},
+        mcp_servers={s.name: mcp_entry(s, routes) for s in agent.mcp_servers}, mcp_rules=agent.mcp_rules,
         server_tools=agent.server_tools, protected=protected, request_policy=agent.egress, dlp=agent.dlp,
         runtime=agent.runtime,
         learn=launch.learn,
@@ -167,6 +167,17 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
                    for variable in config.bottle_env},
         git_routes=tuple(routes[config.name].spec for config in agent.credentials if config.git),
     )
+
+
+def mcp_entry(server: McpServer, routes: dict[str, CredentialRoute]) -> dict[str, Any]:
+    """Claude Code's ``mcpServers`` entry for ``server``: a stdio command, or a remote URL whose credential, if
+    it has one, is the route's sentinel (the gate replaces it with the real value on the way out)."""
+    if server.command:
+        return {"type": "stdio", "command": server.command[0], "args": list(server.command[1:])}
+    entry: dict[str, Any] = {"type": server.transport, "url": server.url}
+    if server.credential:
+        entry["headers"] = {"Authorization": f"Bearer {routes[server.credential].spec.sentinel}"}
+    return entry
 
 
 @contextlib.contextmanager

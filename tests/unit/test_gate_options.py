@@ -33,6 +33,7 @@ from claude_bottle.gate.settings import (
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import Launch, run_spec
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
+from claude_bottle.policy.mcp import parse_mcp_flag
 from claude_bottle.policy.messages import SERVER_TOOL_FAMILIES
 from claude_bottle.runtime.gate import gate_options
 from claude_bottle.runtime.spec import API_PORT, PROXY_PORT
@@ -82,6 +83,10 @@ def generated(rng: random.Random) -> GateOptions:
         dlp=parse_dlp(some(rng, lambda i: f"extra{i} itk{i}_[a-z0-9]{{32}}"),
                       some(rng, lambda i: rng.choice(BUILTIN_NAMES))),
         routes=routes,
+        mcp_servers=tuple(parse_mcp_flag(f"m{i} mcp{i}.example.com:{rng.choice([443, 8443])}"
+                                         f"{rng.choice(['', ' tools=search_*,get_issue'])}"
+                                         f"{rng.choice(['', ' deny_tools=delete_*'])}")
+                          for i in range(rng.randint(0, 2))),
         upstream_proxy=rng.choice([None, UpstreamProxy.parse("http://proxy.corp:3128", "p"),
                                    UpstreamProxy.parse(f"http://u%40corp:pw{rng.randint(0, 9)}:x@[fd00::1]:8080", "p",
                                                        ",".join(some(rng, host)))]),

@@ -3,6 +3,7 @@ checked as it is read; the first problem is a ConfigError naming the file and th
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,9 +20,25 @@ from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 from claude_bottle.errors import ConfigError
 from claude_bottle.gate.dlp import DlpPolicy, DlpRule, InvalidDlpRule, parse_builtin_name, parse_dlp_rule
 from claude_bottle.gate.options import compose_allowlist
+from claude_bottle.gate.routes import InvalidRoute, check_routes
 from claude_bottle.gate.settings import DEFAULT_UPSTREAM, Upstream, parse_upstream
 from claude_bottle.policy.addresses import IPNetwork, parse_network
-from claude_bottle.policy.hosts import Allowlist, HostPattern, InvalidHost, normalize_host, parse_pattern, parse_port
+from claude_bottle.policy.hosts import (
+    Allowlist,
+    HostPattern,
+    InvalidHost,
+    Target,
+    normalize_host,
+    parse_pattern,
+    parse_port,
+)
+from claude_bottle.policy.mcp import (
+    InvalidMcpServer,
+    McpServerRules,
+    check_server_name,
+    check_servers,
+    check_tool_globs,
+)
 from claude_bottle.policy.messages import InvalidServerTool, parse_server_tool
 from claude_bottle.policy.rules import HostRules, InvalidRule, RequestPolicy, Verdict, parse_rule
 
@@ -35,12 +52,18 @@ ANTHROPIC_API = parse_upstream(DEFAULT_UPSTREAM)  # the upstream of an agent tha
 @dataclass(frozen=True)
 class McpServer:
     """A stdio server (``command``) runs inside the bottle; a remote one (``url``) is reached through the
-    gate, and ``allow_entry`` (its host, with the port when not the scheme's default) joins the allowlist."""
+    gate, and ``allow_entry`` (its host, with the port when not the scheme's default) joins the allowlist.
+    For a remote one, ``rules`` are what the gate judges its JSON-RPC by (docs/mcp.md): ``tools`` allowed
+    (empty: all), ``deny_tools``; ``transport`` is "http" (streamable HTTP) or "sse"; ``credential`` names a
+    ``[credentials.NAME]`` route bound to its host, whose sentinel the bottle's MCP config sends."""
 
     name: str
     command: tuple[str, ...] = ()
     url: str = ""
     allow_entry: HostPattern | None = None
+    rules: McpServerRules | None = None
+    transport: str = "http"
+    credential: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,6 +103,11 @@ class AgentConfig:
     credentials: tuple[CredentialConfig, ...] = ()  # [credentials.NAME]: routes beyond Anthropic
     runtime: str = ""  # the bottle's OCI runtime (e.g. runsc for gVisor); empty: the engine's default
     sources: tuple[str, ...] = ()  # the files this came from, for messages
+
+    @property
+    def mcp_rules(self) -> tuple[McpServerRules, ...]:
+        """The remote MCP servers as the gate judges them (``--mcp-server``)."""
+        return tuple(s.rules for s in self.mcp_servers if s.rules is not None)
 
     @property
     def egress_allowlist(self) -> Allowlist:
@@ -165,8 +193,23 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
         runtime=runtime,
         sources=(source,),
     )
+    agent = dataclasses.replace(agent, credentials=_bind_mcp_credentials(agent.mcp_servers, agent.credentials,
+                                                                         source))
     check_bound_hosts(agent.credentials, agent.egress, agent.allow_tcp)
+    check_mcp_hosts(agent.mcp_servers, agent.egress, agent.allow_tcp, source)
     return agent
+
+
+def check_mcp_hosts(servers: tuple[McpServer, ...], egress: RequestPolicy, allow_tcp: Allowlist, source: str) -> None:
+    """A remote MCP server's host is always inspected: the gate reads its JSON-RPC."""
+    for server in servers:
+        if server.rules is None:
+            continue
+        target = Target(server.rules.host, server.rules.port, normalize_host(server.rules.host)[1])
+        if not egress.inspects(target) or allow_tcp.match(target) is not None:
+            raise ConfigError(f"{source}: mcp.servers.{server.name}: {server.rules.host}:{server.rules.port} has "
+                              "inspect = false or is in allow_tcp, but the gate must read an MCP server's requests "
+                              "to judge its tools; drop that")
 
 
 def _allowlist(fields: Fields, key: str, texts: list[str] | tuple[str, ...]) -> Allowlist:
@@ -210,12 +253,56 @@ def _mcp(fields: Fields) -> tuple[McpServer, ...]:
     servers = []
     for name, entry in fields.table("servers").items():
         server = Fields(entry if isinstance(entry, dict) else {}, fields.source, f"mcp.servers.{name}.")
-        server.check_keys({"command", "url"})
+        server.check_keys({"command", "url", "transport", "tools", "deny_tools", "credential"})
         command, url = server.strings("command"), server.string("url")
         if bool(command) == bool(url):
             raise server.fail("command", "give either command = [...] (stdio, runs in the bottle) or url = ...")
-        servers.append(McpServer(name, command, url, _mcp_allow_entry(url, server) if url else None))
+        if not url:
+            if remote := {"transport", "tools", "deny_tools", "credential"} & set(server.data):
+                raise server.fail(sorted(remote)[0], "applies to a remote server (url = ...) only: a stdio server "
+                                                     "runs in the bottle, its traffic judged as any process's")
+            servers.append(McpServer(name, command))
+            continue
+        transport = server.string("transport", "http")
+        if transport not in ("http", "sse"):
+            raise server.fail("transport", f"{transport!r} is not http (streamable HTTP) or sse (the older transport)")
+        entry_pattern = _mcp_allow_entry(url, server)
+        try:
+            check_server_name(name)
+            tools = check_tool_globs(server.strings("tools"), "tools")
+            deny = check_tool_globs(server.strings("deny_tools"), "deny_tools")
+        except InvalidMcpServer as exc:
+            raise server.fail("tools", str(exc)) from None
+        port = entry_pattern.port or (443 if url.lower().startswith("https:") else 80)
+        rules = McpServerRules(name, entry_pattern.host, port, tools, deny)
+        servers.append(McpServer(name, (), url, entry_pattern, rules, transport, server.string("credential")))
+    try:
+        check_servers([s.rules for s in servers if s.rules is not None])
+    except InvalidMcpServer as exc:
+        raise fields.fail("servers", str(exc)) from None
     return tuple(servers)
+
+
+def _bind_mcp_credentials(servers: tuple[McpServer, ...], credentials: tuple[CredentialConfig, ...],
+                          source: str) -> tuple[CredentialConfig, ...]:
+    """Each ``credential = "NAME"`` of a remote MCP server binds route NAME to the server's host as well."""
+    by_name = {c.name: c for c in credentials}
+    for server in servers:
+        if not server.credential or server.rules is None:
+            continue
+        config = by_name.get(server.credential)
+        if config is None:
+            raise ConfigError(f"{source}: mcp.servers.{server.name}.credential: {server.credential!r} names no "
+                              f"[credentials.{server.credential}] table; add one (its value as for any credential)")
+        origin = (server.rules.host, server.rules.port)
+        if origin not in config.hosts:
+            by_name[config.name] = dataclasses.replace(config, hosts=(*config.hosts, origin))
+    bound = tuple(by_name[c.name] for c in credentials)
+    try:
+        check_routes([c.spec("-") for c in bound])
+    except InvalidRoute as exc:
+        raise ConfigError(f"{source}: credentials: {exc}") from None
+    return bound
 
 
 def _mcp_allow_entry(url: str, server: Fields) -> HostPattern:

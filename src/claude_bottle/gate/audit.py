@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Final, Literal, TextIO
 
-from claude_bottle.policy.decide import Decision
+from claude_bottle.policy.decide import Decision, RpcCall
 
 REDACTED = "[redacted]"
 
@@ -54,6 +54,7 @@ class AuditRecord:
     unlisted: bool = False  # the target is in no allowlist (refused for that, or let through by learn mode)
     tunnel: TunnelMode | None = None  # a CONNECT past its name and address checks: how its bytes are carried
     side: Side | None = None  # an error: whose side failed (None: the gate's own fault, or no error)
+    mcp: tuple[RpcCall, ...] = ()  # the JSON-RPC calls inside a request to an MCP server, one entry each
     bytes_up: int = 0  # client -> upstream, body or tunnel bytes
     bytes_down: int = 0  # upstream -> client
     started: float = field(default_factory=time.time)
@@ -66,6 +67,7 @@ class AuditRecord:
         self.rule = decision.rule or None
         self.would_deny = decision.learned
         self.unlisted = decision.unlisted
+        self.mcp = self.mcp or decision.calls
 
     def passed(self, decision: Decision) -> None:
         """A further check allowed the request: its reason follows the earlier ones; its rule, if it named
@@ -74,6 +76,7 @@ class AuditRecord:
         self.reason = f"{self.reason}; {decision.reason}" if self.reason else decision.reason
         if decision.rule:
             self.rule = decision.rule
+        self.mcp = self.mcp or decision.calls
 
     def note(self, what: str) -> None:
         """Add what came of an allowed exchange (how a tunnel was carried, how it ended) to the reason."""
@@ -128,6 +131,9 @@ class AuditLog:
             fields["tunnel"] = record.tunnel
         if record.side is not None:
             fields["side"] = record.side
+        if record.mcp:
+            fields["mcp"] = [{"server": c.server, "method": c.method, **({"tool": c.tool} if c.tool else {}),
+                              "decision": c.decision, "reason": c.reason} for c in record.mcp]
         fields["bytes_up"], fields["bytes_down"] = record.bytes_up, record.bytes_down
         fields["duration_ms"] = round((time.time() - started) * 1000, 1)
         line = json.dumps(fields, ensure_ascii=False)

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from claude_bottle.gate.http1 import ProtocolError
 from claude_bottle.gate.resolver import ResolveError
-from claude_bottle.policy.decide import Decision
+from claude_bottle.policy.decide import Decision, RpcCall
 
 E = TypeVar("E", bound=BaseException)
 
@@ -40,22 +40,28 @@ class ExchangeStopped(Exception):
 
 class Refused(ExchangeStopped):
     """A policy refused the request. ``close``: the rest of the request is not read, the connection ends.
-    ``rule``: the configured rule that refused it, for the audit (None: no rule, the policy itself)."""
+    ``rule``: the configured rule that refused it, for the audit (None: no rule, the policy itself).
+    ``reply``: the answer the gate gives itself in place of the refusal text, as (content type, body) with
+    ``status`` (a JSON-RPC error for a refused MCP call: the protocol's own way to say no). ``calls``: the
+    JSON-RPC calls judged inside the request, for the audit."""
 
     def __init__(self, status: int, reason: str, close: bool = False, rule: str | None = None,
-                 hint: str = "", unlisted: bool = False, unread: bool = False) -> None:
+                 hint: str = "", unlisted: bool = False, unread: bool = False,
+                 reply: tuple[bytes, bytes] | None = None, calls: tuple[RpcCall, ...] = ()) -> None:
         super().__init__(status, reason)
         self.close = close or unread
         self.unread = unread  # refused before a request was read (a connection over the limit)
         self.rule = rule
         self.hint = hint
         self.unlisted = unlisted  # the target is in no allowlist (the audit's ``unlisted``)
+        self.reply = reply
+        self.calls = calls
 
     @classmethod
     def by(cls, decision: Decision) -> Refused:
         """The refusal a policy's ``decision`` says, naming its rule if one decided."""
         return cls(decision.status, decision.reason, rule=decision.rule or None, hint=decision.hint,
-                   unlisted=decision.unlisted)
+                   unlisted=decision.unlisted, calls=decision.calls)
 
 
 POLICY_FILE = "/etc/claude-bottle/policy.toml"  # in a bottle: the policy in effect, read-only

@@ -27,10 +27,12 @@ from claude_bottle.gate.dlp import DlpMatch, DlpMatcher, DlpScanner
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, set_headers
 from claude_bottle.gate.http1 import header_values
+from claude_bottle.gate.mcp import mcp_request, mcp_response
 from claude_bottle.gate.routes import CredentialRoute, route_for
 from claude_bottle.gate.scan import SecretReflected, SecretScanner
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import Target
+from claude_bottle.policy.mcp import server_for
 from claude_bottle.policy.rules import RequestPolicy
 
 # A body read whole is scanned in pieces of this size, as a streamed one is, so the copies a scan makes (the
@@ -39,6 +41,7 @@ SCAN_PIECE = 64 * 1024
 # Every way a client can present a credential. Names arrive lower-cased from gate/http1.py, once per occurrence.
 CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie",
                                        b"private-token", b"x-auth-token"})
+IDENTITY = [(b"accept-encoding", b"identity")]  # asked where the gate reads the answers
 
 
 def inspected(target: Target, ctx: GateContext) -> list[RequestFilter]:
@@ -46,10 +49,12 @@ def inspected(target: Target, ctx: GateContext) -> list[RequestFilter]:
     to ``target``, after its own header rewriting: the rules, then DLP over what goes upstream; for a host
     a credential route binds, the client's credentials removed first and the route's added last."""
     config = ctx.config
-    judged = [request_rules(config.request_policy, target), data_loss(config.dlp_matcher)]
+    mcp = server_for(config.mcp_servers, target)
+    judged = [request_rules(config.request_policy, target),
+              *((mcp_request(mcp, config.dlp_matcher),) if mcp is not None else ()), data_loss(config.dlp_matcher)]
     route = route_for(config.routes, target)
     if route is None:
-        return judged
+        return judged if mcp is None else [set_headers(frozenset({b"accept-encoding"}), IDENTITY), *judged]
     return [set_headers(CLIENT_CREDENTIAL_HEADERS | {b"accept-encoding"}, []), *judged, own_credential(route)]
 
 
@@ -57,14 +62,16 @@ def answered(target: Target, ctx: GateContext) -> list[ResponseFilter]:
     """The filters of the responses from ``target``: for a host a credential route binds, identity encoding
     only and no secret the gate injects (a server that echoes the request's headers would hand the route's
     value to the bottle); none elsewhere, where no secret was sent."""
+    mcp = server_for(ctx.config.mcp_servers, target)
+    cut = [mcp_response(mcp)] if mcp is not None else []
     if route_for(ctx.config.routes, target) is None:
-        return []
-    return [identity_only, *reflection_scans(ctx.config.injected_secrets)]
+        return cut
+    return [identity_only, *reflection_scans(ctx.config.injected_secrets), *cut]
 
 
 def own_credential(route: CredentialRoute) -> RequestFilter:
     """Add the route's credential (after DLP, which must not see it) and ask for identity encoding."""
-    add = set_headers(frozenset(), [route.header(), (b"accept-encoding", b"identity")])
+    add = set_headers(frozenset(), [route.header(), *IDENTITY])
 
     replaced = Decision(True, f"credential route {route.spec.name}: the client's credentials replaced by the "
                               "route's own")

@@ -35,6 +35,7 @@ from claude_bottle.gate.settings import (
     parse_egress_rules,
     parse_extra_api_paths,
     parse_listen,
+    parse_mcp_servers,
     parse_networks,
     parse_routes,
     parse_server_tools,
@@ -45,6 +46,7 @@ from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.policy.addresses import IPNetwork
 from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy
 from claude_bottle.policy.hosts import Allowlist, HostPattern
+from claude_bottle.policy.mcp import McpServerRules
 from claude_bottle.policy.messages import MessagesPolicy
 from claude_bottle.policy.rules import RequestPolicy
 
@@ -135,6 +137,10 @@ class GateOptions:
              "http://[USER@]HOST[:PORT]"),
         Flag("--upstream-no-proxy", "Dial this destination directly, not through --upstream-proxy: a NO_PROXY entry "
              "(*, a domain and its subdomains, an address, a CIDR). Repeatable.", "ENTRY")))
+    mcp_servers: tuple[McpServerRules, ...] = field(default=(), metadata=_flags(Flag(
+        "--mcp-server", "Read every request to this origin as a remote MCP server's JSON-RPC: tools/call judged by "
+        "the tool globs (deny wins; no tools= allows all), tools/list answers filtered. It joins the allowlist. "
+        "Repeatable.", "'NAME HOST:PORT [tools=GLOB,...] [deny_tools=GLOB,...]'")))
     extra_ca: tuple[Path, ...] = field(default=(), metadata=_flags(Flag(
         "--extra-ca", "Also trust these CA certificates (PEM) toward the upstream, e.g. for TLS inspection.",
         "PATH", path=True)))
@@ -190,6 +196,8 @@ class GateOptions:
                 args += value.args()
             elif item.name == "routes":
                 args += [arg for route in self.routes for arg in ("--credential-route", route.spec.flag())]
+            elif item.name == "mcp_servers":
+                args += [arg for server in self.mcp_servers for arg in ("--mcp-server", server.flag())]
             elif item.name == "upstream_proxy":
                 args += value.args() if value is not None else []
             elif item.default is not dataclasses.MISSING and value == item.default:
@@ -225,12 +233,15 @@ class GateOptions:
         if proxy is not None and password:
             proxy = dataclasses.replace(proxy, password=password)
         dlp = parse_dlp(values.pop("dlp_rule"), values.pop("dlp_off"))
+        allow_tcp = parse_allowlist(values.pop("allow_tcp"), "--allow-tcp")
+        mcp_servers = parse_mcp_servers(values.pop("mcp_server"), request_policy, allow_tcp)
         parsed: dict[str, Any] = {
             "api_listen": parse_listen(values.pop("api_listen"), "--api-listen"),
             "proxy_listen": parse_listen(values.pop("proxy_listen"), "--proxy-listen"),
             "upstream": parse_upstream(values.pop("upstream")),
             "allow": parse_allowlist(values.pop("allow")),
-            "allow_tcp": parse_allowlist(values.pop("allow_tcp"), "--allow-tcp"),
+            "allow_tcp": allow_tcp,
+            "mcp_servers": mcp_servers,
             "allow_private": parse_networks(values.pop("allow_private")),
             "allow_api_path": parse_extra_api_paths(values.pop("allow_api_path")),
             "allow_server_tool": parse_server_tools(values.pop("allow_server_tool")),
@@ -250,7 +261,8 @@ class GateOptions:
             api_listen=self.api_listen,
             proxy_listen=self.proxy_listen,
             upstream=self.upstream,
-            allowlist=compose_allowlist(self.allow.patterns, self.request_policy, bound_hosts),
+            allowlist=compose_allowlist(self.allow.patterns, self.request_policy, bound_hosts,
+                                        implied=(server.allow_entry for server in self.mcp_servers)),
             allow_tcp=Allowlist(tuple(dict.fromkeys(self.allow_tcp.patterns))),
             request_policy=self.request_policy,
             dlp=self.dlp,
@@ -266,6 +278,7 @@ class GateOptions:
             learn=self.learn,
             control_socket=self.control_socket,
             upstream_proxy=self.upstream_proxy,
+            mcp_servers=self.mcp_servers,
         )
 
 

@@ -58,6 +58,7 @@ async def answer(conn: HttpConnection, record: AuditRecord, stop: ExchangeStoppe
     serve another request."""
     if isinstance(stop, Refused):
         record.deny(stop.reason, stop.status, stop.rule, stop.unlisted)
+        record.mcp = record.mcp or stop.calls
     elif isinstance(stop, MalformedRequest):
         record.deny(stop.reason, stop.status)
     else:
@@ -66,6 +67,13 @@ async def answer(conn: HttpConnection, record: AuditRecord, stop: ExchangeStoppe
         if isinstance(stop, Refused) and stop.unread:
             await refuse_unread(conn, stop.status, stop.reason)
             return False
+        if isinstance(stop, Refused) and stop.reply is not None and conn.our_state is State.SEND_RESPONSE:
+            content_type, body = stop.reply
+            await conn.send_whole(Response(stop.status, [(b"content-type", content_type),
+                                                         (b"content-length", str(len(body)).encode()),
+                                                         (b"x-deny-reason", _header_text(stop.reason).encode())]),
+                                  body)
+            return not stop.close
         if isinstance(stop, Refused) and not stop.close and conn.our_state is State.SEND_RESPONSE:
             await refuse_request(conn, stop.status, stop.reason, idle_timeout, explanation(stop))
             return True

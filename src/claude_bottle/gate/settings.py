@@ -33,6 +33,7 @@ from claude_bottle.policy.hosts import (
     parse_port,
     split_host_port,
 )
+from claude_bottle.policy.mcp import InvalidMcpServer, McpServerRules, check_servers, parse_mcp_flag
 from claude_bottle.policy.messages import MAX_BODY_BYTES, InvalidServerTool, MessagesPolicy, parse_server_tool
 from claude_bottle.policy.rules import InvalidRule, RequestPolicy, policy_from_flags
 
@@ -108,6 +109,8 @@ class GateSettings:
     routes: tuple[CredentialRoute, ...] = ()
     # The HTTP proxy every connection out goes through (gate/upstream_proxy.py); None: dialled directly.
     upstream_proxy: UpstreamProxy | None = None
+    # Remote MCP servers (policy/mcp.py): every request to one's origin is read as JSON-RPC (gate/mcp.py).
+    mcp_servers: tuple[McpServerRules, ...] = ()
 
     @property
     def held_secrets(self) -> tuple[bytes, ...]:
@@ -298,3 +301,19 @@ def read_secrets(token_file: str, routes: tuple[RouteSpec, ...], to_end: bool = 
     password = lines[-1] if proxy_password else ""
     held = tuple(CredentialRoute(route, value) for route, value in zip(routes, values, strict=True))
     return credential, held, password
+
+
+def parse_mcp_servers(texts: tuple[str, ...] | list[str], request_policy: RequestPolicy,
+                      allow_tcp: Allowlist) -> tuple[McpServerRules, ...]:
+    """``--mcp-server`` entries. The gate must read a server's requests: its origin is inspected, not raw TCP."""
+    try:
+        servers = tuple(parse_mcp_flag(text) for text in texts)
+        check_servers(servers)
+    except InvalidMcpServer as exc:
+        raise ConfigError(str(exc)) from None
+    for server in servers:
+        target = Target(server.host, server.port, normalize_host(server.host)[1])
+        if not request_policy.inspects(target) or allow_tcp.match(target) is not None:
+            raise ConfigError(f"--mcp-server {server.name}: {server.host}:{server.port} is under --no-inspect or "
+                              "--allow-tcp, but the gate must read an MCP server's requests to judge its tools")
+    return servers

@@ -11,6 +11,18 @@ from claude_bottle.policy.hosts import DEFAULT_PORTS, Allowlist, InvalidHost, Ta
 
 
 @dataclass(frozen=True)
+class RpcCall:
+    """One JSON-RPC call the gate judged inside a request to an MCP server, for the audit's ``mcp`` field:
+    the server, the method, the tool a ``tools/call`` names ("" otherwise), and its own verdict."""
+
+    server: str
+    method: str
+    tool: str
+    decision: str  # "allow" or "deny"
+    reason: str
+
+
+@dataclass(frozen=True)
 class Decision:
     allow: bool
     reason: str
@@ -19,6 +31,7 @@ class Decision:
     learned: bool = False  # allowed only because the gate runs in learn mode: a strict gate would refuse it
     unlisted: bool = False  # the target is in no allowlist: refused for that, or let through by learn mode
     hint: str = ""  # on refusal: what the user can do to allow it ("run ... on the host"); "" when nothing simple
+    calls: tuple[RpcCall, ...] = ()  # the JSON-RPC calls judged inside the request (MCP), each with its verdict
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from claude_bottle.gate.settings import Upstream
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.policy.addresses import IPNetwork
 from claude_bottle.policy.hosts import Allowlist
+from claude_bottle.policy.mcp import McpServerRules
 from claude_bottle.policy.rules import RequestPolicy
 from claude_bottle.workspace import PROTECTED
 
@@ -45,6 +46,7 @@ class RunSpec:
     upstream_ca_files: tuple[Path, ...] = ()
     mounts: tuple[tuple[Path, str, bool], ...] = ()  # (host path, container path, read-only)
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # Claude Code's mcpServers entries
+    mcp_rules: tuple[McpServerRules, ...] = ()  # the remote MCP servers' tool rules, for the gate
     protected: tuple[str, ...] = PROTECTED  # workspace paths mounted read-only where they exist (and nested .git)
     server_tools: tuple[str, ...] = ()  # server-tool families the API route lets through (--allow-server-tool)
     request_policy: RequestPolicy = RequestPolicy()  # [[egress]] (--egress-rule, --no-inspect)

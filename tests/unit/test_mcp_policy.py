@@ -1,0 +1,140 @@
+"""MCP tool rules and JSON-RPC reading (policy/mcp.py), the agent's [mcp.servers.NAME] keys, and what the
+bottle's Claude Code config gets for a remote server."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from claude_bottle.agent.schema import parse_agent
+from claude_bottle.credentials import Credential
+from claude_bottle.errors import ConfigError
+from claude_bottle.gate.routes import CredentialRoute, new_sentinel
+from claude_bottle.launch import Launch, run_spec
+from claude_bottle.policy.mcp import (
+    InvalidMcpServer,
+    MalformedJsonRpc,
+    McpServerRules,
+    allowed_tools,
+    check_servers,
+    parse_mcp_flag,
+    parse_messages,
+)
+from claude_bottle.runtime.gate import gate_options
+from tests.helpers import make_token
+
+RULES = McpServerRules("tracker", "mcp.example.com", 443, ("search_*", "get_issue"), ("search_private*",))
+
+
+@pytest.mark.parametrize("tool, allowed, rule", [
+    ("search_issues", True, "[mcp.servers.tracker] tools search_*"),
+    ("get_issue", True, "[mcp.servers.tracker] tools get_issue"),
+    ("search_private_repos", False, "[mcp.servers.tracker] deny_tools search_private*"),  # deny wins
+    ("get_issues", False, "[mcp.servers.tracker] tools"),
+    ("Search_issues", False, "[mcp.servers.tracker] tools"),  # names compare exactly
+])
+def test_deny_wins_and_a_tools_list_allows_only_what_it_names(tool: str, allowed: bool, rule: str) -> None:
+    decision = RULES.decide_tool(tool)
+    assert (decision.allow, decision.rule) == (allowed, rule)
+    assert "tracker" in decision.reason and tool in decision.reason
+
+
+def test_without_a_tools_list_every_tool_but_the_denied_is_allowed() -> None:
+    rules = McpServerRules("t", "h", 443, (), ("delete_*",))
+    assert rules.decide_tool("anything").allow and not rules.decide_tool("delete_repo").allow
+
+
+def test_the_flag_round_trips_and_bad_ones_say_how_to_write_them() -> None:
+    assert parse_mcp_flag(RULES.flag()) == RULES
+    assert parse_mcp_flag("t [2001:db8::1]:8443").flag() == "t [2001:db8::1]:8443"
+    for text, words in [("t", "NAME HOST:PORT"), ("t h tools=", "is not tools="), ("t h tools=a b", "is not tools="),
+                        ("t h tools=$x", "not a tool name"), ("bad/name h", "not a server name"),
+                        ("t *.example.com", "--mcp-server")]:
+        with pytest.raises(InvalidMcpServer, match=words):
+            parse_mcp_flag(text)
+    with pytest.raises(InvalidMcpServer, match="share"):
+        check_servers([RULES, McpServerRules("other", "mcp.example.com", 443)])
+
+
+@pytest.mark.parametrize("body, problem", [
+    (b"not json", "not JSON"), (b"[]", "empty batch"), (b'{"id": 1, "method": "x"}', "JSON-RPC 2.0"),
+    (b'{"jsonrpc": "2.0", "id": 1.5, "method": "x"}', "id"), (b'{"jsonrpc": "2.0", "id": true, "method": "x"}', "id"),
+    (b'{"jsonrpc": "2.0", "id": 1}', "no method"), (b'{"jsonrpc": "2.0", "id": 1, "result": 1, "error": {}}', "no method"),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": 5}', "method"), (b'{"jsonrpc": "2.0", "method": "x", "params": 1}', "params"),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": ""}}', "tool name"),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "x", "extra": 1}', "members"),
+    (b"[" + b"[" * 100_000 + b"]" * 100_000 + b"]", "not JSON"),
+    (b"[" + b",".join([b'{"jsonrpc": "2.0", "method": "x"}'] * 101) + b"]", "batch"),
+])
+def test_anything_but_json_rpc_is_malformed(body: bytes, problem: str) -> None:
+    with pytest.raises(MalformedJsonRpc, match=problem):
+        parse_messages(body)
+
+
+def test_messages_requests_notifications_and_answers() -> None:
+    messages, batch = parse_messages(b'[{"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": '
+                                     b'{"name": "get_issue"}}, {"jsonrpc": "2.0", "method": "notifications/x"}, '
+                                     b'{"jsonrpc": "2.0", "id": 3, "result": {}}]')
+    assert batch and [(m.method, m.id, m.tool, m.is_request) for m in messages] == [
+        ("tools/call", "a", "get_issue", True), ("notifications/x", None, "", False), ("", 3, "", False)]
+
+
+def test_a_tools_list_is_cut_to_the_allowed_tools_and_anything_else_kept() -> None:
+    result = {"tools": [{"name": "search_issues"}, {"name": "delete_issue"}, {"name": 5}, "x"], "nextCursor": "c"}
+    cut, removed = allowed_tools(RULES, result)
+    assert cut == {"tools": [{"name": "search_issues"}], "nextCursor": "c"} and removed == ["delete_issue", "?", "?"]
+    assert allowed_tools(RULES, {"content": []}) == ({"content": []}, [])
+
+
+AGENT = '''version = 1
+[mcp.servers.tracker]
+url = "https://mcp.example.com/mcp"
+tools = ["search_*", "get_issue"]
+deny_tools = ["delete_*"]
+credential = "tracker"
+[mcp.servers.legacy]
+url = "http://legacy.example.com:8080/sse"
+transport = "sse"
+[mcp.servers.files]
+command = ["mcp-files", "/workspace"]
+[credentials.tracker]
+hosts = ["api.example.com"]
+scheme = "bearer"
+env = "TRACKER_TOKEN"
+'''
+
+
+def test_an_agents_remote_servers_reach_the_gate_and_the_bottle_holds_only_a_sentinel(tmp_path: Path) -> None:
+    agent = parse_agent("a", tomllib.loads(AGENT), "a.toml")
+    assert agent.mcp_rules == (McpServerRules("tracker", "mcp.example.com", 443, ("search_*", "get_issue"),
+                                              ("delete_*",)),
+                               McpServerRules("legacy", "legacy.example.com", 8080))
+    assert agent.credentials[0].hosts == (("api.example.com", 443), ("mcp.example.com", 443)), \
+        "the credential is bound to the server's host too"
+    route = CredentialRoute(agent.credentials[0].spec(new_sentinel("tracker")), "t" * 40)
+    spec = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t"), routes=(route,)), "b", "g", "1:1")
+    assert spec.mcp_servers == {
+        "tracker": {"type": "http", "url": "https://mcp.example.com/mcp",
+                    "headers": {"Authorization": f"Bearer {route.spec.sentinel}"}},
+        "legacy": {"type": "sse", "url": "http://legacy.example.com:8080/sse"},
+        "files": {"type": "stdio", "command": "mcp-files", "args": ["/workspace"]},
+    }
+    assert "t" * 40 not in str(spec.mcp_servers)
+    assert gate_options(spec).mcp_servers == agent.mcp_rules
+
+
+@pytest.mark.parametrize("extra, words", [
+    ('[mcp.servers.x]\ncommand = ["a"]\ntools = ["b"]', "mcp.servers.x.tools: applies to a remote server"),
+    ('[mcp.servers.x]\nurl = "https://x.example.com"\ntransport = "ws"', "mcp.servers.x.transport:"),
+    ('[mcp.servers.x]\nurl = "https://x.example.com"\ntools = ["a b"]', "mcp.servers.x.tools:"),
+    ('[mcp.servers.x]\nurl = "https://x.example.com"\ncredential = "nope"', "names no [credentials.nope]"),
+    ('[mcp.servers.x]\nurl = "https://x.example.com/a"\n[mcp.servers.y]\nurl = "https://x.example.com/b"', "share"),
+    ('allow_tcp = ["x.example.com:443"]\n[mcp.servers.x]\nurl = "https://x.example.com"', "must read an MCP server"),
+    ('[[egress]]\nhost = "x.example.com"\ninspect = false\n[mcp.servers.x]\nurl = "https://x.example.com"',
+     "must read an MCP server"),
+])
+def test_bad_mcp_keys_are_named(extra: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace(".", r"\.")):
+        parse_agent("a", tomllib.loads("version = 1\n" + extra), "a.toml")
