@@ -1,4 +1,5 @@
-"""``claude-bottle logs`` as a table: time, decision, method, host, path, rule, reason; colours on a terminal.
+"""``claude-bottle logs`` as a table: time, decision, method, host, path, rule, reason, and under a request
+to an MCP server one line per JSON-RPC call in it; colours on a terminal.
 
 Plain formatting: the columns are few and the widths fixed, so no table library is needed. Colours are ANSI
 escapes, only when the output is a terminal (and ``NO_COLOR`` is unset). Audit fields come from the gate,
@@ -41,8 +42,17 @@ def row(entry: dict[str, Any], colour: bool) -> str:
              str(entry.get("rule", ""))]
     text = " ".join(f"{_cut(printable(cell), width):{width}}" for cell, (_, width) in zip(cells, COLUMNS, strict=True))
     text += " " + printable(str(entry.get("reason", "")))
+    text += "".join(f"\n{line}" for line in calls(entry))
     code = _COLOURS.get(verdict)
     return f"\x1b[{code}m{text}\x1b[0m" if colour and code else text
+
+
+def calls(entry: dict[str, Any]) -> list[str]:
+    """One indented line per JSON-RPC call of a request to an MCP server (the ``mcp`` field)."""
+    found = entry.get("mcp")
+    return [f"  mcp {printable(str(c.get('server', '')))}: {printable(str(c.get('method', '')))}"
+            f"{' ' + printable(str(c['tool'])) if c.get('tool') else ''} {printable(str(c.get('decision', '')))}"
+            for c in (found if isinstance(found, list) else []) if isinstance(c, dict)]
 
 
 def offer(entry: dict[str, Any], agent: str) -> str | None:

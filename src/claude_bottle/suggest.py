@@ -7,7 +7,11 @@ requests (terminated TLS, plain HTTP), the entry carries the methods and paths s
 strict run passes those and nothing else; more than ``MAX_PATHS`` paths for one method on a host become one
 rule per first path segment (``GET /simple/**``). A tunnel the gate did not read gets a host entry only.
 
-It reads the lines' fields (``decision``, ``status``, ``would_deny``, ``tunnel``, ``method``, ``path``), never
+A remote MCP server's calls (each line's ``mcp`` field) are counted per server and tool and shown as the
+``tools`` list to set in its ``[mcp.servers.NAME]`` table, as a comment (``--write`` does not add them: the
+table's url lives in the agent file already).
+
+It reads the lines' fields (``decision``, ``status``, ``would_deny``, ``tunnel``, ``method``, ``path``, ``mcp``), never
 the words of a reason: a refused destination's reason is only shown, as a comment. A line from an earlier
 gate is first given today's fields (``records.current``).
 """
@@ -62,6 +66,9 @@ class Destination:
 class Suggestion:
     destinations: dict[str, Destination] = field(default_factory=dict)  # by entry
     refused: dict[str, str] = field(default_factory=dict)  # target -> the first reason it was refused
+    # MCP servers (the audit's ``mcp`` entries): server -> tool -> calls allowed, and the tools refused
+    mcp_tools: dict[str, dict[str, int]] = field(default_factory=dict)
+    mcp_refused: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def learned(self) -> list[Destination]:
@@ -93,6 +100,7 @@ def suggest(lines: Iterable[dict[str, Any]]) -> Suggestion:
         except (InvalidHost, KeyError):
             continue
         entry = allow_entry(target)
+        _mcp_calls(found, line.get("mcp"))
         if line.get("decision") == "deny":
             if entry not in found.destinations and line.get("status") == 403:
                 found.refused.setdefault(str(line["target"]), str(line.get("reason", "")))
@@ -108,6 +116,35 @@ def suggest(lines: Iterable[dict[str, Any]]) -> Suggestion:
         if method != "CONNECT" and isinstance(path, str) and path.startswith("/"):
             destination.requests.add((method, path))
     return found
+
+
+def _mcp_calls(found: Suggestion, calls: Any) -> None:
+    """The ``tools/call`` entries of one line's ``mcp`` field, counted per server and tool."""
+    for call in calls if isinstance(calls, list) else []:
+        if not isinstance(call, dict) or call.get("method") != "tools/call":
+            continue
+        server, tool = str(call.get("server", "")), str(call.get("tool", ""))
+        if call.get("decision") == "allow":
+            tools = found.mcp_tools.setdefault(server, {})
+            tools[tool] = tools.get(tool, 0) + 1
+        else:
+            found.mcp_refused.setdefault(server, set()).add(tool)
+
+
+def mcp_toml(found: Suggestion) -> str:
+    """The MCP tools the run called, per server, as the ``tools`` key to set in its ``[mcp.servers.NAME]``
+    table (a comment: the table's url is the agent's, and a project file keeps its own), and those refused."""
+    if not found.mcp_tools and not found.mcp_refused:
+        return ""
+    parts = ["\n# ---- MCP tools the run called (set them as the server's tools to allow only those) ----\n"]
+    for server in sorted(found.mcp_tools.keys() | found.mcp_refused.keys()):
+        tools = found.mcp_tools.get(server, {})
+        parts.append(f"# [mcp.servers.{printable(server)}]: {sum(tools.values())} call(s) allowed\n")
+        if tools:
+            parts.append(f"#   tools = {printable(_strings(sorted(tools)))}\n")
+        if refused := found.mcp_refused.get(server):
+            parts.append(f"#   refused, not suggested: {printable(', '.join(sorted(refused)))}\n")
+    return "".join(parts)
 
 
 def _strings(values: Iterable[str]) -> str:
@@ -151,6 +188,7 @@ def render(found: Suggestion, source: str) -> str:
         if tables:
             parts.append(f"\n# ---- {title} ----\n")
             parts.extend(entry_toml(d, explain(d)) for d in tables)
+    parts.append(mcp_toml(found))
     if found.refused:
         parts.append("\n# ---- Refused, not suggested (allow them yourself if they are needed) ----\n")
         # a reason may quote what the bottle sent: no line break or control character leaves the comment

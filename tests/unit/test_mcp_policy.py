@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from claude_bottle import logview, suggest
 from claude_bottle.agent.schema import parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError
@@ -138,3 +139,27 @@ def test_an_agents_remote_servers_reach_the_gate_and_the_bottle_holds_only_a_sen
 def test_bad_mcp_keys_are_named(extra: str, words: str) -> None:
     with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace(".", r"\.")):
         parse_agent("a", tomllib.loads("version = 1\n" + extra), "a.toml")
+
+
+def _mcp_line(tool: str, decision: str, status: int = 200) -> dict[str, object]:
+    return {"version": 2, "listener": "proxy", "method": "POST", "target": "mcp.example.com:443", "path": "/mcp",
+            "decision": decision, "status": status, "reason": f"MCP tool {tool} ...", "mcp": [
+                {"server": "tracker", "method": "tools/call", "tool": tool, "decision": decision, "reason": "r"},
+                {"server": "tracker", "method": "notifications/initialized", "decision": "allow", "reason": "r"}]}
+
+
+def test_suggest_proposes_the_tools_the_run_called_and_lists_those_refused() -> None:
+    lines = [_mcp_line("get_issue", "allow"), _mcp_line("get_issue", "allow"), _mcp_line("search_issues", "allow"),
+             _mcp_line("delete_issue", "deny")]
+    found = suggest.suggest(lines)
+    assert found.mcp_tools == {"tracker": {"get_issue": 2, "search_issues": 1}}
+    assert found.mcp_refused == {"tracker": {"delete_issue"}}
+    text = suggest.render(found, "a run")
+    assert '#   tools = ["get_issue", "search_issues"]' in text and "refused, not suggested: delete_issue" in text
+    tomllib.loads(text)  # still an agent file's TOML: the MCP part is comments
+
+
+def test_logs_show_each_call_of_a_request_to_an_mcp_server() -> None:
+    row = logview.row(_mcp_line("delete\x1b]issue", "deny"), colour=False)
+    assert row.splitlines()[1:] == ["  mcp tracker: tools/call delete\\x1b]issue deny",
+                                    "  mcp tracker: notifications/initialized allow"]
