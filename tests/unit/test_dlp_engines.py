@@ -1,0 +1,121 @@
+"""Differential tests of DLP matching: generated bodies scanned end to end (chunk by chunk, as the gate streams
+them) by a matcher under test and by the reference (gate/dlp_reference.py) must give the same outcome: the same
+refusal, naming the same rule, after the same bytes were passed on."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from urllib.parse import quote_from_bytes, unquote_to_bytes
+
+import pytest
+
+from claude_bottle.gate.decode import PERCENT, View, percent_decoded
+from claude_bottle.gate.dlp import BUILTIN_NAMES, DlpMatch, DlpMatcher, DlpPolicy, parse_dlp_rule, secret_needles
+from claude_bottle.gate.dlp_reference import ReferenceMatcher
+from tests.unit.test_dlp import HELD, HELD_FORMS, SAMPLES
+
+RNG = random.Random(20261126)
+# Configured rules of every shape: anchored by a literal or not, case-blind, look-around, alternation, classes.
+CONFIGURED = DlpPolicy(extra=tuple(parse_dlp_rule(name, regex) for name, regex in [
+    ("internal-token", r"itk_[a-z0-9]{32}"),
+    ("case-blind", r"(?i)corp-secret-[0-9a-f]{12}"),
+    ("bounded", r"(?<![A-Za-z0-9])[A-Z]{4}[0-9]{8}(?![A-Za-z0-9])"),
+    ("either", r"(?:alpha|beta)-key:[A-Za-z0-9+/]{16,40}"),
+    ("digits-only", r"\b\d{16}\b"),
+    ("dotted", r"tok\.[^\s.]{10}\.[a-z]{3,9}"),
+]), disabled=frozenset({"jwt"}))
+POLICIES = {"default": DlpPolicy(), "configured": CONFIGURED,
+            "held only": DlpPolicy(disabled=frozenset(BUILTIN_NAMES))}
+CONFIGURED_SAMPLES = [b"itk_" + bytes(RNG.choices(b"abcdefghijklmnopqrstuvwxyz0123456789", k=32)),
+                      b"CORP-Secret-0123456789ab", b"ABCD12345678", b"beta-key:" + b"Zm9vYmFy" * 3,
+                      b"1234567812345678", b"tok.abcdefghij.abc"]
+FILLER = (b'{"role":"user","content":[{"type":"text","text":"def main():\\n    return 42 % 7\\n"}]}, '
+          b"lorem ipsum 100% sure, secret: none; AKIA is a prefix; eyJ alone; ghp_ short; npm_x ")
+
+
+def outcome(matcher: DlpMatcher, chunks: list[bytes]) -> tuple[bytes, str | None]:
+    """The bytes passed on before a refusal, and the refusing rule (None: all passed on)."""
+    scanner, out = matcher.scanner(), b""
+    try:
+        for chunk in chunks:
+            out += scanner.feed(chunk)
+        out += scanner.finish()
+    except DlpMatch as match:
+        return out, match.rule + ":" + match.reason
+    return out, None
+
+
+def near_misses(token: bytes) -> list[bytes]:
+    """A token cut short, with a byte changed, run into a longer word, and case-flipped."""
+    return [token[:-1], token[:len(token) // 2], token[:-2] + b"!" + token[-1:], b"x" + token, token + b"x",
+            token.swapcase()]
+
+
+def encoded(token: bytes) -> list[bytes]:
+    return [quote_from_bytes(token, safe=b"").encode(), token.replace(b"_", b"%5F"), token.hex().encode()]
+
+
+def bodies(count: int) -> Iterator[list[bytes]]:
+    """``count`` bodies, each cut into chunks: filler around tokens (every rule, every held-secret encoding,
+    near misses, configured rules' samples, encoded forms), some cut at a token's edge and one byte either side."""
+    kinds = [list(SAMPLES.values()), list(HELD_FORMS.values()), CONFIGURED_SAMPLES]
+    for _ in range(count):
+        parts: list[bytes] = []
+        for _ in range(RNG.randint(1, 4)):
+            token = RNG.choice(RNG.choice(kinds))
+            kind = RNG.random()
+            if kind < 0.3:
+                token = RNG.choice(near_misses(token))
+            elif kind < 0.45:
+                token = RNG.choice(encoded(token))
+            elif kind < 0.5:
+                token = b""
+            parts += [FILLER[: RNG.randint(0, len(FILLER))] * RNG.randint(1, 3), token]
+        body = b"".join(parts) + FILLER[: RNG.randint(0, 40)]
+        yield cut(body, parts)
+
+
+def cut(body: bytes, parts: list[bytes]) -> list[bytes]:
+    """The body in chunks: random sizes, or cut at a token's start or end and one byte either side."""
+    edges = [i for i in range(1, len(parts)) if parts[i]]
+    if edges and RNG.random() < 0.5:
+        i = RNG.choice(edges)
+        at = len(b"".join(parts[:i])) + (len(parts[i]) if RNG.random() < 0.5 else 0) + RNG.choice((-1, 0, 1))
+        at = min(max(at, 1), len(body))
+        return [body[:at], body[at:]]
+    chunks, at = [], 0
+    while at < len(body):
+        size = RNG.choice((1, 7, 64, 500, 4096, 70000))
+        chunks.append(body[at : at + size])
+        at += size
+    return chunks
+
+
+# --- the percent-decoded view only where a real escape is ------------------------------------------------------
+
+
+def any_percent(window: bytes) -> bytes | None:
+    """The percent view as it was: decoded wherever the window has a ``%``."""
+    return unquote_to_bytes(window) if b"%" in window else None
+
+
+EVERY_PERCENT = View("percent-decoded (any %)", any_percent, 3)
+
+
+@pytest.mark.parametrize("window", [b"", b"%", b"100%", b"%zz", b"%4", b"a%4g%", b"%%41", b"%41", b"x%2fy", b"%E9"])
+def test_the_percent_view_exists_exactly_where_decoding_changes_the_window(window: bytes) -> None:
+    decoded = percent_decoded(window)
+    assert (decoded is not None) == (unquote_to_bytes(window) != window)
+    assert decoded is None or decoded == unquote_to_bytes(window)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_the_percent_view_only_with_an_escape_finds_what_it_found_for_any_percent(name: str) -> None:
+    needles = secret_needles([HELD])
+    rules = POLICIES[name].rules
+    new, old = ReferenceMatcher(rules, needles, (PERCENT,)), ReferenceMatcher(rules, needles, (EVERY_PERCENT,))
+    for chunks in bodies(1500):
+        stray = [chunk.replace(b"_", b"%_") for chunk in chunks]  # a stray % before a token's '_'
+        assert outcome(new, chunks) == outcome(old, chunks), chunks
+        assert outcome(new, stray) == outcome(old, stray), stray
