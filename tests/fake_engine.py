@@ -59,6 +59,7 @@ class FakeEngine(Engine):
         self.tags: set[str] = set()
         self.build_output: list[str] = []
         self.contexts: dict[str, dict[str, bytes]] = {}  # tag -> the build context's files, as it was built
+        self.buildargs: dict[str, dict[str, str]] = {}  # tag -> the build arguments it was built with
         self._ids = itertools.count(1)
 
     def _check(self, operation: str) -> None:
@@ -235,6 +236,7 @@ class FakeEngine(Engine):
 
     def build_image(self, context: Path, tag: str, buildargs: dict[str, str]) -> Iterator[str]:
         self.events.append(("build", tag))
+        self.buildargs[tag] = dict(buildargs)
         self.contexts[tag] = {path.relative_to(context).as_posix(): path.read_bytes()
                               for path in sorted(context.rglob("*")) if path.is_file()}
         yield from self.build_output

@@ -68,16 +68,19 @@ def build_inputs(agent: AgentConfig, environ: dict[str, str] | None = None,
     )
 
 
-def build_images(engine: Engine, agent: AgentConfig, progress: Progress) -> tuple[str, str]:
-    """Both images, built on ``engine`` where missing; ``claude.version = "latest"`` is resolved to a release
-    first, so the bottle image's tag names what it holds."""
+def build_images(engine: Engine, agent: AgentConfig, progress: Progress,
+                 proxy: UpstreamProxy | None = None) -> tuple[str, str]:
+    """Both images, built on ``engine`` where missing, their package downloads through ``proxy`` (the run's
+    upstream proxy; never in the images); ``claude.version = "latest"`` is resolved to a release first, so the
+    bottle image's tag names what it holds."""
     inputs = build_inputs(agent)
     version = images.resolve_claude_version(inputs.claude_code_version, inputs.extra_ca_files)
     if version != inputs.claude_code_version:
         progress(f"Claude Code {LATEST}: {version}")
         inputs = dataclasses.replace(inputs, claude_code_version=version)
-    return images.build(engine, images.bottle_spec(inputs), progress), \
-        images.build(engine, images.gate_spec(inputs), progress)
+    variables = proxy.environment() if proxy else None
+    return images.build(engine, images.bottle_spec(inputs), progress, variables), \
+        images.build(engine, images.gate_spec(inputs), progress, variables)
 
 
 def workspace_of(path: str | None) -> Path:
@@ -209,7 +212,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
             notice(f"warning: {limits}")
         remove_left_behind(opened, launch.workspace, notice)  # what a crashed host left here
         began = time.monotonic()
-        bottle_image, gate_image = build_images(opened, agent, progress)
+        bottle_image, gate_image = build_images(opened, agent, progress, launch.upstream_proxy)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
         run = Run(run_spec(launch, bottle_image, gate_image, user, tuple(found[0])), opened)
         watch = trust.Watch(launch.workspace, run.id)

@@ -1,7 +1,7 @@
 """Through a real squid with Basic authentication, squid the gates' only way out: `run -p` answers with the
 gate's API route going through it; an allowed host is reached through it terminated, as an opaque tunnel and as
 plain HTTP; a refused one is never asked of it; a `NO_PROXY` host is dialled directly; its password is in the
-gate alone.
+gate alone; an image build fetches through it and its password stays out of the image.
 
 The module's gates join only an internal network it makes (Docker drops every packet from it to anything but
 its own members and the host's address on its bridge): squid, one for the module on the host, listens on that
@@ -38,7 +38,9 @@ from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import Launch, started
 from claude_bottle.policy.hosts import Allowlist
+from claude_bottle.runtime import images
 from claude_bottle.runtime.docker_engine import open_engine
+from claude_bottle.runtime.images import ImageSpec
 from claude_bottle.stub import DEFAULT_TEXT
 from claude_bottle.verify.standins import stub_container
 from tests.bottle.conftest import (
@@ -291,4 +293,25 @@ def test_a_no_proxy_host_is_dialled_directly(egress: Egress, squid: Squid, works
     result = run_p(egress, workspace, egress.direct_url, https_proxy=squid.url, no_proxy=f"localhost,{direct}")
     assert result.returncode == 0, result.stderr
     assert DEFAULT_TEXT in result.stdout
-    assert squid.log() == before, "nothing went through squid"
+    assert direct not in squid.log().removeprefix(before), "squid was asked for the NO_PROXY host"
+
+
+def test_a_build_fetches_through_squid_and_keeps_its_password_out_of_the_image(
+        client: docker.DockerClient, squid: Squid, built_images: tuple[str, str]) -> None:
+    nonce = secrets.token_hex(8)  # a step of its own: never a cached layer
+    fetch = f"import urllib.request; urllib.request.urlopen('{squid.stub_url}/{nonce}', timeout=30)"
+    # The stub answers 404 to that path: squid's log, not the step's status, says whether the fetch went through.
+    spec = ImageSpec(f"proxy-test-{nonce}", {"Dockerfile": f"FROM {built_images[1]}\n"
+                                             f"RUN /opt/gate/bin/python -c \"{fetch}\" || true\n".encode()})
+    tag = images.build(open_engine(client), spec, lambda line: None, UpstreamProxy.parse(squid.url, "test").environment())
+    try:
+        assert f"{squid.stub_url}/{nonce} " in squid.log() and f" {USER} " in squid.log(), squid.log()
+        image = client.images.get(tag)
+        described = json.dumps([image.attrs, image.history()])
+        assert squid.url not in described and PASSWORD not in described, "the password is in the image's history"
+        tail = b""
+        for chunk in image.save(named=True):
+            assert PASSWORD.encode() not in tail + chunk, "the password is in the image's layers"
+            tail = chunk[-len(PASSWORD):]
+    finally:
+        client.images.remove(tag, force=True)

@@ -3,10 +3,13 @@ made, and a failed build ending with the one error that names the step."""
 
 from __future__ import annotations
 
+from importlib import resources
+
 import pytest
 
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.errors import DockerError
+from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import build_images
 from claude_bottle.runtime import images
 from claude_bottle.runtime.images import BASE_IMAGE, ImageSpec
@@ -80,3 +83,39 @@ def test_both_images_of_an_agent_are_built_on_the_engine_given(monkeypatch: pyte
     assert bottle.startswith(f"{image_repository('bottle')}:") and gate.startswith(f"{image_repository('gate')}:")
     assert engine.image_exists(bottle) and engine.image_exists(gate)
     assert [tag for event, tag in engine.events if event == "build"] == [bottle, gate]
+
+
+def test_the_proxy_reaches_the_build_as_arguments_outside_the_tag_and_its_password_is_masked() -> None:
+    proxy = UpstreamProxy.parse("http://me:s%40cret@proxy.corp:3128", "test", "localhost,.corp")
+    engine = FakeEngine()
+    engine.tags.add(BASE_IMAGE)
+    tag = images.build(engine, spec(), lambda line: None, proxy.environment())
+    assert tag == spec().tag, "the proxy is part of the image's tag"
+    assert engine.buildargs[tag] == {"VERSION": "1", **proxy.environment()}
+    assert engine.buildargs[tag]["https_proxy"] == "http://me:s%40cret@proxy.corp:3128"
+    engine.build_output = [*STEPS[:4], "E: Failed to fetch via http://me:s%40cret@proxy.corp:3128 (s@cret)"]
+    engine.fail = {"build_image"}
+    shown: list[str] = []
+    with pytest.raises(DockerError) as raised:
+        images.build(engine, spec(b"FROM x\nRUN apt-get update\n"), shown.append, proxy.environment())
+    assert "http://me:***@proxy.corp:3128 (***)" in str(raised.value)
+    assert "through the upstream proxy http://me:***@proxy.corp:3128: check" in str(raised.value)
+    engine.build_output = [*STEPS[:4], "E: Failed to fetch http://deb.debian.org/  407  Proxy Authentication Required"]
+    with pytest.raises(DockerError, match=r"proxy http://me:\*\*\*@proxy.corp:3128 refused the build's credentials"):
+        images.build(engine, spec(b"FROM x\nRUN apt-get update\n"), shown.append, proxy.environment())
+    assert "cret" not in str(raised.value) + "".join(shown)
+
+
+def test_both_images_are_built_through_the_proxy_given() -> None:
+    proxy = UpstreamProxy.parse("http://proxy.corp:3128", "test")
+    engine = FakeEngine()
+    built = build_images(engine, AgentConfig(), lambda line: None, proxy)
+    assert all(engine.buildargs[tag]["HTTPS_PROXY"] == "http://proxy.corp:3128" for tag in built)
+
+
+@pytest.mark.parametrize("name", ["bottle.Dockerfile", "gate.Dockerfile"])
+def test_no_dockerfile_declares_a_proxy_argument(name: str) -> None:
+    """A declared ARG would put the proxy's URL, password and all, in the image's history."""
+    text = resources.files("claude_bottle.runtime").joinpath(f"dockerfiles/{name}").read_text()
+    declared = {line.split()[1].split("=")[0].lower() for line in text.splitlines() if line.startswith("ARG ")}
+    assert not declared & {"http_proxy", "https_proxy", "no_proxy", "ftp_proxy", "all_proxy"}

@@ -122,3 +122,12 @@ def test_doctor_names_the_proxy_and_whether_the_api_answers_through_it() -> None
         server.close()
     assert ok and "api.anthropic.com:443 answers through it" in line
     assert asked[0].startswith(b"CONNECT api.anthropic.com:443 HTTP/1.1\r\n")
+
+
+def test_the_build_environment_has_both_spellings_with_the_password_percent_encoded() -> None:
+    proxy = UpstreamProxy.parse("http://me%40corp:p%3Ass@proxy.corp:3128", "test", "localhost, .corp")
+    assert proxy.environment() == {
+        name: value for names, value in ((("http_proxy", "https_proxy"), "http://me%40corp:p%3Ass@proxy.corp:3128"),
+                                         (("no_proxy",), "localhost,.corp"))
+        for spelling in names for name in (spelling, spelling.upper())}
+    assert UpstreamProxy.parse("http://[::1]:8080", "test").environment()["HTTP_PROXY"] == "http://[::1]:8080"

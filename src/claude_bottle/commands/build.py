@@ -8,11 +8,16 @@ from claude_bottle.commands.common import progress
 
 
 def build(agent: str | None, workspace: str | None) -> None:
-    """Build what changed of the agent's two images, showing progress, and print their tags."""
+    """Build what changed of the agent's two images, showing progress, and print their tags. Downloads go
+    through the proxy a run of the agent would use (its ``upstream_proxy``, else the host's variables)."""
+    import os
+
     from claude_bottle.agent.load import load_agent
+    from claude_bottle.agent.upstream_proxy import choose_upstream_proxy
     from claude_bottle.launch import build_images, workspace_of
     from claude_bottle.runtime.docker_engine import open_engine
 
     config = load_agent(agent, workspace_of(workspace))
-    bottle, gate_image = build_images(open_engine(), config, progress)
+    proxy = choose_upstream_proxy(None, config.upstream_proxy, os.environ)
+    bottle, gate_image = build_images(open_engine(), config, progress, proxy)
     click.echo(f"bottle image: {bottle}\ngate image:   {gate_image}")

@@ -68,6 +68,18 @@ class UpstreamProxy:
         user = f"{quote(self.username, safe='')}@" if self.username else ""
         return f"http://{user}{_bracketed(self.host)}:{self.port}"
 
+    def environment(self) -> dict[str, str]:
+        """The proxy variables (both spellings) that curl, apt, npm and pip read, WITH the password: only for
+        the image builds' RUN steps (runtime/images.py keeps them out of the images), never for a container."""
+        user = ""
+        if self.username:
+            user = quote(self.username, safe="") + (f":{quote(self.password, safe='')}" if self.password else "") + "@"
+        url = f"http://{user}{_bracketed(self.host)}:{self.port}"
+        variables = {"http_proxy": url, "https_proxy": url}
+        if self.no_proxy:
+            variables["no_proxy"] = ",".join(self.no_proxy)
+        return {**variables, **{name.upper(): value for name, value in variables.items()}}
+
     def args(self) -> list[str]:
         """The gate command's flags for this proxy; never the password (it goes on standard input)."""
         bypass = (arg for entry in self.no_proxy for arg in ("--upstream-no-proxy", entry))

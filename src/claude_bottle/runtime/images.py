@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import claude_bottle
 from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION, LATEST
@@ -184,17 +185,24 @@ def _certificate_problem(log: str) -> bool:
     return bool(_CERTIFICATE_ERRORS.search(log))
 
 
-def build_failure(name: str, step: str, error: str, log: list[str]) -> DockerError:
-    """The one error a failed build ends with: which image, which step, what it said, and what to do."""
+def build_failure(name: str, step: str, error: str, log: list[str], proxy: str = "") -> DockerError:
+    """The one error a failed build ends with: which image, which step, what it said, and what to do.
+    ``proxy``: the URL (password masked) of the upstream proxy the build's downloads went through."""
     last = [line for line in log if line.strip()][-12:]
     shown = "\n".join(f"    {line}" for line in last)
     text = "\n".join([*log, error])
     if _certificate_problem(text):
         hint = CA_HINT
+    elif proxy and re.search(r"\b407\b|Proxy Authentication Required", text):
+        hint = (f"the upstream proxy {proxy} refused the build's credentials (407): set USER:PASSWORD in its URL "
+                "(docs/upstream-proxy.md)")
     elif re.search(r"Temporary failure resolving|Could not resolve|getaddrinfo|ENOTFOUND|EAI_AGAIN|"
-                   r"Network is unreachable|timed out|ETIMEDOUT|ECONNREFUSED", text):
-        hint = ("the build could not reach a package registry: check this machine's network and proxy "
-                "(HTTP_PROXY/HTTPS_PROXY are passed to the build)")
+                   r"Network is unreachable|timed out|ETIMEDOUT|ECONNREFUSED|Could not connect|"
+                   r"Failed to fetch|Some index files failed", text):
+        hint = (f"the build could not reach a package registry through the upstream proxy {proxy}: check that it "
+                "answers from the engine's build containers (docs/upstream-proxy.md)" if proxy else
+                "the build could not reach a package registry: check this machine's network, or set the "
+                "upstream proxy the host must use (docs/upstream-proxy.md)")
     else:
         hint = "the output above shows why; fix it and run `claude-bottle build` again"
     where = f" at {step}" if step else ""
@@ -202,8 +210,13 @@ def build_failure(name: str, step: str, error: str, log: list[str]) -> DockerErr
                        f"  what to do: {hint}")
 
 
-def build(engine: Engine, spec: ImageSpec, progress: Progress) -> str:
+def build(engine: Engine, spec: ImageSpec, progress: Progress, proxy: dict[str, str] | None = None) -> str:
     """Build ``spec`` unless an image with its tag exists. Returns the tag.
+
+    ``proxy``: the proxy variables for the RUN steps (``UpstreamProxy.environment``), passed as build
+    arguments under the engine's predefined proxy names, which the Dockerfiles never declare with ARG: so
+    the engine keeps them out of the image's config and history, and they are not part of the tag (they change
+    nothing in the image). Their secrets are masked in the build's output.
 
     Progress shows one line per Dockerfile step with the seconds the previous one took; the steps' own
     output is kept and shown only when the build fails (``build_failure``)."""
@@ -218,7 +231,8 @@ def build(engine: Engine, spec: ImageSpec, progress: Progress) -> str:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         build_id = secrets.token_hex(8)
-        buildargs = dict(spec.buildargs)
+        buildargs = {**spec.buildargs, **(proxy or {})}
+        secrets_shown = _proxy_secrets(proxy or {})
         if STAGE_ARG in spec.files["Dockerfile"]:
             buildargs["BUILD_ID"] = build_id
         log: list[str] = []
@@ -228,6 +242,8 @@ def build(engine: Engine, spec: ImageSpec, progress: Progress) -> str:
             for line in engine.build_image(Path(context), spec.tag, buildargs):
                 if not line.strip():
                     continue
+                for secret in secrets_shown:
+                    line = line.replace(secret, "***")
                 log.append(line)
                 del log[:-200]
                 if match := _STEP.match(line.strip()):
@@ -237,7 +253,13 @@ def build(engine: Engine, spec: ImageSpec, progress: Progress) -> str:
                     step, step_began = f"step {match[1]}/{match[2]} ({match[3][:70]})", now
                     progress(f"  {spec.name} {step}")
         except BuildFailed as exc:
-            raise build_failure(spec.name, step, str(exc), log) from None
+            error = str(exc)
+            for secret in secrets_shown:
+                error = error.replace(secret, "***")
+            shown_proxy = next(iter((proxy or {}).values()), "")
+            for secret in secrets_shown:
+                shown_proxy = shown_proxy.replace(secret, "***")
+            raise build_failure(spec.name, step, error, log, shown_proxy) from None
     remove_build_stage(engine, build_id)
     if step:
         took[step] = time.monotonic() - step_began
@@ -245,6 +267,17 @@ def build(engine: Engine, spec: ImageSpec, progress: Progress) -> str:
     progress(f"built the {spec.name} image in {time.monotonic() - began:.1f} s"
              + (f" (slowest: {slowest}, {took[slowest]:.1f} s)" if slowest else ""))
     return spec.tag
+
+
+def _proxy_secrets(proxy: dict[str, str]) -> tuple[str, ...]:
+    """The user-info parts (``user:password``, raw and percent-decoded) of the proxy URLs in ``proxy``."""
+    found: set[str] = set()
+    for value in proxy.values():
+        with contextlib.suppress(ValueError):
+            parts = urlsplit(value)
+            if parts.password:
+                found.update((parts.password, unquote(parts.password)))
+    return tuple(sorted(found, key=len, reverse=True))
 
 
 # A Dockerfile with a throwaway stage declares this and labels the stage with it (bottle.Dockerfile).
