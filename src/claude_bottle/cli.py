@@ -364,7 +364,8 @@ def exec_(ctx: click.Context, agent: str | None, workspace: str | None) -> None:
 @_agent_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @_runtime_option
-def verify(agent: str | None, as_json: bool, runtime: str | None) -> None:
+@_upstream_proxy_option
+def verify(agent: str | None, as_json: bool, runtime: str | None, upstream_proxy: str | None) -> None:
     """Prove the isolation: attack a bottle of AGENT from inside and report what got through.
 
     The bottle is the agent's own, with a throwaway credential, a stub Messages API as its upstream (no
@@ -372,7 +373,7 @@ def verify(agent: str | None, as_json: bool, runtime: str | None) -> None:
     """
     from claude_bottle.commands import verify as command
 
-    sys.exit(command.verify(agent, as_json, runtime))
+    sys.exit(command.verify(agent, as_json, runtime, upstream_proxy))
 
 
 @cli.command(context_settings=CONTEXT)

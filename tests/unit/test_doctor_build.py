@@ -90,3 +90,38 @@ def test_build_builds_both_images_on_the_engine_and_prints_their_tags(monkeypatc
     built = [tag for event, tag in engine.events if event == "build"]
     assert len(built) == 2
     assert f"bottle image: {built[0]}\ngate image:   {built[1]}" in result.output
+
+
+def test_build_goes_through_the_proxy_a_run_would_use(monkeypatch: pytest.MonkeyPatch, no_host_cas: None,
+                                                     tmp_path: Path) -> None:
+    engine = FakeEngine()
+    monkeypatch.setattr(docker_engine, "open_engine", lambda: engine)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("HTTPS_PROXY", "http://me:secret@proxy.corp:3128")
+    (tmp_path / "project").mkdir()
+    result = CliRunner().invoke(cli, ["build", "--workspace", str(tmp_path / "project")])
+    assert result.exit_code == 0, result.output
+    assert [args["https_proxy"] for args in engine.buildargs.values()] == ["http://me:secret@proxy.corp:3128"] * 2
+    assert "secret" not in result.output
+
+
+def test_verify_builds_through_its_upstream_proxy_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from claude_bottle.verify import suite
+
+    class Stop(Exception):
+        pass
+
+    given = []
+
+    def verified(agent: AgentConfig, progress: object, proxy: object = None) -> list[object]:
+        given.append(proxy)
+        raise Stop
+
+    monkeypatch.setattr(suite, "verify", verified)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("HTTPS_PROXY", "http://env-proxy:3128")
+    monkeypatch.chdir(tmp_path)
+    for options in (["--upstream-proxy", "http://u:p@proxy.corp:3128"], [], ["--upstream-proxy", "none"]):
+        assert isinstance(CliRunner().invoke(cli, ["verify", *options]).exception, Stop)
+    assert [(p.url, p.password) if p else None for p in given] == [
+        ("http://u@proxy.corp:3128", "p"), ("http://env-proxy:3128", ""), None]

@@ -28,6 +28,7 @@ from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.routes import CredentialRoute, new_sentinel
 from claude_bottle.gate.settings import parse_upstream
+from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
 from claude_bottle.persistence import make_repository, share
 from claude_bottle.policy.addresses import parse_network
@@ -196,8 +197,10 @@ class StandIns:
 
 
 @contextlib.contextmanager
-def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | None = None) -> Iterator[StandIns]:
-    """The stand-ins, removed on the way out (Ctrl-C included), with every bottle started against them."""
+def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | None = None,
+              proxy: UpstreamProxy | None = None) -> Iterator[StandIns]:
+    """The stand-ins, removed on the way out (Ctrl-C included), with every bottle started against them. The
+    images are built through ``proxy``; the gates reach the stand-ins directly (no proxy could reach them)."""
     credential = credential or throwaway_credential()
     verify_hex = secrets.token_hex(4)
     names = RunNames(f"verify-{verify_hex}", agent.name)
@@ -207,7 +210,7 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
         engine = open_engine()
         host = HostCanary()
         try:
-            _, gate_image = build_images(engine, agent, progress)
+            _, gate_image = build_images(engine, agent, progress, proxy)
             progress("starting the stub upstream and a host outside the bottle")
             ca, files = _https_files(Path(tls))
             with _verify_asked():

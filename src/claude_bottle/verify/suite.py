@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from claude_bottle.agent.schema import AgentConfig
+from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import Progress
 from claude_bottle.persistence import Plants
 from claude_bottle.verify.attack import Outcome
@@ -24,11 +25,12 @@ def attack(target: Verification) -> list[Outcome]:
             *inspection_attacks(target), ENGINE_VIEW.outcome(target)]
 
 
-def verify(agent: AgentConfig, progress: Progress) -> list[Outcome]:
+def verify(agent: AgentConfig, progress: Progress, proxy: UpstreamProxy | None = None) -> list[Outcome]:
     """Every attack on one bottle of the agent, then the persistence group: what that bottle planted, judged
-    on the host once it is gone, and in two later bottles (another project's, and the same project's)."""
+    on the host once it is gone, and in two later bottles (another project's, and the same project's). The
+    images are built through ``proxy`` (the upstream proxy a run would use)."""
     with tempfile.TemporaryDirectory(prefix="claude-bottle-verify-") as scratch, \
-            stand_ins(agent, progress) as env:
+            stand_ins(agent, progress, proxy=proxy) as env:
         plants = Plants(Path(scratch), scratch_workspace(scratch))
         try:
             with bottle_on(env, plants.workspace) as target:
