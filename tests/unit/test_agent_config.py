@@ -108,6 +108,8 @@ def test_the_defaults_are_parsed_values_too() -> None:
     ('version = 1\n[env]\nX = 1', "env.X:"),
     ('version = 1\n[claude]\nversion = "newest"', "claude.version: 'newest' is not a Claude Code version"),
     ('version = 1\nruntime = "run sc"', "runtime: 'run sc' is not an OCI runtime name"),
+    ('version = 1\nask_command = []', "ask_command: a command and its arguments"),
+    ('version = 1\nask_command = "hook"', "ask_command: must be a list of strings"),
     ('version = 1\n[claude]\nmodle = "x"', "claude.modle: unknown key"),
     ('version = 1\n[resources]\nmemory = "lots"', "resources.memory:"),
     ('version = 1\n[resources]\ncpus = 0', "resources.cpus:"),
@@ -287,3 +289,9 @@ def test_runtime_and_latest_are_kept(tmp_path: Path) -> None:
     agent = parse_agent("g", {"version": 1, "runtime": "runsc", "claude": {"version": "latest"}}, "g.toml")
     assert (agent.runtime, agent.claude_version) == ("runsc", "latest")
     assert parse_agent("d", {"version": 1}, "d.toml").runtime == ""
+
+
+def test_ask_command_is_kept() -> None:
+    agent = parse_agent("h", {"version": 1, "ask_command": ["/opt/hook", "--strict"]}, "h.toml")
+    assert agent.ask_command == ("/opt/hook", "--strict")
+    assert parse_agent("d", {"version": 1}, "d.toml").ask_command == ()

@@ -29,6 +29,7 @@ PROJECT_FORBIDDEN = {
     "extra_ca_certificates": "it decides whom TLS connections trust",
     "credentials": "it decides which of your credentials go where, and may run commands on your machine",
     "runtime": "it chooses the kernel boundary between the bottle and your machine",
+    "ask_command": "it runs a command on your machine, and it decides what the bottle may reach",
 }
 # What a project file may not turn off, even once approved: inspection of a host, and DLP rules.
 PROJECT_FORBIDDEN_WEAKER = {

@@ -102,6 +102,9 @@ class AgentConfig:
     upstream_proxy: str = field(default="", repr=False)
     credentials: tuple[CredentialConfig, ...] = ()  # [credentials.NAME]: routes beyond Anthropic
     runtime: str = ""  # the bottle's OCI runtime (e.g. runsc for gVisor); empty: the engine's default
+    # Ask mode's hook (runtime/ask_watch.py): a command run on the host for each held request; never from a
+    # project file.
+    ask_command: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()  # the files this came from, for messages
 
     @property
@@ -123,7 +126,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     top = Fields(data, source)
     top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
                     "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp",
-                    "credentials", "runtime", "upstream_proxy"})
+                    "credentials", "runtime", "upstream_proxy", "ask_command"})
     if data.get("version") != CONFIG_VERSION:
         raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
 
@@ -165,6 +168,9 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     if version != LATEST and not re.fullmatch(r"\d+\.\d+\.\d+", version):
         raise claude.fail("version", f"{version!r} is not a Claude Code version such as {DEFAULT_CLAUDE_CODE_VERSION} "
                                      f"or {LATEST!r} (the newest release, resolved at build time)")
+    ask_command = top.strings("ask_command")
+    if "ask_command" in data and not (ask_command and ask_command[0]):
+        raise top.fail("ask_command", 'a command and its arguments, like ["/path/to/hook", "--flag"]')
     runtime = top.string("runtime")
     if runtime:
         check_runtime_name(runtime, top.fail)
@@ -191,6 +197,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
         upstream_proxy=upstream_proxy,
         credentials=tuple(c for c, _ in credentials),
         runtime=runtime,
+        ask_command=ask_command,
         sources=(source,),
     )
     agent = dataclasses.replace(agent, credentials=_bind_mcp_credentials(agent.mcp_servers, agent.credentials,

@@ -49,20 +49,35 @@ def control_gate(engine: Engine, gate: ContainerInfo, op: str, entry: str = "") 
     """Change (or with ``show`` read) a running gate's egress policy through its control socket, reached
     by running ``claude_bottle.gate.control`` inside the gate container; then the bottle's policy file is
     rewritten. The reply; a ConfigError naming what the gate refused."""
+    reply = control_reply(engine, gate, [op, entry])
+    if not reply.get("ok"):
+        raise ConfigError(f"{op} {entry}: {reply.get('error', 'refused by the gate')}")
+    return reply
+
+
+def control_command(gate: ContainerInfo, args: list[str]) -> list[str]:
+    """The argv inside the gate container that sends ``args`` (an operation and its words) to its control
+    socket: ``python -m claude_bottle.gate.control SOCKET ARGS``."""
+    return [GATE_PYTHON, "-m", "claude_bottle.gate.control", CONTROL_SOCKET, *args]
+
+
+def control_reply(engine: Engine, gate: ContainerInfo, args: list[str]) -> dict[str, Any]:
+    """The gate's reply to ``args`` on its control channel (``ok`` true or false, as the gate said); when it
+    carries the policy in effect (a change), the bottle's policy file is rewritten. A DockerError when the gate
+    cannot be reached, a GateError when it gives no reply."""
     try:
-        _, output = engine.exec(gate.name, [GATE_PYTHON, "-m", "claude_bottle.gate.control", CONTROL_SOCKET, op,
-                                            entry])
+        _, output = engine.exec(gate.name, control_command(gate, args))
     except DockerError as exc:
         raise DockerError(f"cannot reach the gate {gate.name}: {exc}") from None
     text = output.decode("utf-8", "replace").strip()
     try:
         reply = json.loads(text.splitlines()[-1])
     except (ValueError, IndexError):
+        reply = None
+    if not isinstance(reply, dict):
         raise GateError(f"the gate {gate.name} gave no answer on its control channel ({text[:200] or 'nothing'}); "
-                        "a bottle started by an older claude-bottle has none: restart it") from None
-    if not reply.get("ok"):
-        raise ConfigError(f"{op} {entry}: {reply.get('error', 'refused by the gate')}")
-    if op != "show":
+                        "a bottle started by an older claude-bottle has none: restart it")
+    if reply.get("ok") and isinstance(reply.get("policy"), dict) and args[:1] != ["show"]:
         write_policy(RunNames.from_labels(gate.labels).id, reply["policy"])
     return dict(reply)
 

@@ -1,0 +1,189 @@
+"""The host's side of ask mode in the run's own process: questions parsed, hooks' answers, notifications, and
+the watcher against a fake gate channel."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from claude_bottle.runtime import ask_watch
+from claude_bottle.runtime.ask_watch import Asked, Watcher, hook_answer, notifier, run_hook, where_answered
+from tests.unit.fake_control import FakeChannel, asked
+
+
+def test_a_question_from_the_gate_fields() -> None:
+    question = Asked.from_fields(asked("q1", "pypi.org", kind="http", method="GET", path="/simple/", port=80,
+                                       waited=2.5, waiting=3))
+    assert question == Asked("q1", "pypi.org", 80, "http", "GET", "/simple/", 2.5, 3)
+    assert question.summary() == "pypi.org:80 GET /simple/"
+    assert Asked("q2", "example.com", 443).summary() == "example.com:443"
+
+
+@pytest.mark.parametrize("fields", [{}, {"id": "q"}, {"id": "q", "host": "h", "port": "https"},
+                                    {"id": "", "host": "h", "port": 1}])
+def test_what_is_not_a_question_is_none(fields: dict[str, Any]) -> None:
+    assert Asked.from_fields(fields) is None
+
+
+def test_a_bottle_chosen_path_is_shown_without_control_characters() -> None:
+    question = Asked("q", "h.example", 80, "http", "GET", "/\x1b[2Jx\n")
+    assert "\x1b" not in question.summary() and "\n" not in question.summary()
+
+
+@pytest.mark.parametrize("code, output, answer", [
+    (0, b"", "allow-once"),
+    (0, b"\n", "allow-once"),
+    (1, b"", "deny-once"),
+    (2, b"", "deny-once"),
+    (None, b"", "deny-once"),  # hung, killed
+    (0, b'{"answer": "allow-always"}\n', "allow-always"),
+    (0, b'{"answer": "deny-always"}', "deny-always"),
+    (0, b'{"answer": "pass"}', None),
+    (0, b'{"answer": "yes"}', "deny-once"),
+    (0, b"sure\n", "deny-once"),
+    (0, b'["allow-once"]', "deny-once"),
+    (0, b'{"answer": "allow-once"}\n{"answer": "allow-always"}\n', "deny-once"),  # two lines: garbage
+    (1, b'{"answer": "allow-always"}', "deny-once"),  # a failure denies whatever it said
+])
+def test_a_hooks_answer(code: int | None, output: bytes, answer: str | None) -> None:
+    assert hook_answer(code, output) == answer
+
+
+def hook(tmp_path: Path, body: str) -> tuple[str, ...]:
+    script = tmp_path / "hook.py"
+    script.write_text("import json, sys, time\nasked = json.load(sys.stdin)\n" + body)
+    return (sys.executable, str(script))
+
+
+def test_a_hook_reads_the_question_and_answers(tmp_path: Path) -> None:
+    command = hook(tmp_path, "print(json.dumps({'answer': 'allow-always' if asked['host'] == 'ok.example' "
+                             "and asked['run'] == 'r1' and asked['timeout'] == 60 else 'deny-always'}))\n")
+    description = Asked("q", "ok.example", 443).description("r1", "dev", 60)
+    assert run_hook(command, description, 10) == ("allow-always", "")
+
+
+def test_a_hook_that_crashes_hangs_or_cannot_start_denies(tmp_path: Path) -> None:
+    description = Asked("q", "h.example", 443).description("r1", "dev", 60)
+    assert run_hook(hook(tmp_path, "raise SystemExit(3)\n"), description, 10) == ("deny-once", "exited with 3")
+    began = time.monotonic()
+    answer, why = run_hook(hook(tmp_path, "time.sleep(30)\n"), description, 0.5)
+    assert (answer, time.monotonic() - began < 5) == ("deny-once", True) and "killed" in why
+    assert run_hook(hook(tmp_path, "print('hello')\n"), description, 10)[0] == "deny-once"
+    assert run_hook((str(tmp_path / "missing"),), description, 10)[0] == "deny-once"
+
+
+def test_notifiers_take_the_words_as_arguments() -> None:
+    found = {"notify-send": "/usr/bin/notify-send", "osascript": "/usr/bin/osascript"}
+    linux = notifier(found.get, "linux")
+    mac = notifier(found.get, "darwin")
+    assert linux is not None and mac is not None
+    assert linux("t", "$(x)") == ["/usr/bin/notify-send", "--app-name=claude-bottle", "--", "t", "$(x)"]
+    assert mac("t", '" & x')[-2:] == ["t", '" & x'] and all('" & x' not in part for part in mac("t", '" & x')[:-1])
+    assert notifier(lambda name: None, "linux") is None
+
+
+def test_a_notifier_that_fails_changes_nothing(tmp_path: Path) -> None:
+    ask_watch.notify([str(tmp_path / "missing")])
+    ask_watch.notify([sys.executable, "-c", "raise SystemExit(1)"])
+
+
+def watched(channel: FakeChannel, hook_command: tuple[str, ...] = (), timeout: float = 60,
+            desktop: Any = None) -> tuple[Watcher, list[str]]:
+    said: list[str] = []
+    watcher = Watcher(channel, "r1", "dev", hook_command, timeout, desktop, said.append)
+    watcher.start()
+    return watcher, said
+
+
+def test_each_question_goes_to_the_hook_once_and_its_answer_to_the_gate(tmp_path: Path) -> None:
+    command = hook(tmp_path, "raise SystemExit(0 if asked['host'] == 'ok.example' else 1)\n")
+    channel = FakeChannel([asked("q1", "ok.example"), asked("q2", "bad.example"), asked("q1", "ok.example")],
+                          expected=2)
+    watcher, said = watched(channel, command)
+    try:
+        assert channel.done.wait(20)
+    finally:
+        watcher.close()
+    assert sorted(channel.decided) == [("q1", "allow-once", "hook"), ("q2", "deny-once", "hook")]
+    assert said == ["ask: the hook for bad.example:443 exited with 1: denied"]
+
+
+def test_a_hook_that_passes_leaves_the_question(tmp_path: Path) -> None:
+    command = hook(tmp_path, "open(sys.argv[0] + '.ran', 'w').close()\nprint(json.dumps({'answer': 'pass'}))\n")
+    watcher, _ = watched(FakeChannel([asked("q1", "h.example")]), command)
+    try:
+        deadline = time.monotonic() + 20
+        while not Path(command[1] + ".ran").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+    finally:
+        watcher.close()
+    assert Path(command[1] + ".ran").exists() and watcher.channel.decided == []  # type: ignore[attr-defined]
+
+
+def test_the_gate_refusing_a_hooks_answer_is_said(tmp_path: Path) -> None:
+    channel = FakeChannel([asked("q1", "h.example")], reply={"ok": False, "error": "no such question"})
+    watcher, said = watched(channel, hook(tmp_path, ""))
+    try:
+        assert channel.done.wait(20)
+        time.sleep(0.2)
+    finally:
+        watcher.close()
+    assert said == ["ask: the gate refused the hook's allow-once for h.example:443: no such question"]
+
+
+def test_each_question_is_notified_and_other_events_are_not(tmp_path: Path) -> None:
+    shown = tmp_path / "shown"
+    desktop = notifier(lambda name: None)
+    assert desktop is None
+    script = f"import sys\nopen({str(shown)!r}, 'a').write(sys.argv[2] + '\\n')\n"
+
+    def show(title: str, text: str) -> list[str]:
+        return [sys.executable, "-c", script, title, text]
+
+    events = [asked("q1", "one.example"), {"event": "decided", "id": "q1", "answer": "deny-once", "by": "x"},
+              asked("q2", "two.example", 80, kind="http", method="POST", path="/up")]
+    watcher, _ = watched(FakeChannel(events), desktop=show)
+    try:
+        deadline = time.monotonic() + 20
+        while (not shown.exists() or shown.read_text().count("\n") < 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watcher.close()
+    lines = sorted(shown.read_text().splitlines())
+    assert lines == ["one.example:443 (run r1): claude-bottle approve dev",
+                     "two.example:80 POST /up (run r1): claude-bottle approve dev"]
+
+
+def test_closing_ends_the_watch_process() -> None:
+    watcher, said = watched(FakeChannel([]))
+    process = watcher.watch.process  # type: ignore[union-attr]
+    watcher.close()
+    assert process.poll() is not None and said == []
+
+
+def test_a_watch_that_ends_is_said() -> None:
+    channel = FakeChannel([])
+    channel.watch_command = lambda: [sys.executable, "-c", "print('{}')"]  # type: ignore[method-assign]
+    watcher, said = watched(channel)
+    watcher.thread.join(10)
+    watcher.close()
+    assert len(said) == 1 and "no longer watched" in said[0] and "claude-bottle approve dev" in said[0]
+
+
+def test_where_questions_are_answered() -> None:
+    assert where_answered("dev", (), False).startswith(
+        "ask mode: a destination outside the allowlist waits for an answer from `claude-bottle approve dev`")
+    line = where_answered("dev", ("/opt/hook",), True)
+    assert "the hook /opt/hook, then `claude-bottle approve dev` in another terminal (desktop notifications on)" \
+        in line
+
+
+def test_a_question_for_the_hook_is_json(tmp_path: Path) -> None:
+    description = Asked("q", "h", 1, "http", "GET", "/").description("r", "a", 5)
+    assert json.loads(json.dumps(description))["method"] == "GET"
