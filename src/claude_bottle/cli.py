@@ -321,6 +321,22 @@ def deny(ctx: click.Context, words: tuple[str, ...], workspace: str | None, save
     command.deny(agent, entry, workspace, save, yes)
 
 
+@cli.command(context_settings=CONTEXT)
+@_agent_argument
+@click.option("--workspace", metavar="DIR", help="Prefer the bottle of this workspace (default: here).")
+@click.option("--yes", is_flag=True, help="Write the agent's file for an allow-always without asking.")
+def approve(agent: str | None, workspace: str | None, yes: bool) -> None:
+    """Answer a running bottle's held requests (ask mode), live: a allow once, A allow always (also in the
+    agent's file, the change shown first), d deny once, D deny always, j/k select, q quit.
+
+    Without a terminal, a line mode: each request printed as `asked ID RUN HOST:PORT ...`, answers read as
+    `ANSWER ID` lines (a, A, d, D or allow-once, allow-always, deny-once, deny-always).
+    """
+    from claude_bottle.commands import approve as command
+
+    command.approve(agent, workspace, yes)
+
+
 @cli.group(context_settings=CONTEXT)
 def policy() -> None:
     """Allowlists from what runs did."""

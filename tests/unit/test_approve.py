@@ -1,0 +1,184 @@
+"""``approve`` against a fake gate channel: the live list on a pseudo-terminal (single keys), the line mode
+without one, and allow-always written to the agent's file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import sys
+import threading
+import time
+import tty
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from claude_bottle.commands import approve
+from claude_bottle.commands.approve import Board, keys_of, loop, saver
+from claude_bottle.errors import ConfigError
+from claude_bottle.runtime.ask_watch import Asked
+from tests.unit.fake_control import FakeChannel, asked
+
+
+def test_the_board_lists_questions_in_order_and_drops_those_decided_elsewhere() -> None:
+    board = Board("dev-1234", "dev")
+    assert board.apply(asked("q1", "one.example"), 0.0) == Asked("q1", "one.example", 443)
+    assert board.apply(asked("q1", "one.example"), 1.0) is None  # the watch's first lines repeat what is pending
+    board.apply(asked("q2", "two.example", 80, kind="http", method="GET", path="/x", waited=4.0, waiting=3), 0.0)
+    board.move(5)
+    assert board.current() == Asked("q2", "two.example", 80, "http", "GET", "/x", 4.0, 3)
+    screen = board.render(10.0)
+    assert "  one.example:443  waited 10s" in screen
+    assert "> two.example:80 GET /x (3 requests)  waited 14s" in screen
+    board.apply({"event": "decided", "id": "q2", "answer": "deny-once", "by": "hook"}, 11.0)
+    assert board.current() == Asked("q1", "one.example", 443) and board.selected == 0
+    assert board.status == "two.example:80 GET /x: deny-once by hook"
+    board.apply({"event": "decided", "id": "q1", "answer": "allow-once", "by": "timeout"}, 11.0)
+    assert board.current() is None and "no request is waiting" in board.render(12.0)
+
+
+def test_keys_keep_arrows_whole() -> None:
+    assert list(keys_of("j\x1b[Ak\x1bOBaq")) == ["j", "\x1b[A", "k", "\x1bOB", "a", "q"]
+
+
+class Screen:
+    """What the loop wrote, with a wait for a piece of it."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.changed = threading.Condition()
+
+    def write(self, text: str) -> None:
+        with self.changed:
+            self.text += text
+            self.changed.notify_all()
+
+    def wait_for(self, piece: str, seconds: float = 20) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: piece in self.text, seconds), self.text[-2000:]
+
+
+@pytest.fixture
+def running() -> Iterator[Callable[..., tuple[Screen, int, threading.Thread]]]:
+    """Runs ``loop`` in a thread: the screen, the descriptor to type on, the thread."""
+    started: list[tuple[threading.Thread, list[int]]] = []
+
+    def run(channel: FakeChannel, terminal: bool, save: Callable[[str], str] = lambda entry: "saved",
+            board: Board | None = None) -> tuple[Screen, int, threading.Thread]:
+        screen = Screen()
+        if terminal:
+            typing, fd = pty.openpty()
+            tty.setcbreak(fd)  # as approve's own ``cbreak`` does: keys come one at a time
+        else:
+            fd, typing = os.pipe()
+        thread = threading.Thread(target=loop, args=(channel, board or Board("r1", "dev"), fd, screen.write,
+                                                     terminal, save), daemon=True)
+        thread.start()
+        started.append((thread, [typing, fd]))
+        return screen, typing, thread
+
+    yield run
+    for thread, fds in started:
+        thread.join(10)
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def test_on_a_terminal_keys_answer_the_selected_request(running: Callable[..., tuple[Screen, int, threading.Thread]]
+                                                        ) -> None:
+    channel = FakeChannel([asked("q1", "one.example"), asked("q2", "two.example")])
+    screen, typing, thread = running(channel, True)
+    screen.wait_for("two.example:443")
+    os.write(typing, b"jd")
+    screen.wait_for("decided")  # the fake's reply message
+    os.write(typing, b"\x1b[Aa")
+    deadline = time.monotonic() + 20
+    while len(channel.decided) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.write(typing, b"q")
+    thread.join(10)
+    assert not thread.is_alive()
+    assert channel.decided == [("q2", "deny-once", "terminal"), ("q1", "allow-once", "terminal")]
+
+
+def test_allow_always_is_offered_to_the_agents_file(running: Callable[..., tuple[Screen, int, threading.Thread]]
+                                                    ) -> None:
+    saved: list[str] = []
+
+    def save(entry: str) -> str:
+        saved.append(entry)
+        raise ConfigError("not written")
+
+    channel = FakeChannel([asked("q1", "pypi.org")])
+    screen, typing, thread = running(channel, True, save)
+    screen.wait_for("pypi.org:443")
+    os.write(typing, b"A")
+    screen.wait_for("the agent's file unchanged: not written")
+    os.write(typing, b"q")
+    thread.join(10)
+    assert channel.decided == [("q1", "allow-always", "terminal")] and saved == ["pypi.org:443"]
+
+
+def test_without_a_terminal_questions_are_lines_and_answers_typed_lines(
+        running: Callable[..., tuple[Screen, int, threading.Thread]]) -> None:
+    channel = FakeChannel([asked("q1", "one.example"), asked("q2", "two.example", 80, kind="http", method="POST",
+                                                               path="/up", waited=2.0)], expected=2)
+    screen, typing, thread = running(channel, False)
+    screen.wait_for("asked q2 r1 two.example:80 POST /up waited 2s\n")
+    assert "asked q1 r1 one.example:443 waited 0s\n" in screen.text
+    os.write(typing, b"D q2\nmaybe q1\nd q9\n\nallow-once q1\n")
+    assert channel.done.wait(20)
+    screen.wait_for("error: no request q9 is waiting")
+    os.close(typing)  # the end of standard input ends it
+    thread.join(10)
+    assert not thread.is_alive()
+    assert channel.decided == [("q2", "deny-always", "terminal"), ("q1", "allow-once", "terminal")]
+    assert "error: type ANSWER ID" in screen.text
+
+
+def test_the_end_of_the_gates_watch_ends_it(running: Callable[..., tuple[Screen, int, threading.Thread]]) -> None:
+    channel = FakeChannel([])
+    channel.watch_command = lambda: [sys.executable, "-c", "print('{}')"]  # type: ignore[method-assign]
+    screen, _, thread = running(channel, False)
+    thread.join(10)
+    assert not thread.is_alive() and "the gate's watch ended" in screen.text
+
+
+def test_a_refused_answer_is_shown(running: Callable[..., tuple[Screen, int, threading.Thread]]) -> None:
+    channel = FakeChannel([asked("q1", "one.example")], reply={"ok": False, "error": "already decided"})
+    screen, typing, thread = running(channel, False)
+    screen.wait_for("asked q1")
+    os.write(typing, b"a q1\n")
+    screen.wait_for("one.example:443: already decided")
+    os.close(typing)
+    thread.join(10)
+
+
+def test_allow_always_writes_the_agents_file_as_allow_save_does(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+    save = saver("dev", yes=True)
+    assert save("pypi.org:443") == "added to agent dev's file"
+    text = (tmp_path / "config" / "claude-bottle" / "agents" / "dev.toml").read_text()
+    assert 'host = "pypi.org"' in text and "added by `claude-bottle approve`" in text
+    assert save("pypi.org:443") == "agent dev already lists it"
+    save("git.example.com:8443")
+    assert 'host = "git.example.com:8443"' in (tmp_path / "config" / "claude-bottle" / "agents" / "dev.toml").read_text()
+
+
+def test_without_yes_and_no_terminal_nothing_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # noqa: SIM115
+    with pytest.raises(ConfigError, match="--yes"):
+        saver("dev", yes=False)("pypi.org:443")
+    assert not (tmp_path / "config" / "claude-bottle" / "agents" / "dev.toml").exists()
+
+
+def test_answers_by_key_or_name() -> None:
+    assert [approve.answer_of(w) for w in ("a", "A", "d", "D", "deny-always", "x")] == \
+        ["allow-once", "allow-always", "deny-once", "deny-always", "deny-always", None]
