@@ -226,7 +226,8 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
                 run.check_host_unreachable()
             progress(f"networks and gate created ({time.monotonic() - began:.1f} s)")
             try:
-                yield run
+                with ask_watching(run, agent.ask_command, notice):
+                    yield run
             except DockerError:
                 run.check_gate()  # the bottle it was about, removed because the gate is gone: say that
                 raise
@@ -240,6 +241,18 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
                     run.remove()
                 reaper.release()
                 watch.end(review or notice)
+
+
+def ask_watching(run: Run, hook: tuple[str, ...], notice: Progress) -> contextlib.AbstractContextManager[object]:
+    """A run in ask mode has its gate's questions watched from this process for the run's length: a desktop
+    notification for each, and the agent's ``ask_command`` hook (runtime/ask_watch.py). Else nothing."""
+    from claude_bottle.runtime.ask_watch import DEFAULT_TIMEOUT, notifier, watching
+
+    gate = run.engine.container(run.names.gate) if getattr(run.spec, "ask", False) else None
+    if gate is None:
+        return contextlib.nullcontext()
+    timeout = float(getattr(run.spec, "ask_timeout", DEFAULT_TIMEOUT))
+    return watching(run.engine, gate, hook, timeout, notice, notifier())
 
 
 @contextlib.contextmanager

@@ -187,3 +187,61 @@ def test_where_questions_are_answered() -> None:
 def test_a_question_for_the_hook_is_json(tmp_path: Path) -> None:
     description = Asked("q", "h", 1, "http", "GET", "/").description("r", "a", 5)
     assert json.loads(json.dumps(description))["method"] == "GET"
+
+
+def gate_channel(replies: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+                 ) -> tuple[ask_watch.GateChannel, list[list[str]], list[tuple[str, Any]]]:
+    """A GateChannel on a fake engine whose gate answers each operation with ``replies[op]``: the channel, the
+    control argv it ran, and the policy files written."""
+    from claude_bottle.runtime import gate as runtime_gate
+    from claude_bottle.runtime.names import RunNames
+    from tests.fake_engine import FakeEngine
+
+    engine = FakeEngine()
+    run = RunNames("dev-1", "dev", "/elsewhere")
+    info = engine.add_container(run.gate, run.labels)
+    ran: list[list[str]] = []
+    written: list[tuple[str, Any]] = []
+
+    def control(name: str, argv: list[str]) -> tuple[int, bytes]:
+        ran.append(argv[4:])
+        return 0, json.dumps(replies[argv[4]]).encode()
+
+    engine.on_exec = control
+    monkeypatch.setattr(runtime_gate, "write_policy", lambda run_id, view: written.append((run_id, view)))
+    monkeypatch.setattr(ask_watch, "write_policy", lambda run_id, view: written.append((run_id, view)))
+    return ask_watch.GateChannel(engine, info), ran, written
+
+
+def test_a_decision_reaches_the_gate_and_the_bottles_policy_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    channel, ran, written = gate_channel({"decide": {"ok": True, "message": "allow-once pypi.org", "entry": "pypi.org"},
+                                          "show": {"ok": True, "policy": {"allow": ["pypi.org"]}}}, monkeypatch)
+    assert (channel.run, channel.agent) == ("dev-1", "dev")
+    assert channel.decide("3", "allow-once", "terminal")["entry"] == "pypi.org"
+    assert ran == [["decide", "3", "allow-once", "terminal"], ["show"]]
+    assert written == [("dev-1", {"allow": ["pypi.org"]})]
+    assert channel.watch_command()[-6:] == ["claude-bottle-dev-1-gate", "/opt/gate/bin/python", "-m",
+                                            "claude_bottle.gate.control", "/tmp/claude-bottle-control.sock", "watch"]
+
+
+def test_pending_and_a_refused_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    from claude_bottle.errors import BottleError
+
+    channel, _, written = gate_channel({"decide": {"ok": False, "error": "no question 9"},
+                                          "pending": {"ok": True, "pending": [asked("3", "pypi.org"), {"x": 1}]}},
+                                         monkeypatch)
+    assert channel.decide("9", "deny-once", "hook") == {"ok": False, "error": "no question 9"} and written == []
+    assert channel.pending() == [Asked("3", "pypi.org", 443)]
+    channel, _, _ = gate_channel({"pending": {"ok": False, "error": "this gate does not ask"}}, monkeypatch)
+    with pytest.raises(BottleError, match="does not ask"):
+        channel.pending()
+
+
+def test_a_run_without_ask_mode_is_not_watched() -> None:
+    import contextlib
+    from types import SimpleNamespace
+
+    from claude_bottle.launch import ask_watching
+
+    run = SimpleNamespace(spec=SimpleNamespace(ask=False), engine=None, names=None)
+    assert isinstance(ask_watching(run, ("hook",), print), contextlib.nullcontext)  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from claude_bottle.errors import BottleError
+from claude_bottle.runtime.files import write_policy
 from claude_bottle.runtime.gate import control_command, control_reply
 from claude_bottle.runtime.names import RunNames
 from claude_bottle.runtime.seam import ContainerInfo, Engine
@@ -132,7 +133,15 @@ class GateChannel:
         return self.engine.exec_command(self.gate.name, control_command(self.gate, ["watch"]), tty=False)
 
     def decide(self, question: str, answer: str, by: str) -> dict[str, Any]:
-        return control_reply(self.engine, self.gate, ["decide", question, answer, by])
+        """The answer sent; an answer changes the run's policy, so the bottle's policy file is rewritten (from
+        the reply, or when it carries none from the gate's ``show``: best effort, the answer stands)."""
+        reply = control_reply(self.engine, self.gate, ["decide", question, answer, by])
+        if reply.get("ok") and "policy" not in reply:
+            with contextlib.suppress(BottleError):
+                shown = control_reply(self.engine, self.gate, ["show"])
+                if shown.get("ok") and isinstance(shown.get("policy"), dict):
+                    write_policy(self.run, shown["policy"])
+        return reply
 
     def pending(self) -> list[Asked]:
         """The questions held now; a BottleError when the gate has no ask mode or refuses."""
