@@ -13,7 +13,7 @@ from typing import Any
 from claude_bottle.records import current
 
 COLUMNS = (("TIME", 12), ("DECISION", 10), ("METHOD", 7), ("HOST", 32), ("PATH", 28), ("RULE", 20))
-_COLOURS = {"allow": "32", "would_deny": "33", "deny": "31", "error": "35"}
+_COLOURS = {"allow": "32", "would_deny": "33", "deny": "31", "error": "35", "ask": "36"}
 
 
 def printable(text: str) -> str:
@@ -22,7 +22,8 @@ def printable(text: str) -> str:
 
 
 def decision(entry: dict[str, Any]) -> str:
-    """``allow``, ``deny``, ``error``, or ``would_deny`` for what learn mode let through."""
+    """``allow``, ``deny``, ``error``, ``would_deny`` for what learn mode let through, or ``ask`` for a question
+    ask mode asked (its answer's line is an ``allow`` or ``deny`` whose method names the answer)."""
     return "would_deny" if entry.get("would_deny") else str(entry.get("decision", ""))
 
 

@@ -11,7 +11,11 @@ A remote MCP server's calls (each line's ``mcp`` field) are counted per server a
 ``tools`` list to set in its ``[mcp.servers.NAME]`` table, as a comment (``--write`` does not add them: the
 table's url lives in the agent file already).
 
-It reads the lines' fields (``decision``, ``status``, ``would_deny``, ``tunnel``, ``method``, ``path``, ``mcp``), never
+A destination a run in ask mode was let reach by an answer (the request's line carries ``answer``
+allow-once or allow-always) is suggested in a group of its own, with the number of requests approved.
+
+It reads the lines' fields (``decision``, ``status``, ``would_deny``, ``answer``, ``tunnel``, ``method``,
+``path``, ``mcp``), never
 the words of a reason: a refused destination's reason is only shown, as a comment. A line from an earlier
 gate is first given today's fields (``records.current``).
 """
@@ -44,6 +48,7 @@ class Destination:
     entry: str  # the allowlist entry: host, with the port unless 443 or 80
     target: Target  # the first target seen for it
     would_deny: int = 0  # requests let through by learn mode only
+    approved: int = 0  # requests let through by an answer in ask mode (allow-once, allow-always)
     allowed: int = 0  # requests the allowlist allowed
     requests: set[tuple[str, str]] = field(default_factory=set)  # (method, path) the gate read
     raw_tcp: bool = False  # its tunnels carried other bytes than TLS: allowed by allow_tcp, and needing it
@@ -75,8 +80,12 @@ class Suggestion:
         return [d for d in self.destinations.values() if d.would_deny]
 
     @property
+    def approved(self) -> list[Destination]:
+        return [d for d in self.destinations.values() if d.approved and not d.would_deny]
+
+    @property
     def known(self) -> list[Destination]:
-        return [d for d in self.destinations.values() if not d.would_deny]
+        return [d for d in self.destinations.values() if not d.would_deny and not d.approved]
 
 
 def rule_path(path: str) -> str:
@@ -109,6 +118,8 @@ def suggest(lines: Iterable[dict[str, Any]]) -> Suggestion:
         found.refused.pop(str(line["target"]), None)
         if line.get("would_deny"):
             destination.would_deny += 1
+        elif str(line.get("answer", "")).startswith("allow"):
+            destination.approved += 1
         else:
             destination.allowed += 1
         destination.raw_tcp |= line.get("tunnel") == "raw_tcp"
@@ -167,7 +178,9 @@ def host_table(entry: str, comment: str) -> str:
 
 def explain(destination: Destination) -> str:
     seen = (f"{destination.would_deny} request(s) learn mode let through (a strict gate refuses them)"
-            if destination.would_deny else f"{destination.allowed} request(s), already allowed")
+            if destination.would_deny else
+            f"{destination.approved} request(s) approved in ask mode" if destination.approved else
+            f"{destination.allowed} request(s), already allowed")
     read = (f"; only the {len(destination.requests)} method and path(s) seen may pass" if destination.requests
             else "; tunnelled without the gate reading the requests: any method and path")
     return seen + read
@@ -183,7 +196,8 @@ def render(found: Suggestion, source: str) -> str:
     if raw:
         parts.append("\n# Tunnels that carried other bytes than TLS (SSH and the like): allowed as raw TCP\n"
                      f"allow_tcp = {_strings(raw)}\n")
-    for title, group in (("Let through by learn mode only", found.learned), ("Already allowed", found.known)):
+    for title, group in (("Let through by learn mode only", found.learned), ("Approved in ask mode", found.approved),
+                         ("Already allowed", found.known)):
         tables = sorted((d for d in group if not d.raw_tcp), key=lambda d: d.entry)
         if tables:
             parts.append(f"\n# ---- {title} ----\n")

@@ -274,3 +274,33 @@ def test_a_current_line_is_read_by_its_fields_whatever_its_reason_says() -> None
     assert not suggest.suggest([opaque]).destinations["git.example.com:22"].raw_tcp
     from claude_bottle.records import current
     assert current(opaque) is opaque
+
+
+def test_destinations_approved_in_ask_mode_are_counted_and_suggested_in_their_own_group() -> None:
+    audit = [
+        line("pypi.org:443", decision="ask", listener="ask", ask="1"),
+        line("pypi.org:443", "ALLOW-ONCE", listener="ask", ask="1", answer="allow-once", by="terminal"),
+        line("pypi.org:443", ask="1", answer="allow-once", by="terminal"),
+        line("pypi.org:443", "GET", "/simple/", ask="1", answer="allow-once", by="terminal"),
+        line("cdn.example.com:443", ask="2", answer="allow-always", by="hook"),
+        line("evil.example:443", decision="deny", status=403, ask="3", answer="deny-once", by="timeout",
+             reason="evil.example:443: not approved after 60s"),
+        line("known.example:443"),
+    ]
+    found = suggest.suggest(audit)
+    assert [d.entry for d in found.approved] == ["pypi.org", "cdn.example.com"]
+    assert (found.destinations["pypi.org"].approved, found.destinations["cdn.example.com"].approved) == (2, 1)
+    assert [d.entry for d in found.known] == ["known.example"]
+    assert "evil.example:443" in found.refused
+    text = suggest.render(found, "run r-1")
+    assert "# ---- Approved in ask mode ----\n# 1 request(s) approved in ask mode" in text
+    assert '# 2 request(s) approved in ask mode; only the 1 method and path(s) seen may pass\n[[egress]]\n' \
+        'host = "pypi.org"' in text
+
+
+def test_an_ask_line_is_shown_as_ask() -> None:
+    from claude_bottle import logview
+
+    entry = line("pypi.org:443", "ASK", decision="ask", listener="ask", ask="1")
+    assert logview.decision(entry) == "ask"
+    assert logview.row(entry, colour=True).startswith("\x1b[36m")

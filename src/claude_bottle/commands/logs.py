@@ -79,7 +79,7 @@ def logs(agent: str | None, workspace: str | None, run_id: str | None, list_reco
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     shown = 0
     for entry in entries:
-        if egress and entry.get("listener") != "proxy":
+        if egress and entry.get("listener") not in ("proxy", "ask"):  # ask: the proxy's questions, answers
             continue
         if as_json:
             click.echo(json.dumps(entry, ensure_ascii=False))
