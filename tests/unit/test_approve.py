@@ -182,3 +182,12 @@ def test_without_yes_and_no_terminal_nothing_is_written(tmp_path: Path, monkeypa
 def test_answers_by_key_or_name() -> None:
     assert [approve.answer_of(w) for w in ("a", "A", "d", "D", "deny-always", "x")] == \
         ["allow-once", "allow-always", "deny-once", "deny-always", "deny-always", None]
+
+
+def test_a_gate_without_ask_mode_says_so(running: Callable[..., tuple[Screen, int, threading.Thread]]) -> None:
+    channel = FakeChannel([])
+    channel.watch_command = lambda: [  # type: ignore[method-assign]
+        sys.executable, "-c", "print('{\"ok\": false, \"error\": \"watch: this gate does not ask\"}')"]
+    screen, _, thread = running(channel, False)
+    thread.join(10)
+    assert "the gate refused to be watched: watch: this gate does not ask" in screen.text

@@ -14,6 +14,7 @@ question answered elsewhere leaves the list.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import sys
@@ -162,6 +163,9 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
                     return
                 for line in events.feed(data):
                     if (event := parse_event(line)) is None:
+                        if refusal := refused(line):
+                            write(f"the gate refused to be watched: {refusal}\r\n")
+                            return
                         continue
                     shown = event.get("event") == "decided" and str(event.get("id")) in board.questions
                     added = board.apply(event, time.monotonic())
@@ -189,6 +193,17 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
                     write(typed_answer(channel, board, line.decode("utf-8", "replace"), save) + "\n")
     finally:
         watch.stop()
+
+
+def refused(line: bytes) -> str:
+    """The error of a reply line the gate sent instead of events (a gate started without ask mode), or ""."""
+    from claude_bottle.runtime.ask_watch import printable
+
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return ""
+    return printable(str(reply.get("error", ""))) if isinstance(reply, dict) and reply.get("ok") is False else ""
 
 
 def asked_line(board: Board, asked: Asked) -> str:
