@@ -17,7 +17,8 @@ the match is seen) in gate/dlp_scanner.py, the engines that find matches in gate
 standard library's) and gate/dlp_hyperscan.py. This module is the policy: which rules apply, from flags or
 an agent's ``[dlp]``, and the matcher the gate prepares once from them.
 
-Limits: compressed or encrypted bodies (gzip, git packs, tarballs) are scanned as they are, not unpacked;
+Limits: encrypted bodies and compressed payloads (git packs, tarballs) are scanned as they are, not
+unpacked (a body's ``Content-Encoding`` gzip or deflate is undone: gate/inspection.py, gate/decode.py);
 a secret cut into pieces across requests, or encoded otherwise (reversed, other alphabets, base64 with line
 breaks) is not recognised. DLP is a net for mistakes and simple exfiltration, not proof against a
 determined agent: what the bottle must never send it must never hold.

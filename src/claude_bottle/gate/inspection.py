@@ -20,9 +20,10 @@ back unencoded and without any secret the gate injects (``reflection_scans``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from claude_bottle.gate.context import GateContext
+from claude_bottle.gate.decode import BodyDecoder, UndecodableBody, content_codings
 from claude_bottle.gate.dlp import DlpMatch, DlpMatcher, DlpScanner
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, set_headers
@@ -136,33 +137,76 @@ def request_rules(policy: RequestPolicy, target: Target) -> RequestFilter:
 
 def data_loss(matcher: DlpMatcher) -> RequestFilter:
     """Refuse a request that carries a value the gate holds or a credential a DLP rule matches (``matcher``:
-    the gate's, ``GateSettings.dlp_matcher``), in its target, headers or body."""
+    the gate's, ``GateSettings.dlp_matcher``), in its target, headers or body; a body with a
+    ``Content-Encoding`` is scanned decoded too (gate/decode.py), and refused if the gate cannot decode it."""
 
     async def scan(request: Outbound) -> None:
         scanner = matcher.scanner()
         try:
             scanner.check_head(request.target, request.headers)
+            codings = content_codings(header_values(request.headers, b"content-encoding"))
+            decoded = _DecodedScan(matcher, codings) if codings else None
             if isinstance(request.body, bytes):
-                body = request.body
-                last = max(0, len(body) - 1) // SCAN_PIECE * SCAN_PIECE  # where the last piece starts
-                for start in range(0, last, SCAN_PIECE):
-                    scanner.feed(body[start : start + SCAN_PIECE])
-                scanner.finish(body[last:])
+                _scan_whole(scanner, request.body)
+                if decoded is not None:
+                    decoded.whole(request.body)
         except DlpMatch as match:
             raise Refused.by(match.decision) from None
+        except UndecodableBody as exc:
+            raise Refused(exc.status, str(exc)) from None
         if not isinstance(request.body, bytes):
-            request.body = _scanned(request.body, scanner)
+            request.body = _scanned(request.body, scanner, decoded)
 
     return scan
 
 
-async def _scanned(body: AsyncIterator[bytes], scanner: DlpScanner) -> AsyncIterator[bytes]:
+def _scan_whole(scanner: DlpScanner, body: bytes) -> None:
+    last = max(0, len(body) - 1) // SCAN_PIECE * SCAN_PIECE  # where the last piece starts
+    for start in range(0, last, SCAN_PIECE):
+        scanner.feed(body[start : start + SCAN_PIECE])
+    scanner.finish(body[last:])
+
+
+class _DecodedScan:
+    """A body's decoded form, scanned as it is decoded (never forwarded: the body goes upstream as sent)."""
+
+    def __init__(self, matcher: DlpMatcher, codings: Sequence[str]) -> None:
+        self._decoder = BodyDecoder(codings)
+        self._scanner = matcher.scanner()
+        self._codings = ", ".join(codings)
+
+    def whole(self, body: bytes) -> None:
+        self._checked(lambda: _scan_whole(self._scanner, self._decoder.feed(body) + self._decoder.finish()))
+
+    def feed(self, chunk: bytes) -> None:
+        self._checked(lambda: self._scanner.feed(self._decoder.feed(chunk)))
+
+    def finish(self) -> None:
+        self._checked(lambda: self._scanner.finish(self._decoder.finish()))
+
+    def _checked(self, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except DlpMatch as match:
+            decision = match.decision
+            raise Refused(decision.status, f"{decision.reason} (with its {self._codings} undone)",
+                          rule=decision.rule) from None
+
+
+async def _scanned(body: AsyncIterator[bytes], scanner: DlpScanner,
+                   decoded: _DecodedScan | None) -> AsyncIterator[bytes]:
     """``body`` as far as DLP lets it pass: each chunk less the tail held back, the tail at the end."""
     try:
         async for chunk in body:
+            if decoded is not None:
+                decoded.feed(chunk)
             if safe := scanner.feed(chunk):
                 yield safe
+        if decoded is not None:
+            decoded.finish()
         if tail := scanner.finish():
             yield tail
     except DlpMatch as match:
         raise Refused.by(match.decision) from None
+    except UndecodableBody as exc:
+        raise Refused(exc.status, str(exc)) from None
