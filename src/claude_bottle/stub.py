@@ -9,6 +9,8 @@ request may steer it with a top-level ``"stub"`` object in its JSON body (Claude
 - ``{"mode": "echo-header"}``: put the received credential headers in response headers.
 - ``{"mode": "echo-split"}``: stream the received credential split across chunks, slowly.
 - ``{"mode": "echo-reason"}``: put the received credential in the status line's reason phrase.
+- ``{"mode": "echo-encoded", "encoding": "url" | "base64" | "base64-nopad"}``: answer with the received
+  credential headers' values (the scheme word cut off) encoded so.
 - ``{"mode": "gzip"}``: answer with a gzip-encoded body.
 - ``{"mode": "vanish"}``: start a stream, then drop the connection.
 
@@ -27,6 +29,7 @@ What an answer says is steered by the conversation itself, so real Claude Code c
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import gzip
 import json
@@ -34,6 +37,7 @@ import re
 import secrets
 import ssl
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -276,6 +280,15 @@ class StubUpstream:
         elif mode == "echo-header":
             await self._json(conn, 200, message_json(block, model),
                              [(b"x-echo-" + n.lower(), v) for n, v in credentials])
+        elif mode == "echo-encoded":
+            values = [v.split(b" ", 1)[-1] for _, v in credentials]
+            encoding = steer.get("encoding")
+            if encoding == "url":
+                echoed = [urllib.parse.quote_from_bytes(v, safe="") for v in values]
+            else:
+                echoed = [base64.b64encode(v).decode().rstrip("=" if encoding == "base64-nopad" else "")
+                          for v in values]
+            await self._json(conn, 200, {"echo": echoed})
         elif mode == "echo-reason":
             reason = b" ".join(v for _, v in credentials) or b"no credential"
             await self._json(conn, 200, message_json(block, model), reason=reason)

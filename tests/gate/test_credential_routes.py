@@ -175,3 +175,52 @@ def test_a_bound_host_cannot_be_opted_out_of_inspection() -> None:
     spec = parse_route_flag(f"github basic x-access-token {new_sentinel('github')} github.com")
     with pytest.raises(ConfigError, match=r"github\.com:443 is under --no-inspect"):
         gc.parse_routes([spec.flag()], gc.parse_egress_rules((), ("github.com",)))
+
+
+@pytest.mark.parametrize(("scheme", "secret", "encoding"), [
+    (Scheme.BASIC, SECRET, "url"), (Scheme.BASIC, SECRET, "base64"), (Scheme.BASIC, SECRET, "base64-nopad"),
+    (Scheme.BEARER, SECRET.replace("R", "Rs/"), "url"), (Scheme.BEARER, SECRET, "base64-nopad"),
+], ids=["basic-url", "basic-base64", "basic-base64-nopad", "bearer-url", "bearer-base64-nopad"])
+async def test_a_response_never_carries_the_value_back_encoded(make_gate: GateFactory, hosts: Hosts, scheme: Scheme,
+                                                               secret: str, encoding: str) -> None:
+    """A bound host reflecting the credential URL-encoded or in base64 (padded or not) is refused as if it
+    reflected the value itself."""
+    ca = StandInCA()
+    route = CredentialRoute(route_to(hosts, scheme).spec, secret)
+    async with gate_with(make_gate, hosts, route, ca) as gate:
+        status, _, body = await send(gate, ca, hosts.target(BOUND), post(
+            hosts.target(BOUND), payload={"model": "m", "stub": {"mode": "echo-encoded", "encoding": encoding}}))
+    sent = route.header()[1].split(b" ", 1)[1]
+    assert status == 502, body
+    assert b"echo" not in body and sent not in body and base64.b64encode(sent).rstrip(b"=") not in body
+
+
+async def test_client_credential_headers_are_removed_whatever_their_spelling(make_gate: GateFactory,
+                                                                            hosts: Hosts) -> None:
+    ca, route = StandInCA(), route_to(hosts)
+    spellings = ["Private_Token", "X_Auth_Token", "x_api_key", "AUTHORIZATION", "Job-Token", "X_GITLAB_TOKEN",
+                 "cOOKIE"]
+    async with gate_with(make_gate, hosts, route, ca) as gate:
+        status, _, _ = await send(gate, ca, hosts.target(BOUND), post(
+            hosts.target(BOUND), "".join(f"{name}: {ATTACKER}\r\n" for name in spellings)))
+    assert status == 200
+    (request,) = hosts.stub.requests
+    assert ATTACKER not in json.dumps([[n.decode(), v.decode()] for n, v in request.headers])
+    assert request.header("authorization") == ["Basic " + base64.b64encode(f"x-access-token:{SECRET}".encode()).decode()]
+
+
+@pytest.mark.parametrize("query", ["access_token=X", "a=1&private_token=X", "Private-Token=X", "ACCESS%5FTOKEN=X",
+                                   "page=2;token=X", "oauth_token", "api-key=X"])
+async def test_a_credential_in_the_query_is_refused_on_a_bound_host(make_gate: GateFactory, hosts: Hosts,
+                                                                   query: str) -> None:
+    ca = StandInCA()
+    async with gate_with(make_gate, hosts, route_to(hosts), ca) as gate:
+        status, headers, _ = await send(gate, ca, hosts.target(BOUND), post(
+            hosts.target(BOUND), path=f"/v1/messages?{query.replace('X', ATTACKER)}"))
+        passed, _, _ = await send(gate, ca, hosts.target(BOUND), post(hosts.target(BOUND), path="/v1/messages?page=2"))
+        elsewhere, _, _ = await send(gate, ca, hosts.target(OTHER), post(
+            hosts.target(OTHER), path="/v1/messages?access_token=public"))
+    assert status == 403 and "a credential in the query" in headers["x-deny-reason"]
+    assert ATTACKER not in headers["x-deny-reason"]
+    assert passed == 200 and elsewhere == 200, "other queries, and other hosts, are untouched"
+    assert [r.target for r in hosts.stub.requests] == ["/v1/messages?page=2", "/v1/messages?access_token=public"]

@@ -27,12 +27,8 @@ from claude_bottle.gate.forward import (
     set_headers,
 )
 from claude_bottle.gate.http1 import Request
-from claude_bottle.gate.inspection import (
-    CLIENT_CREDENTIAL_HEADERS,
-    data_loss,
-    identity_only,
-    reflection_scans,
-)
+from claude_bottle.gate.inspection import data_loss, identity_only, reflection_scans
+from claude_bottle.gate.routes import CLIENT_CREDENTIAL_HEADERS
 from claude_bottle.gate.settings import GateSettings
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.decide import Decision

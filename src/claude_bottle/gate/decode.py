@@ -23,11 +23,12 @@ tarball uploaded as such).
 
 from __future__ import annotations
 
+import base64
 import re
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote_to_bytes
+from urllib.parse import quote_from_bytes, quote_plus, unquote_to_bytes
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,29 @@ MAX_DECODED_BODY = 64 * 1024 * 1024
 MAX_RATIO = 100
 _RATIO_FREE = 1024 * 1024
 _DECODABLE = ("gzip", "x-gzip", "deflate")
+
+
+_B64URL = bytes.maketrans(b"+/", b"-_")
+_LOWER_ESCAPES = re.compile(rb"%[0-9A-F]{2}")
+
+
+def reflected_forms(secret: bytes) -> tuple[bytes, ...]:
+    """The forms in which a server may send ``secret`` back, each to be refused as the value itself: as is;
+    percent-encoded (every byte outside the unreserved set escaped, ``/`` kept or not, hex in either case,
+    ``+`` for a space); with JSON's ``\\/`` for ``/``; in base64 and base64url at each of the three
+    alignments, padded or not, and in hex (the needles DLP searches requests for). A server escaping only some
+    of the bytes it could is not covered."""
+    forms = dict.fromkeys([secret, secret.replace(b"/", b"\\/")])
+    for safe in ("", "/"):
+        escaped = quote_from_bytes(secret, safe=safe).encode()
+        forms.update(dict.fromkeys([escaped, _LOWER_ESCAPES.sub(lambda m: m.group(0).lower(), escaped),
+                                    quote_plus(secret, safe=safe).encode()]))
+    for alignment in range(3):  # the characters that depend on the secret alone, whatever is around it
+        encoded = base64.b64encode(bytes(alignment) + secret)
+        core = encoded[(alignment * 8 + 5) // 6 : (alignment + len(secret)) * 8 // 6]
+        forms.update(dict.fromkeys([core, core.translate(_B64URL)]))
+    forms.update(dict.fromkeys([secret.hex().encode(), secret.hex().upper().encode()]))
+    return tuple(forms)
 
 
 class UndecodableBody(ValueError):

@@ -23,13 +23,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.decode import BodyDecoder, UndecodableBody, content_codings
+from claude_bottle.gate.decode import BodyDecoder, UndecodableBody, content_codings, reflected_forms
 from claude_bottle.gate.dlp import DlpMatch, DlpMatcher, DlpScanner
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, set_headers
 from claude_bottle.gate.http1 import header_values
 from claude_bottle.gate.mcp import mcp_request, mcp_response
-from claude_bottle.gate.routes import CredentialRoute, route_for
+from claude_bottle.gate.routes import CredentialRoute, is_client_credential, query_credential, route_for
 from claude_bottle.gate.scan import SecretReflected, SecretScanner
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import Target
@@ -39,9 +39,6 @@ from claude_bottle.policy.rules import RequestPolicy
 # A body read whole is scanned in pieces of this size, as a streamed one is, so the copies a scan makes (the
 # view with its escapes decoded, the case-folded one) stay small; the cost per MB is the same for any size.
 SCAN_PIECE = 64 * 1024
-# Every way a client can present a credential. Names arrive lower-cased from gate/http1.py, once per occurrence.
-CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie",
-                                       b"private-token", b"x-auth-token"})
 IDENTITY = [(b"accept-encoding", b"identity")]  # asked where the gate reads the answers
 
 
@@ -56,7 +53,21 @@ def inspected(target: Target, ctx: GateContext) -> list[RequestFilter]:
     route = route_for(config.routes, target)
     if route is None:
         return judged if mcp is None else [set_headers(frozenset({b"accept-encoding"}), IDENTITY), *judged]
-    return [set_headers(CLIENT_CREDENTIAL_HEADERS | {b"accept-encoding"}, []), *judged, own_credential(route)]
+    return [client_credentials_removed(route), *judged, own_credential(route)]
+
+
+def client_credentials_removed(route: CredentialRoute) -> RequestFilter:
+    """Remove every credential header the client sent (in any spelling) and its ``Accept-Encoding``; refuse a
+    request with a credential in its query (the server would read it; the gate does not rewrite URLs)."""
+
+    async def remove(request: Outbound) -> None:
+        if (parameter := query_credential(request.target)) is not None:
+            raise Refused(403, f"a credential in the query (parameter {parameter}) on a host credential route "
+                               f"{route.spec.name} binds: only the route's own credential goes there")
+        request.headers = [(n, v) for n, v in request.headers
+                           if not is_client_credential(n) and n.lower() != b"accept-encoding"]
+
+    return remove
 
 
 def answered(target: Target, ctx: GateContext) -> list[ResponseFilter]:
@@ -92,8 +103,9 @@ def identity_only(response: Inbound) -> None:
 
 
 def reflection_scans(secrets: Sequence[str]) -> list[ResponseFilter]:
-    """One reflection scan per secret the gate injects."""
-    return [reflection_scan(secret.encode()) for secret in secrets]
+    """One reflection scan per form of each secret the gate injects a server may send back (gate/decode.py:
+    as is, percent-encoded, base64 with or without padding, ...)."""
+    return [reflection_scan(form) for secret in secrets for form in reflected_forms(secret.encode())]
 
 
 def reflection_scan(secret: bytes) -> ResponseFilter:

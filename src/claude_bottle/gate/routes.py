@@ -6,6 +6,11 @@ agent can neither learn the secret nor use a token of its own there. The bottle 
 sentinel, a per-run value that grants nothing: DLP refuses it, and every held secret, anywhere else. A bound
 host is never reached uninspected: an opaque tunnel or plain HTTP to it is refused (``bound_refusal``).
 
+On a bound host the client's credentials are recognised whatever their spelling: header names in any case
+and with ``_`` for ``-`` (``X_Auth_Token``: servers behind CGI-style stacks read both as one), and a
+credential in the query (``access_token``, ``private_token``, ...), which refuses the request: the gate
+cannot tell what else in a URL the server reads, so it does not rewrite one.
+
 What crosses to the gate: the route's spec on its command line (``--credential-route``, no secret in it) and
 the secret on its standard input after the Anthropic token, one line per route in the order of the flags.
 """
@@ -18,6 +23,7 @@ import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from urllib.parse import unquote_plus
 
 from claude_bottle.policy.hosts import InvalidHost, Target, normalize_host, parse_port, split_host_port
 
@@ -26,6 +32,32 @@ MAX_SECRET = 4096
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
 _SECRET = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces: a header value and a line on stdin
 _USERNAME = re.compile(r"[A-Za-z0-9_.@+-]{1,100}")
+
+
+# Every header a client can present a credential in, by its canonical name (lower case, '-' for '_').
+CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie",
+                                       b"private-token", b"x-auth-token", b"job-token", b"x-access-token",
+                                       b"x-gitlab-token", b"x-github-token", b"x-npm-token", b"api-key"})
+# Query parameters that carry a credential on the APIs routes serve (GitHub, GitLab, package registries);
+# compared with '-' read as '_' and in any case.
+CREDENTIAL_QUERY_PARAMETERS = frozenset({"access_token", "private_token", "job_token", "oauth_token",
+                                         "auth_token", "token", "api_key", "apikey", "client_secret",
+                                         "refresh_token", "id_token", "password"})
+
+
+def is_client_credential(name: bytes) -> bool:
+    """Whether header ``name`` (as received) is one a client can present a credential in, in any spelling."""
+    return name.lower().replace(b"_", b"-") in CLIENT_CREDENTIAL_HEADERS
+
+
+def query_credential(target: bytes) -> str | None:
+    """The first parameter of ``target``'s query that carries a credential (its canonical name), or None."""
+    _, _, query = target.partition(b"?")
+    for pair in query.split(b"#", 1)[0].replace(b";", b"&").split(b"&"):
+        name = unquote_plus(pair.split(b"=", 1)[0].decode("latin-1")).strip().lower().replace("-", "_")
+        if name in CREDENTIAL_QUERY_PARAMETERS:
+            return name
+    return None
 
 
 class InvalidRoute(ValueError):
