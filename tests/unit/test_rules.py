@@ -10,7 +10,9 @@ from claude_bottle.policy.rules import (
     PathError,
     RequestPolicy,
     Verdict,
+    lenient_readings,
     make_host_rules,
+    method_overrides,
     parse_rule,
     path_readings,
     policy_from_flags,
@@ -229,3 +231,83 @@ def test_long_paths_against_many_wildcards_take_linear_time() -> None:
     assert not policy.decide("GET", "x.example.com", 443, path).allow
     assert policy.decide("GET", "x.example.com", 443, path[:-1] + "d").allow
     assert time.monotonic() - started < 2.0
+
+
+# --- what lenient servers make of a request -----------------------------------------------------------------
+
+LENIENT = RequestPolicy((
+    make_host_rules("api.example.com", allow=["GET /repos/**", "GET /user", "HEAD /**"],
+                    deny=["* /repos/*/*/hooks", "* /admin/**"]),
+    make_host_rules("open.example.com", deny=["DELETE /**", "* /admin"]),
+))
+
+
+@pytest.mark.parametrize(("host", "path", "allow", "reason"), [
+    # ';' segment parameters, as Tomcat, Jetty and Spring cut them
+    ("api.example.com", "/repos/o/r;x=1/hooks", False, "rule \"deny * /repos/*/*/hooks\""),
+    ("api.example.com", "/repos/o/r/hooks;x=1", False, "rule \"deny * /repos/*/*/hooks\" (read as a lenient server"),
+    ("api.example.com", "/repos;a/o/r", False, "matches no allow rule"),  # allow rules match as written too
+    ("open.example.com", "/admin;jsessionid=1", False, "rule \"deny * /admin\" (read as a lenient server"),
+    ("open.example.com", "/admin%3B", False, "rule \"deny * /admin\" (read as a lenient server"),
+    ("open.example.com", "/x/..;/admin", False, "dot segment once its ';' parameters are cut ('..;')"),
+    ("open.example.com", "/x/;/admin", False, "empty segment once its ';' parameters are cut"),
+    ("open.example.com", "/a;b/c", True, "matches no deny rule"),
+    # a trailing slash dropped
+    ("open.example.com", "/admin/", False, "rule \"deny * /admin\" (read as a lenient server"),
+    ("api.example.com", "/repos/o/r/hooks/", False, "rule \"deny * /repos/*/*/hooks\""),
+    ("api.example.com", "/user/", False, "matches no allow rule"),  # as before: the written path is not allowed
+    ("api.example.com", "/repos/o/", True, "allow GET /repos/**"),
+    ("api.example.com", "/repos/..;/admin", False, "'..;'"),
+    ("api.example.com", "/repos/x;/y", True, "allow GET /repos/**"),
+    ("api.example.com", "/", False, "matches no allow rule"),
+    # letter case: deny rules in any case, allow rules exactly
+    ("open.example.com", "/ADMIN", False, "rule \"deny * /admin\" (the path in another letter case)"),
+    ("api.example.com", "/Admin/x", False, "rule \"deny * /admin/**\" (the path in another letter case)"),
+    ("api.example.com", "/REPOS/o/r", False, "matches no allow rule"),
+    ("api.example.com", "/repos/O/R/HOOKS", False, "rule \"deny * /repos/*/*/hooks\""),
+])
+def test_paths_are_judged_as_a_lenient_server_routes_them(host: str, path: str, allow: bool, reason: str) -> None:
+    decision = LENIENT.decide("GET", host, 443, path)
+    assert decision.allow is allow, decision.reason
+    assert reason in decision.reason
+
+
+@pytest.mark.parametrize(("method", "overrides", "allow", "reason"), [
+    ("GET", ("DELETE",), False, "DELETE matches no allow rule of [[egress]] api.example.com"),
+    ("GET", ("delete",), False, "DELETE matches no allow rule"),  # frameworks upper-case it
+    ("GET", ("GET",), True, "allow GET /repos/**"),
+    ("GET", ("get", "HEAD"), True, "allow GET /repos/**"),
+    ("HEAD", ("PUT",), False, "PUT matches no allow rule"),
+    ("GET", ("DELETE, GET",), False, "names no HTTP method"),
+    ("GET", ("",), False, "names no HTTP method"),
+])
+def test_a_method_override_is_judged_as_the_method_it_names(method: str, overrides: tuple[str, ...], allow: bool,
+                                                            reason: str) -> None:
+    decision = LENIENT.decide(method, "api.example.com", 443, "/repos/o/r", overrides)
+    assert decision.allow is allow, decision.reason
+    assert reason in decision.reason
+    if not allow and "names no" not in reason:
+        assert decision.reason.endswith("(the method a method override names)")
+
+
+def test_a_method_override_on_a_deny_only_host_and_on_a_host_without_rules() -> None:
+    assert not LENIENT.decide("POST", "open.example.com", 443, "/x", ("DELETE",)).allow
+    assert LENIENT.decide("POST", "open.example.com", 443, "/x", ("PATCH",)).allow
+    assert LENIENT.decide("GET", "elsewhere.example.com", 443, "/x", ("DELETE", "not a method")).allow
+
+
+def test_method_overrides_are_read_from_every_header_spelling_and_the_query() -> None:
+    headers = [(b"x-http-method-override", b"DELETE"), (b"x_http_method", b" put "), (b"x-method-override", b"Patch"),
+               (b"x-other", b"POST")]
+    assert method_overrides(headers, b"/a") == ("DELETE", "put", "Patch")
+    assert method_overrides([], b"/a?x=1&_method=DELETE;%5Fmethod=PUT") == ("DELETE", "PUT")
+    assert method_overrides([], b"/a?my_method=DELETE") == ()
+
+
+def test_lenient_readings() -> None:
+    assert lenient_readings((b"a", b"b")) == ()
+    assert lenient_readings((b"",)) == ()
+    assert lenient_readings((b"a;x", b"b;y=1", b"")) == (((b"a", b"b", b""), False), ((b"a;x", b"b;y=1"), True),
+                                                          ((b"a", b"b"), True))
+    with pytest.raises(PathError, match=r"'\.\.;'"):
+        lenient_readings((b"..;", b"x"))

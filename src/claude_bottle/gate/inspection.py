@@ -34,7 +34,7 @@ from claude_bottle.gate.scan import SecretReflected, SecretScanner
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import Target
 from claude_bottle.policy.mcp import server_for
-from claude_bottle.policy.rules import RequestPolicy
+from claude_bottle.policy.rules import RequestPolicy, method_overrides
 
 # A body read whole is scanned in pieces of this size, as a streamed one is, so the copies a scan makes (the
 # view with its escapes decoded, the case-folded one) stay small; the cost per MB is the same for any size.
@@ -136,10 +136,12 @@ async def _unreflected(body: AsyncIterator[bytes], scanner: SecretScanner, refus
 
 
 def request_rules(policy: RequestPolicy, target: Target) -> RequestFilter:
-    """Refuse a request the ``[[egress]]`` rules for ``target`` do not allow; return the verdict that allowed it."""
+    """Refuse a request the ``[[egress]]`` rules for ``target`` do not allow, as its own method and as any
+    method it names in an override header; return the verdict that allowed it."""
 
     async def judge(request: Outbound) -> Decision:
-        decision = policy.decide(request.method.decode("ascii"), target.host, target.port, request.path)
+        overrides = method_overrides(request.headers, request.target) if policy.hosts else ()
+        decision = policy.decide(request.method.decode("ascii"), target.host, target.port, request.path, overrides)
         if not decision.allow:
             raise Refused.by(decision)
         return decision

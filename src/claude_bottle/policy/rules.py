@@ -19,6 +19,14 @@ How a request is judged (also in docs/inspection.md):
   rules, the request is refused; an entry with deny rules only allows what they do not match.
 - Methods compare exactly (HTTP methods are case-sensitive): ``GET`` does not cover ``get`` or ``HEAD``.
   ``CONNECT`` is never judged here: it is the tunnel itself, and a tunnel's requests are judged one by one.
+- What a lenient server makes of a request is judged too, and the request passes only if every reading
+  passes: a method named in ``X-HTTP-Method-Override``, ``X-HTTP-Method``, ``X-Method-Override`` (or a
+  ``_method`` query parameter) is judged as well as the request's own, upper-cased as frameworks do (one
+  that is not a method token is refused); ``;`` parameters cut from each segment (``/admin;x=1`` is
+  ``/admin`` to Tomcat, Jetty, Spring; ``..;`` is a dot segment, refused); a trailing ``/`` dropped
+  (``/admin/`` is ``/admin`` to many routers: judged by deny rules only, since the allow rule that passed
+  the written path named that resource). Deny rules match paths in any letter case (``/ADMIN`` is
+  ``/admin`` to a case-blind server); allow rules match exactly, so a path in another case is refused.
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ from __future__ import annotations
 import itertools
 import operator
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from urllib.parse import unquote_to_bytes
 
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import HostPattern, InvalidHost, Target, normalize_host, parse_pattern
@@ -58,9 +68,10 @@ class PathPattern:
     text: str
     segments: tuple[str, ...]
     _regexes: tuple[re.Pattern[bytes] | None, ...]  # per segment; None for '**'
+    _folded: tuple[re.Pattern[bytes] | None, ...]  # the same, blind to letter case
 
-    def matches(self, segments: tuple[bytes, ...]) -> bool:
-        return _match(self._regexes, segments)
+    def matches(self, segments: tuple[bytes, ...], fold: bool = False) -> bool:
+        return _match(self._folded if fold else self._regexes, segments)
 
     def __str__(self) -> str:
         return self.text
@@ -87,6 +98,7 @@ def parse_path_pattern(text: str) -> PathPattern:
                           "before they are matched)")
     segments = tuple(text[1:].split("/"))
     regexes: list[re.Pattern[bytes] | None] = []
+    folded: list[re.Pattern[bytes] | None] = []
     for i, segment in enumerate(segments):
         if segment == "" and i != len(segments) - 1:
             raise InvalidRule(f"path {text!r}: empty segment ('//'); such requests are refused anyway")
@@ -97,12 +109,14 @@ def parse_path_pattern(text: str) -> PathPattern:
                               "unescaped; use '*' for them")
         if segment == "**":
             regexes.append(None)
+            folded.append(None)
         elif "**" in segment:
             raise InvalidRule(f"path {text!r}: '**' must be a whole segment (/a/**/b); '*' matches within one")
         else:
-            pieces = (re.escape(piece.encode()) for piece in segment.split("*"))
-            regexes.append(re.compile(b"[^/]*".join(pieces), re.DOTALL))
-    return PathPattern(text, segments, tuple(regexes))
+            glob = b"[^/]*".join(re.escape(piece.encode()) for piece in segment.split("*"))
+            regexes.append(re.compile(glob, re.DOTALL))
+            folded.append(re.compile(glob, re.DOTALL | re.IGNORECASE))
+    return PathPattern(text, segments, tuple(regexes), tuple(folded))
 
 
 @dataclass(frozen=True)
@@ -113,8 +127,9 @@ class RequestRule:
     method: str  # an upper-case HTTP token, or "*" for every method but CONNECT
     path: PathPattern
 
-    def matches(self, method: str, segments: tuple[bytes, ...]) -> bool:
-        return (self.method == "*" or self.method == method) and self.path.matches(segments)
+    def matches(self, method: str, segments: tuple[bytes, ...], fold: bool = False) -> bool:
+        """Whether the rule covers ``method`` on ``segments``; with ``fold``, the path in any letter case."""
+        return (self.method == "*" or self.method == method) and self.path.matches(segments, fold)
 
     def __str__(self) -> str:
         return f"{self.verdict} {self.method} {self.path}"
@@ -194,6 +209,40 @@ def path_readings(path: str) -> tuple[tuple[bytes, ...], ...]:
     return (written,) if written == decoded else (written, decoded)
 
 
+def lenient_readings(reading: tuple[bytes, ...]) -> tuple[tuple[tuple[bytes, ...], bool], ...]:
+    """What lenient servers also route ``reading`` (from ``path_readings``) as, each with whether only deny
+    rules judge it: with each segment's ``;`` parameters cut off (judged by every rule: ``/repos/..;/admin``
+    is ``/admin`` to Tomcat), and without a trailing empty segment (a trailing ``/``; deny rules only: the
+    allow rule that passed the written path named that resource). None if neither applies. Raises
+    PathError when cutting parameters leaves a dot segment (``..;``) or an empty one."""
+    found: dict[tuple[bytes, ...], bool] = {}
+    if any(b";" in segment for segment in reading):
+        cut = tuple(segment.split(b";", 1)[0] for segment in reading)
+        if any(s in (b".", b"..") for s in cut):
+            raise PathError("request path has a dot segment once its ';' parameters are cut ('..;')")
+        if any(s == b"" for s in cut[:-1]):
+            raise PathError("request path has an empty segment once its ';' parameters are cut")
+        found[cut] = False
+    for candidate in (reading, *found):
+        if len(candidate) > 1 and candidate[-1] == b"":
+            found.setdefault(candidate[:-1], True)
+    return tuple((r, deny_only) for r, deny_only in found.items() if r != reading)
+
+
+METHOD_OVERRIDE_HEADERS = frozenset({b"x-http-method-override", b"x-http-method", b"x-method-override"})
+
+
+def method_overrides(headers: Iterable[tuple[bytes, bytes]], target: bytes) -> tuple[str, ...]:
+    """The methods a request names besides its own, as frameworks read them: the values of the override
+    headers (names lower-case, in any spelling with ``_`` for ``-``) and of ``_method`` query parameters."""
+    named = [value for name, value in headers if name.replace(b"_", b"-") in METHOD_OVERRIDE_HEADERS]
+    if b"_method" in target:
+        query = target.partition(b"?")[2]
+        named += [pair.partition(b"=")[2] for pair in query.replace(b";", b"&").split(b"&")
+                  if unquote_to_bytes(pair.partition(b"=")[0]) == b"_method"]
+    return tuple(unquote_to_bytes(value).decode("latin-1").strip() for value in named)
+
+
 def _decode_segment(segment: bytes, keep_separators: bool = False) -> bytes:
     def byte(match: re.Match[bytes]) -> bytes:
         value = bytes([int(match.group(1), 16)])
@@ -236,13 +285,14 @@ class RequestPolicy:
         entry = self.entry(target)
         return entry is None or entry.inspect
 
-    def decide(self, method: str, host: str, port: int, path: str) -> Decision:
+    def decide(self, method: str, host: str, port: int, path: str, overrides: Sequence[str] = ()) -> Decision:
         """Judge one request. ``host`` and ``port``: the tunnel's target (CONNECT, checked against the SNI) or
         the absolute URL's, never a ``Host`` header the client may set apart from them; normalised here.
         ``path``: the origin-form target (a query is ignored). The host must already have passed the
-        allowlist: this adds the method and path rules on top. Refusals: 405 for CONNECT, 400 for a path
-        that is not canonical (only where rules exist), 403 for a rule. The reason names the rule and the
-        entry, never the path."""
+        allowlist: this adds the method and path rules on top. ``overrides``: the methods the request also
+        names (``method_overrides``), each judged too. Refusals: 405 for CONNECT, 400 for a path that is not
+        canonical or an override that is not a method (only where rules exist), 403 for a rule. The reason
+        names the rule and the entry, never the path."""
         if method == "CONNECT":
             return Decision(False, "CONNECT is not a request inside a tunnel; the tunnel was judged on its own", 405)
         try:
@@ -258,23 +308,39 @@ class RequestPolicy:
             return Decision(True, f"[[egress]] {entry.host} {what}: any method and path")
         try:
             readings = path_readings(path)
+            lenient = tuple(r for reading in readings for r in lenient_readings(reading))
         except PathError as exc:
             return Decision(False, f"{exc}; [[egress]] {entry.host} has rules, which judge canonical paths only",
                             400, rule=f"[[egress]] {entry.host} canonical path")
-        written = _judge(entry, method, readings[0])
-        if not written.allow or len(readings) == 1:
-            return written
-        decoded = _judge(entry, method, readings[1])
-        if decoded.allow:
-            return written
-        return Decision(False, f"{decoded.reason} (reading its encoded '/' as a separator)", rule=decoded.rule)
+        named = tuple(dict.fromkeys(o.upper() for o in overrides if o.upper() != method))
+        if any(not _TOKEN.fullmatch(o) for o in named):
+            return Decision(False, f"a method override header names no HTTP method; [[egress]] {entry.host} has "
+                            "rules, which judge every method a request names", 400,
+                            rule=f"[[egress]] {entry.host} method override")
+        notes = ("", " (reading its encoded '/' as a separator)")
+        lenient_note = " (read as a lenient server routes it: ';' parameters cut, a trailing '/' dropped)"
+        judged = [(r, False, notes[i]) for i, r in enumerate(readings)] + [
+            (r, deny_only, lenient_note) for r, deny_only in lenient]
+        first: Decision | None = None
+        for each in (method, *named):
+            overridden = "" if each == method else " (the method a method override names)"
+            for reading, deny_only, note in judged:
+                decision = _judge(entry, each, reading, deny_only)
+                if not decision.allow:
+                    return Decision(False, f"{decision.reason}{note}{overridden}", rule=decision.rule)
+                first = first or decision
+        assert first is not None
+        return first
 
 
-def _judge(entry: HostRules, method: str, segments: tuple[bytes, ...]) -> Decision:
-    for rule in entry.deny:
-        if rule.matches(method, segments):
-            return Decision(False, f"{method} refused by [[egress]] {entry.host} rule \"{rule}\"",
+def _judge(entry: HostRules, method: str, segments: tuple[bytes, ...], deny_only: bool = False) -> Decision:
+    for rule in entry.deny:  # in any letter case: a case-blind server routes /ADMIN as /admin
+        if rule.matches(method, segments, fold=True):
+            case = "" if rule.matches(method, segments) else " (the path in another letter case)"
+            return Decision(False, f"{method} refused by [[egress]] {entry.host} rule \"{rule}\"{case}",
                             rule=_rule_name(entry, rule))
+    if deny_only:
+        return Decision(True, f"{method} matches no deny rule of [[egress]] {entry.host}")
     for rule in entry.allow:
         if rule.matches(method, segments):
             return Decision(True, f"{method} allowed by [[egress]] {entry.host} rule \"{rule}\"",
