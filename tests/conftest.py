@@ -95,6 +95,9 @@ def make_gate(stub: StubUpstream) -> GateFactory:
         dlp_off: tuple[str, ...] = (),
         learn: bool = False,
         control_socket: Path | None = None,
+        ask: bool = False,
+        ask_timeout: float = 60.0,
+        ask_limit: int = 16,
         routes: tuple[CredentialRoute, ...] = (),
         upstream_proxy: UpstreamProxy | None = None,
         mcp_servers: tuple[str, ...] = (),
@@ -119,6 +122,9 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             extra_ca=tuple(Path(path) for path in extra_ca),
             learn=learn,
             control_socket=control_socket,
+            ask=ask,
+            ask_timeout=ask_timeout,
+            ask_limit=ask_limit,
             **{name: limits.get(name, getattr(TEST_LIMITS, name)) for name in OPTION_LIMITS},
         )
         config = options.settings(replace(TEST_LIMITS, **{n: v for n, v in limits.items() if n not in OPTION_LIMITS}))

@@ -98,6 +98,9 @@ def generated(rng: random.Random) -> GateOptions:
         idle_timeout=rng.choice([Limits.idle_timeout, rng.uniform(1, 86_400)]),
         drain_seconds=rng.choice([Limits.drain_seconds, 0.0, rng.uniform(0, 3600)]),
         learn=rng.random() < 0.5,
+        ask=rng.random() < 0.5,
+        ask_timeout=rng.choice([60.0, 1.0, rng.uniform(1, 600)]),
+        ask_limit=rng.choice([16, 1, rng.randint(1, 1000)]),
         control_socket=rng.choice([None, Path("/tmp/claude-bottle-control.sock")]),
         exit_with_stdin=rng.random() < 0.5,
         stdin_heartbeat=rng.choice([0.0, 5.0, rng.uniform(0, 3600)]),
@@ -237,3 +240,15 @@ def test_a_runs_upstream_proxy_reaches_its_gate_with_the_password_on_standard_in
     assert "hunter2" not in " ".join(options.args())
     assert options.stdin().decode().splitlines()[-1] == "hunter2"
     assert parsed(options.args(), options.stdin(), monkeypatch).upstream_proxy == proxy
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"ask": True, "learn": True}, "--ask and --learn"),
+    ({"ask": True}, "--ask needs --control-socket"),
+])
+def test_ask_mode_refuses_options_that_would_not_make_it_work(changes: dict[str, object], words: str) -> None:
+    options = GateOptions(api_listen=Endpoint("127.0.0.1", 1), proxy_listen=Endpoint("127.0.0.1", 2),
+                          credential=Credential.parse(make_token(), "base"), **changes)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=words):
+        options.check()
+    dataclasses.replace(options, learn=False, control_socket=Path("/tmp/c.sock")).check()

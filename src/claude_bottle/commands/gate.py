@@ -79,6 +79,7 @@ def run_gate(params: Mapping[str, Any]) -> None:
     from claude_bottle.gate.settings import loopback
 
     options = GateOptions.from_flags(params)
+    options.check()
     settings = options.settings()
     settings.ssl_context()  # fail now, not on the first request, if an extra CA cannot be loaded
     if settings.upstream.scheme == "http" and not loopback(settings.upstream.host):

@@ -41,11 +41,13 @@ class AuditRecord:
     Set through the decision methods below and, for a refusal or a failure, by gate/refusals.py's ``answer``
     (``deny``, ``fail``); the forward and tunnel paths add status, bytes and the tunnel's mode."""
 
-    listener: str  # "api", "proxy" or "control"
+    listener: str  # "api", "proxy", "control", or "ask" (a question asked of the host, and its answer)
     client: str  # peer host:port
     method: str
     target: str  # host:port
-    decision: str = "deny"  # "allow", "deny" (refused), or "error" (a side failed the exchange, or the gate)
+    # "allow", "deny" (refused), "error" (a side failed the exchange, or the gate), or on an ask line "ask"
+    # (a question asked: its requests are held until its answer's line)
+    decision: str = "deny"
     reason: str = ""
     status: int = 0  # HTTP status sent to the client; 0 if the connection closed before one was sent
     path: str | None = None
@@ -55,6 +57,11 @@ class AuditRecord:
     tunnel: TunnelMode | None = None  # a CONNECT past its name and address checks: how its bytes are carried
     side: Side | None = None  # an error: whose side failed (None: the gate's own fault, or no error)
     mcp: tuple[RpcCall, ...] = ()  # the JSON-RPC calls inside a request to an MCP server, one entry each
+    # Ask mode (gate/ask.py): the question a request was held for, its answer ("allow-once", ..., "deny-once"
+    # for a timeout or the limit) and who gave it ("terminal", "hook", ..., "timeout", "limit", "gone").
+    ask: str | None = None
+    answer: str | None = None
+    by: str | None = None
     bytes_up: int = 0  # client -> upstream, body or tunnel bytes
     bytes_down: int = 0  # upstream -> client
     started: float = field(default_factory=time.time)
@@ -134,6 +141,10 @@ class AuditLog:
         if record.mcp:
             fields["mcp"] = [{"server": c.server, "method": c.method, **({"tool": c.tool} if c.tool else {}),
                               "decision": c.decision, "reason": c.reason} for c in record.mcp]
+        if record.ask is not None:
+            fields["ask"] = record.ask
+        if record.answer is not None:
+            fields["answer"], fields["by"] = record.answer, record.by
         fields["bytes_up"], fields["bytes_down"] = record.bytes_up, record.bytes_down
         fields["duration_ms"] = round((time.time() - started) * 1000, 1)
         line = json.dumps(fields, ensure_ascii=False)

@@ -7,6 +7,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Protocol
 
+from claude_bottle.gate.ask import Asks
 from claude_bottle.gate.audit import AuditLog
 from claude_bottle.gate.resolver import Resolver
 from claude_bottle.gate.settings import GateSettings
@@ -33,3 +34,4 @@ class GateContext:
     upstream_tls: ssl.SSLContext  # toward proxied hosts the gate terminates: system store + extra CAs, http/1.1
     tunnels: TunnelSlots  # the proxy's open tunnels, against --max-tunnels
     ca: LeafIssuer | None = None  # None: no termination, every tunnel is opaque (still under the name check)
+    asks: Asks | None = None  # ask mode's pending questions (gate/ask.py); None: an unlisted target is refused

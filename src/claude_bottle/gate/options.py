@@ -22,6 +22,8 @@ from typing import Any
 
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError
+from claude_bottle.gate.ask import DEFAULT_LIMIT as DEFAULT_ASK_LIMIT
+from claude_bottle.gate.ask import DEFAULT_TIMEOUT as DEFAULT_ASK_TIMEOUT
 from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import (
@@ -164,6 +166,16 @@ class GateOptions:
     learn: bool = field(default=False, metadata=_flags(Flag(
         "--learn", "Learn mode: let destinations outside the allowlist through and audit them as would_deny "
         "(never the upstream's host; the address guard, rules and DLP still apply).")))
+    ask: bool = field(default=False, metadata=_flags(Flag(
+        "--ask", "Ask mode: hold a proxy request to a destination outside the allowlist until the host answers on "
+        "the control socket (allow or deny, once or always), or the ask timeout refuses it. Needs "
+        "--control-socket; not with --learn.")))
+    ask_timeout: float = field(default=DEFAULT_ASK_TIMEOUT, metadata=_flags(Flag(
+        "--ask-timeout", "With --ask: seconds a held request waits for an answer before it is refused.",
+        "SECONDS", bounds=(1, 86_400), show_default=True)))
+    ask_limit: int = field(default=DEFAULT_ASK_LIMIT, metadata=_flags(Flag(
+        "--ask-limit", "With --ask: destinations waiting for an answer at once; a request to one more is refused "
+        "at once.", bounds=(1, 1000), show_default=True)))
     control_socket: Path | None = field(default=None, metadata=_flags(Flag(
         "--control-socket", "A unix socket (mode 0600) through which the allowlist can be changed while the gate "
         "runs (python -m claude_bottle.gate.control PATH allow|deny|show HOST).", "PATH", path=True)))
@@ -252,6 +264,15 @@ class GateOptions:
         return cls(credential=credential, routes=routes, request_policy=request_policy, dlp=dlp, upstream_proxy=proxy,
                    **parsed, **values)
 
+    def check(self) -> None:
+        """ConfigError for options that parse but do not make a gate: ask mode without the control socket the
+        host answers on, or with learn mode (which lets through what ask mode would hold)."""
+        if self.ask and self.learn:
+            raise ConfigError("--ask and --learn: choose one (learn mode lets unlisted destinations through, ask "
+                              "mode holds them for the host's answer)")
+        if self.ask and self.control_socket is None:
+            raise ConfigError("--ask needs --control-socket: the host answers there")
+
     def settings(self, limits: Limits | None = None) -> GateSettings:
         """The one loader: these options as the settings the gate runs with. The allowlist is composed here
         (``compose_allowlist``). ``limits``: timeouts the command line does not carry (tests shorten them); the
@@ -276,6 +297,9 @@ class GateOptions:
                                        max_connections=self.max_connections, idle_timeout=self.idle_timeout,
                                        drain_seconds=self.drain_seconds),
             learn=self.learn,
+            ask=self.ask,
+            ask_timeout=self.ask_timeout,
+            ask_limit=self.ask_limit,
             control_socket=self.control_socket,
             upstream_proxy=self.upstream_proxy,
             mcp_servers=self.mcp_servers,

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
+from claude_bottle.gate.ask import BY_LIMIT, BY_TIMEOUT, DENY_ONCE
 from claude_bottle.gate.audit import OPAQUE, RAW_TCP, TERMINATED, AuditRecord
 from claude_bottle.gate.ca import HostNotPermitted
 from claude_bottle.gate.connection import READ_SIZE, HttpConnection
@@ -34,7 +36,7 @@ from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
 from claude_bottle.gate.upstream import Dialer, resolve
 from claude_bottle.gate.upstream_proxy import UpstreamProxy, refusal
 from claude_bottle.policy.addresses import IPAddress
-from claude_bottle.policy.decide import Decision, decide_server_name
+from claude_bottle.policy.decide import Decision, allow_entry, decide_server_name
 from claude_bottle.policy.hosts import (
     InvalidHost,
     Target,
@@ -135,6 +137,9 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
         raise Refused(400, str(exc), close=method == "CONNECT") from None
 
     decision = ctx.egress.decide_tunnel(target) if method == "CONNECT" else ctx.egress.decide_target(target)
+    if not decision.allow and decision.unlisted and ctx.asks is not None:
+        await vetted_addresses(target, record, ctx)  # the address guard first: never ask about what it refuses
+        decision = await approval(target, method, path, conn.peer, record, ctx)
     if not decision.allow:
         raise Refused.by(decision)
     record.decided(decision)
@@ -175,6 +180,38 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
                           limits.idle_timeout, request_filters, response_filters)
     finally:
         ctx.tunnels.release()
+
+
+async def approval(target: Target, method: str, path: str, client: str, record: AuditRecord, ctx: GateContext
+                   ) -> Decision:
+    """Ask mode: hold the request for a target outside the allowlist until the host answers (gate/ask.py), then
+    decide it by the policy as the answer left it (so the checks after the allowlist still apply: a CONNECT to
+    port 80, the addresses again, rules and DLP on inspected requests). A refusal when the asks are full, the
+    approval timed out, or the host denied it. The record carries the question, the answer and who gave it."""
+    asks = ctx.asks
+    assert asks is not None
+    hint = f"run `claude-bottle allow {allow_entry(target)}` on the host, or answer when asked"
+    connect = method == "CONNECT"
+    question = asks.question(target, "connect" if connect else "http", client, None if connect else method,
+                             None if connect else path.split("?", 1)[0])
+    if question is None:
+        record.answer, record.by = DENY_ONCE, BY_LIMIT
+        return Decision(False, f"{target} is not in the allowlist and {asks.limit} destinations already wait for the "
+                               "user's approval (the ask limit): refused without asking", unlisted=True, hint=hint)
+    record.ask = question.id
+    answer = await asks.wait(question)
+    record.answer, record.by = answer.answer, answer.by
+    if answer.by == BY_TIMEOUT:
+        return Decision(False, f"{target} is not in the allowlist and the approval timed out: nobody answered within "
+                               f"{asks.timeout:g}s (ask mode)", unlisted=True, hint=hint)
+    if not answer.allow:
+        return Decision(False, f"{target} was refused by the user when asked ({answer.answer} by {answer.by})",
+                        hint=f"run `claude-bottle allow {allow_entry(target)}` on the host")
+    decision = ctx.egress.decide_tunnel(target) if connect else ctx.egress.decide_target(target)
+    if not decision.allow:
+        return decision
+    return dataclasses.replace(decision, reason=f"{target} approved by the user ({answer.answer} by {answer.by} "
+                                                f"after {answer.waited:g}s); {decision.reason}")
 
 
 def _hosts(addresses: list[IPAddress]) -> list[str]:

@@ -18,17 +18,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import uvloop
 
 from claude_bottle.errors import ConfigError, GateError
 from claude_bottle.gate import control
 from claude_bottle.gate.api import ApiRoute
+from claude_bottle.gate.ask import BY_GONE, BY_TIMEOUT, Answer, Asks, Question
 from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.connection import HttpConnection, serve_http
 from claude_bottle.gate.context import GateContext, LeafIssuer
+from claude_bottle.gate.control import ControlRequest, Events
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.http1 import State
 from claude_bottle.gate.lifeline import watch
@@ -41,7 +43,7 @@ from claude_bottle.gate.settings import Endpoint, GateSettings
 from claude_bottle.gate.tunnel import TunnelSlots
 from claude_bottle.gate.upstream import Dialer, UpstreamPool
 from claude_bottle.policy.addresses import IPAddress, parse_ip_literal
-from claude_bottle.policy.decide import EgressPolicy
+from claude_bottle.policy.decide import Decision, EgressPolicy, allow_entry
 from claude_bottle.policy.view import policy_view
 
 UPSTREAM_ADDRESS_TTL = 300.0
@@ -89,6 +91,8 @@ class Gate:
             upstream_tls=self.config.ssl_context(),
             tunnels=TunnelSlots(limits.max_tunnels),
             ca=self.ca,
+            asks=Asks(self.config.ask_timeout, self.config.ask_limit, self._asked, self._decided)
+            if self.config.ask else None,
         )
         try:
             for endpoint, listener in ((self.config.api_listen, "api"), (self.config.proxy_listen, "proxy")):
@@ -117,17 +121,56 @@ class Gate:
                 raise GateError(f"cannot listen on the control socket {self.config.control_socket}: "
                                 f"{exc.strerror or exc}") from None
 
-    def control(self, op: str, entry: str) -> dict[str, object]:
-        """A request on the control channel (gate/control.py): the egress policy changes for every request
-        decided from now on; the change is audited."""
+    def control(self, request: ControlRequest) -> dict[str, Any] | Events:
+        """A request on the control channel (gate/control.py): a policy change applies to every request decided
+        from now on and is audited; ask mode's requests go to its questions (gate/ask.py)."""
         assert self._ctx is not None
-        change = control.apply(self._ctx.egress, op, entry)
+        if request.op in control.ASK_OPERATIONS:
+            return self._answer_ask(request)
+        change = control.apply(self._ctx.egress, request.op, request.entry)
         if change.decision is not None:
             self._ctx.egress = change.policy
-            record = AuditRecord("control", "host", op.upper(), entry.strip())
+            record = AuditRecord("control", "host", request.op.upper(), request.entry.strip())
             record.decided(change.decision)
             self.audit.write(record)
         return {"message": change.message, "policy": policy_view(change.policy, self.config.request_policy)}
+
+    def _answer_ask(self, request: ControlRequest) -> dict[str, Any] | Events:
+        assert self._ctx is not None
+        asks = self._ctx.asks
+        if asks is None:
+            raise control.ControlError(f"{request.op}: this gate does not ask (started without --ask)")
+        if request.op == "pending":
+            return {"pending": asks.pending()}
+        if request.op == "watch":
+            return asks.watch()
+        question = asks.decide(request.id, request.answer, request.by)
+        entry = allow_entry(question.target)
+        return {"message": f"{request.answer} {entry}", "entry": entry}
+
+    def _asked(self, question: Question) -> None:
+        """Ask mode: a question is asked; its held requests' own lines follow its answer's line."""
+        record = AuditRecord("ask", question.client, "ASK", str(question.target), decision="ask")
+        record.reason = f"{question.target} is not in the allowlist: held until the host answers (ask mode)"
+        record.path, record.ask = question.path, question.id
+        self.audit.write(record)
+
+    def _decided(self, question: Question, answer: Answer) -> None:
+        """Ask mode: the host's answer acts on the run's policy (as the allow and deny operations do) before
+        the held requests go on; a timeout or a withdrawal leaves it as it is. Audited either way."""
+        assert self._ctx is not None
+        entry = allow_entry(question.target)
+        record = AuditRecord("ask", question.client, answer.answer.upper(), str(question.target))
+        record.path, record.ask, record.answer, record.by = question.path, question.id, answer.answer, answer.by
+        if answer.by in (BY_TIMEOUT, BY_GONE):
+            why = "nobody answered in time" if answer.by == BY_TIMEOUT else "every request held for it went away"
+            record.deny(f"{question.target}: not approved after {answer.waited:g}s ({why})", 0, unlisted=True)
+        else:
+            change = control.apply(self._ctx.egress, "allow" if answer.allow else "deny", entry)
+            self._ctx.egress = change.policy
+            record.decided(Decision(answer.allow, f"{question.target}: {answer.answer} by {answer.by} after "
+                                                  f"{answer.waited:g}s; {change.message} for this run"))
+        self.audit.write(record)
 
     async def stop(self, drain_seconds: float) -> None:
         """Stop accepting; close idle connections now; let busy ones finish up to the deadline."""
@@ -204,8 +247,8 @@ class Gate:
 
 def run_ca(config: GateSettings) -> RunCA:
     """This gate's CA (``claude_bottle.gate.ca``): limited to the names of ``--allow`` (tunnels that may carry
-    any TCP are never terminated), or in learn mode to every name; never the upstream's."""
-    return RunCA.generate(config.allowlist.patterns, (config.upstream.host,), every_name=config.learn)
+    any TCP are never terminated), or in learn and ask modes to every name; never the upstream's."""
+    return RunCA.generate(config.allowlist.patterns, (config.upstream.host,), every_name=config.learn or config.ask)
 
 
 def write_ca_certificate(ca: RunCA, path: Path) -> None:

@@ -102,6 +102,12 @@ class GateSettings:
     # Learn mode: a target outside the allowlist is let through and audited as "would deny" (never the
     # upstream's host; the address guard, rules and DLP still apply); the CA may then certify every name.
     learn: bool = False
+    # Ask mode (gate/ask.py): a target outside the allowlist is held until the host answers on the control
+    # socket, for at most ``ask_timeout`` seconds, ``ask_limit`` targets at once; the CA then certifies every
+    # name as in learn mode, so an approved host's requests are inspected (rules, DLP).
+    ask: bool = False
+    ask_timeout: float = 60.0
+    ask_limit: int = 16
     # A unix socket inside the gate's own file system through which the host changes the allowlist while it
     # runs (gate/control.py); None: the policy is fixed at start.
     control_socket: Path | None = None
