@@ -98,6 +98,11 @@ _learn_option = click.option(
     "--learn", is_flag=True,
     help="Learn mode: let destinations outside the allowlist through and record them as would_deny (the address "
          "guard, credential hosts and DLP still apply); then `claude-bottle policy suggest`.")
+_ask_option = click.option(
+    "--ask", is_flag=True,
+    help="Ask mode: hold a request to a destination outside the allowlist until you answer (`claude-bottle "
+         "approve` in another terminal, a notification, or the agent's ask_command); unanswered within the agent's "
+         "ask_timeout (default 60 s), it is refused. Also the agent key ask = true.")
 _upstream_proxy_option = click.option(
     "--upstream-proxy", metavar="URL", default=None,
     help="The HTTP proxy the gate connects out through, http://[USER:PASSWORD@]HOST[:PORT], or 'none' (default: "
@@ -115,11 +120,12 @@ _upstream_network_option = click.option(
 @_upstream_network_option
 @_runtime_option
 @_learn_option
+@_ask_option
 @click.option("--keep", is_flag=True, help="Keep the stopped containers and networks for inspection.")
 @click.pass_context
 def start(ctx: click.Context, agent: str | None, workspace: str | None, upstream: str | None,
           upstream_proxy: str | None, upstream_network: tuple[str, ...], runtime: str | None, learn: bool,
-          keep: bool) -> None:
+          ask: bool, keep: bool) -> None:
     """Start Claude Code interactively in a bottle, in this terminal: claude-bottle start [AGENT] [OPTIONS]
     [-- CLAUDE_ARGS...], e.g. `-- --continue` or `-- --resume ID` (sessions are kept per agent and workspace).
 
@@ -131,7 +137,7 @@ def start(ctx: click.Context, agent: str | None, workspace: str | None, upstream
 
     claude_args = tuple(ctx.meta.get("command", ()))
     sys.exit(command.start(agent, workspace, upstream, upstream_network, runtime, learn, keep, claude_args,
-                           upstream_proxy))
+                           upstream_proxy, ask))
 
 
 @cli.command(cls=_ClaudeArgs, context_settings=CONTEXT)
@@ -143,9 +149,11 @@ def start(ctx: click.Context, agent: str | None, workspace: str | None, upstream
 @_upstream_network_option
 @_runtime_option
 @_learn_option
+@_ask_option
 @click.pass_context
 def run(ctx: click.Context, agent: str | None, prompt: str | None, workspace: str | None, upstream: str | None,
-        upstream_proxy: str | None, upstream_network: tuple[str, ...], runtime: str | None, learn: bool) -> None:
+        upstream_proxy: str | None, upstream_network: tuple[str, ...], runtime: str | None, learn: bool,
+        ask: bool) -> None:
     """Run Claude Code headless (claude -p) in a bottle: claude-bottle run [AGENT] [-p PROMPT] [OPTIONS]
     [-- CLAUDE_ARGS...], e.g. `-- --output-format stream-json --verbose` or `-- --resume ID`.
 
@@ -160,7 +168,7 @@ def run(ctx: click.Context, agent: str | None, prompt: str | None, workspace: st
                                "run)", ctx)
     claude_args = tuple(ctx.meta.get("command", ()))
     sys.exit(command.run(agent, prompt, workspace, upstream, upstream_network, runtime, learn, claude_args,
-                         upstream_proxy))
+                         upstream_proxy, ask))
 
 
 class _Verbatim(click.Command):

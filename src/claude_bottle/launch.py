@@ -102,6 +102,7 @@ class Launch:
     upstream_networks: tuple[str, ...] = ()
     upstream_ca_files: tuple[Path, ...] = ()  # stand-ins' CAs the gate trusts (RunSpec.upstream_ca_files)
     learn: bool = False  # learn mode: what the allowlist does not name passes, audited as would_deny
+    ask: bool = False  # ask mode: what the allowlist does not name waits for the user's answer (gate/ask.py)
     routes: tuple[CredentialRoute, ...] = ()  # the agent's credentials with their values (tokens.routes_for)
     upstream_proxy: UpstreamProxy | None = None  # the gate's way out (agent/upstream_proxy.py); None: direct
 
@@ -164,6 +165,8 @@ def run_spec(launch: Launch, bottle_image: str, gate_image: str, user: str,
         server_tools=agent.server_tools, protected=protected, request_policy=agent.egress, dlp=agent.dlp,
         runtime=agent.runtime,
         learn=launch.learn,
+        ask=launch.ask,
+        ask_timeout=agent.ask_timeout,
         routes=launch.routes,
         upstream_proxy=launch.upstream_proxy,
         route_env={variable: routes[config.name].spec.sentinel for config in agent.credentials

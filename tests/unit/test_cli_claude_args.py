@@ -27,14 +27,16 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["start"], ("start", (None, None, None, (), None, False, False, (), None))),
+    (["start"], ("start", (None, None, None, (), None, False, False, (), None, False))),
     (["start", "dev", "--keep", "--", "--resume", "abc"],
-     ("start", ("dev", None, None, (), None, False, True, ("--resume", "abc"), None))),
-    (["start", "--", "dev"], ("start", (None, None, None, (), None, False, False, ("dev",), None))),  # Claude's word
+     ("start", ("dev", None, None, (), None, False, True, ("--resume", "abc"), None, False))),
+    (["start", "--", "dev"], ("start", (None, None, None, (), None, False, False, ("dev",), None, False))),  # Claude's word
     (["run", "-p", "hi", "--", "--output-format", "stream-json", "--", "x"],
-     ("run", (None, "hi", None, None, (), None, False, ("--output-format", "stream-json", "--", "x"), None))),
-    (["run", "dev", "-p", "hi"], ("run", ("dev", "hi", None, None, (), None, False, (), None))),
-    (["run", "-p", "hi", "--upstream-proxy", "none"], ("run", (None, "hi", None, None, (), None, False, (), "none"))),
+     ("run", (None, "hi", None, None, (), None, False, ("--output-format", "stream-json", "--", "x"), None, False))),
+    (["run", "dev", "-p", "hi"], ("run", ("dev", "hi", None, None, (), None, False, (), None, False))),
+    (["run", "-p", "hi", "--ask"], ("run", (None, "hi", None, None, (), None, False, (), None, True))),
+    (["start", "--ask"], ("start", (None, None, None, (), None, False, False, (), None, True))),
+    (["run", "-p", "hi", "--upstream-proxy", "none"], ("run", (None, "hi", None, None, (), None, False, (), "none", False))),
 ])
 def test_what_follows_the_double_dash_is_claude_codes(
         calls: list[tuple[str, tuple[Any, ...]]], args: list[str], expected: tuple[str, tuple[Any, ...]]) -> None:
@@ -46,7 +48,7 @@ def test_what_follows_the_double_dash_is_claude_codes(
 def test_run_without_a_prompt_reads_standard_input(calls: list[tuple[str, tuple[Any, ...]]]) -> None:
     result = CliRunner().invoke(cli, ["run", "--", "--max-turns", "3"], input="the prompt\n")  # not a terminal
     assert result.exit_code == 0, result.output
-    assert calls == [("run", (None, None, None, None, (), None, False, ("--max-turns", "3"), None))]
+    assert calls == [("run", (None, None, None, None, (), None, False, ("--max-turns", "3"), None, False))]
 
 
 def test_run_without_a_prompt_on_a_terminal_says_how_to_give_one(

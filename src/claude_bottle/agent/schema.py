@@ -18,6 +18,8 @@ from claude_bottle.agent.presets import PRESETS, READ_PRESETS
 from claude_bottle.agent.upstream_proxy import check_setting
 from claude_bottle.claude_code import DEFAULT_CLAUDE_CODE_VERSION, LATEST
 from claude_bottle.errors import ConfigError
+from claude_bottle.gate.ask import ASK_TIMEOUT_BOUNDS
+from claude_bottle.gate.ask import DEFAULT_TIMEOUT as DEFAULT_ASK_TIMEOUT
 from claude_bottle.gate.dlp import DlpPolicy, DlpRule, InvalidDlpRule, parse_builtin_name, parse_dlp_rule
 from claude_bottle.gate.options import compose_allowlist
 from claude_bottle.gate.routes import InvalidRoute, check_routes
@@ -105,6 +107,11 @@ class AgentConfig:
     # Ask mode's hook (runtime/ask_watch.py): a command run on the host for each held request; never from a
     # project file.
     ask_command: tuple[str, ...] = ()
+    # Ask mode (gate/ask.py): a destination outside the allowlist is held until the user answers, at most
+    # ``ask_timeout`` seconds. A project file may turn it on: the user still decides each destination, which is
+    # stricter than learn mode and than an allowlist entry, both of which a project file may already give.
+    ask: bool = False
+    ask_timeout: float = DEFAULT_ASK_TIMEOUT
     sources: tuple[str, ...] = ()  # the files this came from, for messages
 
     @property
@@ -126,7 +133,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     top = Fields(data, source)
     top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
                     "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp",
-                    "credentials", "runtime", "upstream_proxy", "ask_command"})
+                    "credentials", "runtime", "upstream_proxy", "ask", "ask_timeout", "ask_command"})
     if data.get("version") != CONFIG_VERSION:
         raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
 
@@ -174,6 +181,7 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     runtime = top.string("runtime")
     if runtime:
         check_runtime_name(runtime, top.fail)
+    ask, ask_timeout = _ask(top)
 
     agent = AgentConfig(
         name=name,
@@ -198,6 +206,8 @@ def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
         credentials=tuple(c for c, _ in credentials),
         runtime=runtime,
         ask_command=ask_command,
+        ask=ask,
+        ask_timeout=ask_timeout,
         sources=(source,),
     )
     agent = dataclasses.replace(agent, credentials=_bind_mcp_credentials(agent.mcp_servers, agent.credentials,
@@ -225,6 +235,18 @@ def _allowlist(fields: Fields, key: str, texts: list[str] | tuple[str, ...]) -> 
         return Allowlist(tuple(dict.fromkeys(parse_pattern(text) for text in texts)))
     except InvalidHost as exc:
         raise fields.fail(key, str(exc)) from None
+
+
+def _ask(top: Fields) -> tuple[bool, float]:
+    """``ask`` (true or false) and ``ask_timeout`` (seconds, as ``--ask-timeout`` bounds them)."""
+    ask = top.data.get("ask", False)
+    if not isinstance(ask, bool):
+        raise top.fail("ask", "must be true or false")
+    timeout = top.data.get("ask_timeout", DEFAULT_ASK_TIMEOUT)
+    low, high = ASK_TIMEOUT_BOUNDS
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not low <= timeout <= high:
+        raise top.fail("ask_timeout", f"must be a number of seconds from {low:g} to {high:g}")
+    return ask, float(timeout)
 
 
 def check_runtime_name(runtime: str, fail: Callable[[str, str], ConfigError]) -> str:

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from claude_bottle.commands.common import progress
+from claude_bottle.errors import ConfigError
 
 if TYPE_CHECKING:
     from claude_bottle.launch import Launch, Progress
@@ -20,10 +21,11 @@ UPSTREAM_NETWORK_VARIABLE = "CLAUDE_BOTTLE_UPSTREAM_NETWORK"  # comma-separated,
 
 def prepare(agent_name: str | None, workspace: str | None, upstream: str | None,
             upstream_network: tuple[str, ...], runtime: str | None = None, learn: bool = False,
-            upstream_proxy: str | None = None) -> Launch:
+            upstream_proxy: str | None = None, ask: bool = False) -> Launch:
     """Everything a run needs before anything starts: the agent (with --runtime), the workspace, the token,
     the agent's credential routes and the gate's upstream proxy (--upstream-proxy, else the agent's, else
-    the host's proxy variables); a bad --upstream or proxy fails here."""
+    the host's proxy variables); a bad --upstream or proxy fails here. Ask mode is on with ``ask`` (--ask) or
+    the agent's ``ask``; --learn with --ask is refused, and --learn turns the agent's ``ask`` off for the run."""
     from claude_bottle import tokens
     from claude_bottle.agent.load import load_agent
     from claude_bottle.agent.upstream_proxy import choose_upstream_proxy
@@ -35,11 +37,17 @@ def prepare(agent_name: str | None, workspace: str | None, upstream: str | None,
     agent = with_runtime(load_agent(agent_name, path), runtime)
     parsed_upstream = parse_upstream(upstream) if upstream is not None else None
     credential, _ = tokens.find()
+    if learn and ask:
+        raise ConfigError("--learn and --ask: choose one (learn mode lets unlisted destinations through, ask mode "
+                          "holds them for your answer)")
+    if learn and agent.ask:
+        progress(f"learn mode: agent {agent.name}'s ask = true is off for this run")
+    ask = (ask or agent.ask) and not learn
     if learn:
         progress("learn mode: destinations outside the allowlist are let through and recorded as would_deny; "
                  "`claude-bottle policy suggest` turns the run into an allowlist")
     proxy = choose_upstream_proxy(upstream_proxy, agent.upstream_proxy, os.environ)
-    return Launch(agent, path, credential, parsed_upstream, upstream_network, learn=learn,
+    return Launch(agent, path, credential, parsed_upstream, upstream_network, learn=learn, ask=ask,
                   routes=tokens.routes_for(agent.credentials), upstream_proxy=proxy)
 
 
@@ -55,11 +63,11 @@ def steps() -> Progress:
 
 def start(agent: str | None, workspace: str | None, upstream: str | None, upstream_network: tuple[str, ...],
           runtime: str | None, learn: bool, keep: bool, claude_args: tuple[str, ...] = (),
-          upstream_proxy: str | None = None) -> int:
+          upstream_proxy: str | None = None, ask: bool = False) -> int:
     """Claude Code in this terminal (``claude CLAUDE_ARGS``); its exit code."""
     from claude_bottle.launch import claude_command, run_in_terminal
 
-    launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn, upstream_proxy)
+    launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn, upstream_proxy, ask)
     status = run_in_terminal(launch, claude_command(launch.agent, *claude_args), steps(), keep, notice=progress)
     # Claude Code's own "claude --resume ID" hint names a command that would run outside the bottle.
     steps()(f"to go on with a conversation of this workspace in a bottle: claude-bottle start {agent or ''}"
@@ -69,12 +77,12 @@ def start(agent: str | None, workspace: str | None, upstream: str | None, upstre
 
 def run(agent: str | None, prompt: str | None, workspace: str | None, upstream: str | None,
         upstream_network: tuple[str, ...], runtime: str | None, learn: bool, claude_args: tuple[str, ...] = (),
-        upstream_proxy: str | None = None) -> int:
+        upstream_proxy: str | None = None, ask: bool = False) -> int:
     """``claude -p [PROMPT] CLAUDE_ARGS`` headless: standard input (the prompt, without PROMPT) in, Claude
     Code's output out; its exit code."""
     from claude_bottle.launch import claude_command, run_attached
 
-    launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn, upstream_proxy)
+    launch = prepare(agent, workspace, upstream, upstream_network, runtime, learn, upstream_proxy, ask)
     prompt_args = ("-p",) if prompt is None else ("-p", prompt)
     return run_attached(launch, claude_command(launch.agent, *prompt_args, *claude_args), steps(), notice=progress)
 

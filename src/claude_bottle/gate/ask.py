@@ -42,6 +42,7 @@ BY_GONE: Final = "gone"  # every request it held went away before an answer: the
 MAX_BY = 40  # characters of a decider's name ("terminal", "hook", "notification", or short text)
 
 DEFAULT_TIMEOUT = 60.0
+ASK_TIMEOUT_BOUNDS = (1.0, 86_400.0)  # seconds a question may wait, as --ask-timeout and ask_timeout take it
 DEFAULT_LIMIT = 16
 MAX_WATCHERS = 4  # watchers at once; one more is refused
 WATCH_BACKLOG = 256  # events queued for a watcher that does not read; past it the watcher is dropped

@@ -19,7 +19,8 @@ One request per connection, one JSON line; one JSON line back, except for ``watc
            "answer": ..., "by": ...} as they happen (at most a few watchers at once)
     {"op": "decide", "id": "3", "answer": "allow-once" | "allow-always" | "deny-once" | "deny-always",
      "by": "terminal" | "hook" | "notification" | "<short text>"}
-        -> {"ok": true, "message": "...", "entry": "host:port"}
+        -> {"ok": true, "message": "...", "entry": "host:port", "policy": {...}} (the policy the answer left:
+           every answer acts on the run's policy, gate/ask.py)
     any error -> {"ok": false, "error": "..."}
 
 ``allow`` adds an allowlist entry (patterns as ``--allow`` takes them) and lifts a ``deny`` of the same

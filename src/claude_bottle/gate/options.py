@@ -22,6 +22,7 @@ from typing import Any
 
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError
+from claude_bottle.gate.ask import ASK_TIMEOUT_BOUNDS
 from claude_bottle.gate.ask import DEFAULT_LIMIT as DEFAULT_ASK_LIMIT
 from claude_bottle.gate.ask import DEFAULT_TIMEOUT as DEFAULT_ASK_TIMEOUT
 from claude_bottle.gate.dlp import DlpPolicy
@@ -172,7 +173,7 @@ class GateOptions:
         "--control-socket; not with --learn.")))
     ask_timeout: float = field(default=DEFAULT_ASK_TIMEOUT, metadata=_flags(Flag(
         "--ask-timeout", "With --ask: seconds a held request waits for an answer before it is refused.",
-        "SECONDS", bounds=(1, 86_400), show_default=True)))
+        "SECONDS", bounds=ASK_TIMEOUT_BOUNDS, show_default=True)))
     ask_limit: int = field(default=DEFAULT_ASK_LIMIT, metadata=_flags(Flag(
         "--ask-limit", "With --ask: destinations waiting for an answer at once; a request to one more is refused "
         "at once.", bounds=(1, 1000), show_default=True)))

@@ -146,7 +146,8 @@ class Gate:
             return asks.watch()
         question = asks.decide(request.id, request.answer, request.by)
         entry = allow_entry(question.target)
-        return {"message": f"{request.answer} {entry}", "entry": entry}
+        return {"message": f"{request.answer} {entry}", "entry": entry,
+                "policy": policy_view(self._ctx.egress, self.config.request_policy)}
 
     def _asked(self, question: Question) -> None:
         """Ask mode: a question is asked; its held requests' own lines follow its answer's line."""

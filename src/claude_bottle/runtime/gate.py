@@ -34,7 +34,8 @@ def gate_options(spec: RunSpec, listen: str = GATE_ALIAS, heartbeat: float = 0.0
         upstream=spec.upstream, allow=spec.allow, allow_tcp=spec.allow_tcp, allow_private=spec.allow_private,
         allow_server_tool=spec.server_tools, request_policy=spec.request_policy, dlp=spec.dlp, routes=spec.routes,
         extra_ca=tuple(Path(path["bind"]) for path in upstream_ca_mounts(spec).values()), audit_log="-",
-        learn=spec.learn, control_socket=Path(CONTROL_SOCKET), exit_with_stdin=True, stdin_heartbeat=heartbeat,
+        learn=spec.learn, ask=spec.ask, ask_timeout=spec.ask_timeout, control_socket=Path(CONTROL_SOCKET),
+        exit_with_stdin=True, stdin_heartbeat=heartbeat,
         upstream_proxy=spec.upstream_proxy, mcp_servers=spec.mcp_rules,
     )
 

@@ -53,6 +53,8 @@ class RunSpec:
     dlp: DlpPolicy = DlpPolicy()  # [dlp] (--dlp-rule, --dlp-off)
     runtime: str = ""  # the bottle's OCI runtime (runsc: gVisor); empty: the engine's default. The gate keeps it.
     learn: bool = False  # learn mode (--learn): what the allowlist does not name passes, audited as would_deny
+    ask: bool = False  # ask mode (--ask, the agent's ask): what the allowlist does not name waits for an answer
+    ask_timeout: float = 60.0  # seconds a held request waits for the answer (the agent's ask_timeout)
     routes: tuple[CredentialRoute, ...] = ()  # [credentials.NAME] with their values: the gate gets them on stdin
     route_env: dict[str, str] = field(default_factory=dict)  # bottle variables holding a route's sentinel
     git_routes: tuple[RouteSpec, ...] = ()  # routes the bottle's git credential helper answers for
