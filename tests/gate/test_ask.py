@@ -238,6 +238,8 @@ async def test_the_control_command_streams_events_until_its_standard_input_close
         reply = await asyncio.to_thread(control.main, [str(socket_path), "decide", question["id"], "allow-once",
                                                        "terminal"])
         assert reply == 0 and parse_head(await held)[0] == 200
+        # an empty ENTRY, as runtime/gate.py's control_gate always passes one, is no argument
+        assert await asyncio.to_thread(control.main, [str(socket_path), "pending", ""]) == 0
 
 
 @pytest.mark.parametrize(("fields", "words"), [

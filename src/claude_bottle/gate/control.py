@@ -255,6 +255,8 @@ def main(argv: list[str]) -> int:
     """``python -m claude_bottle.gate.control SOCKET OP [ARGS]``: print the reply (``watch``: the events, one
     line each); exit 0 if it applied, 1 if not, 2 for a wrong command line."""
     op, args = (argv[1], argv[2:]) if len(argv) >= 2 else ("", [])
+    while args and not args[-1]:
+        args.pop()  # an empty ENTRY, as callers that always pass one send it, is no argument
     fields: dict[str, str]
     if op in ("allow", "deny", "show") and len(args) <= 1:
         fields = {"entry": args[0] if args else ""}
