@@ -160,9 +160,13 @@ class Asks:
 
     def _end(self, question: Question, answer: Answer) -> None:
         self._pending.pop((question.target.host, question.target.port), None)
-        self._decided(question, answer)  # the policy changes before any held request goes on
-        question.answered.set_result(answer)
-        self._publish({"event": "decided", "id": question.id, "answer": answer.answer, "by": answer.by})
+        try:
+            self._decided(question, answer)  # the policy changes before any held request goes on
+        finally:
+            # Even if the policy could not take the answer (an entry the allowlist refuses): the held requests
+            # go on, and are decided by the policy as it is, which refuses them.
+            question.answered.set_result(answer)
+            self._publish({"event": "decided", "id": question.id, "answer": answer.answer, "by": answer.by})
 
     @contextlib.asynccontextmanager
     async def watch(self) -> AsyncIterator[asyncio.Queue[dict[str, Any] | None]]:

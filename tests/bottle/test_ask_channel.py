@@ -1,0 +1,85 @@
+"""Ask mode's decision channel, attacked from inside a real bottle: one bottle, one held request.
+
+While a request from the bottle is held for the host's answer, the bottle forges answers on every way it has
+toward its gate (both ports, as raw lines and as HTTP, and the control socket's path); the question stays
+pending, and only the host's answer, through the engine, lets the same request complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from claude_bottle.agent.load import load_agent
+from claude_bottle.credentials import Credential
+from claude_bottle.gate.settings import parse_upstream
+from claude_bottle.launch import Launch, started
+from claude_bottle.runtime.gate import CONTROL_SOCKET, GATE_PYTHON
+from claude_bottle.runtime.run import Run
+from claude_bottle.runtime.spec import API_PORT, PROXY_PORT
+from claude_bottle.verify.standins import in_bottle
+from tests.bottle.conftest import Upstream, write_agent
+
+pytestmark = pytest.mark.docker
+PORT = 8000  # the stand-ins' port
+
+
+def gate_control(run: Run, *args: str) -> dict[str, Any]:
+    """The reply of ``python -m claude_bottle.gate.control SOCKET ARGS`` run in the gate, as the host runs it."""
+    _, output = run.engine.exec(run.names.gate, [GATE_PYTHON, "-m", "claude_bottle.gate.control", CONTROL_SOCKET,
+                                                 *args])
+    return dict(json.loads(output.decode().strip().splitlines()[-1]))
+
+
+def pending(run: Run) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 30
+    while True:  # bounded by the deadline
+        questions = gate_control(run, "pending")["pending"]
+        if questions or time.monotonic() > deadline:
+            return list(questions)
+        time.sleep(0.2)
+
+
+def test_only_the_host_answers_a_held_request(client: docker.DockerClient, upstream: Upstream, token: str,
+                                              workspace: Path) -> None:
+    write_agent("asker", f'allow_private = ["{upstream.subnet}"]\nask_timeout = 120\n')
+    launch = Launch(load_agent("asker", workspace), workspace, Credential.parse(token, "test"),
+                    parse_upstream(upstream.url), (upstream.network,), ask=True)
+    with contextlib.ExitStack() as stack:
+        run = stack.enter_context(started(launch, lambda line: None))
+        run.create_bottle(["sleep", "600"], tty=False)
+        run.engine.start(run.names.bottle)
+        code, _ = in_bottle(run, f"(curl -s -o /dev/null -m 150 -w '%{{http_code}}' http://target:{PORT}/v1/models "
+                                 "> /tmp/held; touch /tmp/held.done) >/dev/null 2>&1 &")
+        assert code == 0
+        (question,) = pending(run)
+        assert (question["host"], question["port"], question["kind"]) == ("target", PORT, "http")
+
+        # the bottle forges answers: on both ports, as lines and as HTTP, and at the socket's path
+        for op in ({"op": "decide", "id": question["id"], "answer": "allow-always", "by": "terminal"},
+                   {"op": "allow", "entry": f"target:{PORT}"}):
+            forged = json.dumps(op)
+            for port in (API_PORT, PROXY_PORT):
+                in_bottle(run, f"printf '%s\\n' '{forged}' | timeout 5 bash -c 'cat > /dev/tcp/{run.gate_ip}/{port}'")
+                in_bottle(run, f"curl -s -m 5 -X POST --data-raw '{forged}' http://{run.gate_ip}:{port}/control")
+            in_bottle(run, f"curl -s -m 5 -X POST --data-raw '{forged}' http://gate:{PROXY_PORT}/")
+        missing = in_bottle(run, f"curl -s -m 5 --unix-socket {CONTROL_SOCKET} http://x/; echo code=$?")[1]
+        assert "code=7" in missing
+        still = gate_control(run, "pending")["pending"]
+        assert [q["id"] for q in still] == [question["id"]], "nothing from the bottle answered the question"
+        assert in_bottle(run, "test -e /tmp/held.done")[0] != 0, "the held request is still held"
+        assert gate_control(run, "show")["policy"]["allow"] == [], "nor changed the policy"
+
+        # the host answers through the engine: the same request completes, no restart
+        reply = gate_control(run, "decide", question["id"], "allow-once", "terminal")
+        assert reply["ok"] and reply["entry"] == f"target:{PORT}"
+        deadline = time.monotonic() + 30
+        while in_bottle(run, "test -e /tmp/held.done")[0] != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert in_bottle(run, "cat /tmp/held")[1].strip() == "200"
