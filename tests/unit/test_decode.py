@@ -49,6 +49,8 @@ def extra_views(window: bytes) -> list[bytes]:
 
 def test_a_window_without_escapes_has_no_extra_view() -> None:
     assert extra_views(b'{"model": "m", "text": "100% sure, %25 of it, a\\\\b"}') == []
+    # what JSON encoders write all the time: control and non-ASCII characters, short escapes
+    assert extra_views(b'{"text": "4.5 \\u2192 4.6\\n\\u001b[31mred\\t\\"q\\" \\u007f \\ud83d\\ude00"}') == []
     assert [view.name for view in VIEWS] == ["percent-decoded", "percent-decoded twice", "JSON-unescaped"]
 
 
@@ -60,6 +62,11 @@ def test_json_escapes_are_undone_as_a_json_parser_reads_them() -> None:
 def test_an_escaped_backslash_is_not_the_start_of_an_escape() -> None:
     (view,) = extra_views(b"\\\\u0041 \\u0042")
     assert view == b"\\u0041 B"
+
+
+def test_other_escapes_are_undone_once_a_printable_one_makes_a_view() -> None:
+    (view,) = extra_views(b"\\u2192\\n\\u0041")
+    assert view == "\u2192\nA".encode()
 
 
 def test_a_lone_surrogate_escape_does_not_break_the_view() -> None:

@@ -62,15 +62,19 @@ def percent_decoded_twice(window: bytes) -> bytes | None:
 
 _JSON_ESCAPE = re.compile(rb'\\(?:u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})'
                           rb'|u([0-9a-fA-F]{4})|(["\\/bfnrt]))')
+_PRINTABLE_ESCAPE = re.compile(rb"\\u00(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E])")
 _SHORT_ESCAPES = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r",
                   b"t": b"\t"}
 
 
 def json_unescaped(window: bytes) -> bytes | None:
     """The window with JSON string escapes undone, as a JSON parser reads them (an escaped backslash is not
-    the start of an escape; a lone surrogate stays as it is), or None without a ``\\u`` or ``\\/`` escape
-    (the others cannot hide a token's characters)."""
-    if b"\\u" not in window and b"\\/" not in window:
+    the start of an escape; a lone surrogate stays as it is), or None unless it holds an escape of a
+    printable ASCII character (``\\u0041``, ``\\/``): what a token or a held secret is made of. Escapes of
+    control and non-ASCII characters alone (``\\n``, ``\\u001b``, ``\\u2192``: JSON encoders write them all
+    the time, Claude Code's bodies are full of them) make no view; they are undone when another escape
+    makes one."""
+    if b"\\/" not in window and (b"\\u" not in window or _PRINTABLE_ESCAPE.search(window) is None):
         return None
     return _JSON_ESCAPE.sub(_unescape, window)
 
