@@ -228,7 +228,8 @@ def trust_(directory: str | None, yes: bool) -> None:
 def login(name: str | None, from_stdin: bool) -> None:
     """Store your token (from `claude setup-token`, or an API key) in the OS keyring or a 0600 file.
 
-    With NAME, store the value of the credential route [credentials.NAME] instead (docs/credentials.md)."""
+    With NAME, store the value of the credential route [credentials.NAME] instead (docs/credentials.md); with
+    `proxy`, the upstream proxy's password, for a proxy URL with a user and no password (docs/upstream-proxy.md)."""
     from claude_bottle.commands import login as command
 
     command.login(name, from_stdin)
@@ -237,7 +238,7 @@ def login(name: str | None, from_stdin: bool) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.argument("name", required=False)
 def logout(name: str | None) -> None:
-    """Forget the stored token (with NAME: the stored value of credential NAME)."""
+    """Forget the stored token (with NAME: the stored value of credential NAME; `proxy`: the proxy's password)."""
     from claude_bottle.commands import login as command
 
     command.logout(name)

@@ -5,6 +5,9 @@ Looked up in that order. ``claude-bottle login`` stores into the keyring when on
 A credential route's value (``[credentials.NAME]``) comes from a host variable (``env``), a host command run
 at start (``command``, such as ``gh auth token``), or else the same store: ``claude-bottle login NAME`` puts
 it in the keyring (account ``credential:NAME``) or in ``<config dir>/credentials/NAME`` (0600).
+
+The upstream proxy's password (for a proxy URL with a user and no password) is stored the same way by
+``claude-bottle login proxy``: account ``upstream-proxy``, else ``<config dir>/upstream-proxy-password``.
 """
 
 from __future__ import annotations
@@ -201,3 +204,50 @@ def _command_output(command: tuple[str, ...], where: str) -> str:
 def routes_for(credentials: tuple[CredentialConfig, ...]) -> tuple[CredentialRoute, ...]:
     """Each configured credential with its value and a fresh sentinel: the routes of one run."""
     return tuple(CredentialRoute(c.spec(new_sentinel(c.name)), route_value(c)) for c in credentials)
+
+
+PROXY_ACCOUNT = "upstream-proxy"
+PROXY_NAME = "proxy"  # `login proxy`: not a credential route's name (agent/credential_config.py refuses it)
+
+
+def proxy_password_file() -> Path:
+    return config_dir() / "upstream-proxy-password"
+
+
+def store_proxy_password(text: str) -> str:
+    """Save the upstream proxy's password (one line, not empty); returns where."""
+    value = text.strip("\r\n")
+    if not value or "\n" in value or "\r" in value:
+        raise CredentialError("the proxy's password given is empty or holds several lines")
+    keyring = _keyring()
+    try:
+        keyring.set_password(SERVICE, PROXY_ACCOUNT, value)
+        return "the OS keyring"
+    except keyring.errors.KeyringError:
+        pass
+    _write_private(proxy_password_file(), value)
+    return str(proxy_password_file())
+
+
+def proxy_password() -> str | None:
+    """The stored upstream proxy's password, or None."""
+    keyring = _keyring()
+    with contextlib.suppress(keyring.errors.KeyringError):
+        stored: str | None = keyring.get_password(SERVICE, PROXY_ACCOUNT)
+        if stored:
+            return stored
+    path = proxy_password_file()
+    return read_private_file(str(path)).strip("\r\n") if path.exists() else None
+
+
+def remove_proxy_password() -> list[str]:
+    keyring = _keyring()
+    removed = []
+    with contextlib.suppress(keyring.errors.KeyringError):
+        if keyring.get_password(SERVICE, PROXY_ACCOUNT) is not None:
+            keyring.delete_password(SERVICE, PROXY_ACCOUNT)
+            removed.append("the OS keyring")
+    if proxy_password_file().exists():
+        proxy_password_file().unlink()
+        removed.append(str(proxy_password_file()))
+    return removed

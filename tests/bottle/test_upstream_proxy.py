@@ -375,7 +375,8 @@ def test_a_build_fetches_through_squid_and_keeps_its_password_out_of_the_image(
     # The stub answers 404 to that path: squid's log, not the step's status, says whether the fetch went through.
     spec = ImageSpec(f"proxy-test-{nonce}", {"Dockerfile": f"FROM {built_images[1]}\n"
                                              f"RUN /opt/gate/bin/python -c \"{fetch}\" || true\n".encode()})
-    tag = images.build(open_engine(client), spec, lambda line: None, UpstreamProxy.parse(squid.url, "test").environment())
+    proxy = UpstreamProxy.parse(squid.url, "test")
+    tag = images.build(open_engine(client), spec, lambda line: None, proxy.environment())
     try:
         assert f"{squid.stub_url}/{nonce} " in squid.log() and f" {USER} " in squid.log(), squid.log()
         image = client.images.get(tag)

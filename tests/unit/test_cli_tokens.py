@@ -60,3 +60,18 @@ def test_a_failing_value_command_stops_the_start_before_anything_runs(tmp_path: 
     assert result.returncode == 2, result.stderr
     assert "credentials.github: command" in result.stderr and "not logged in to github.com" in result.stderr
     assert "Docker" not in result.stderr, "the value is read before the engine is touched"
+
+
+def test_login_proxy_stores_the_proxys_password_and_a_run_uses_it(tmp_path: Path) -> None:
+    stored = run(tmp_path, "login", "proxy", "--stdin", stdin="pr0xy pass\n")
+    path = tmp_path / "claude-bottle" / "upstream-proxy-password"
+    assert stored.returncode == 0 and str(path) in stored.stdout and "pr0xy" not in stored.stdout + stored.stderr
+    assert path.read_text() == "pr0xy pass\n" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    env = {"XDG_CONFIG_HOME": str(tmp_path), "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring",
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    chosen = subprocess.run([sys.executable, "-c", "from claude_bottle.agent.upstream_proxy import "
+                             "choose_upstream_proxy as c; print(c(None, '', {'HTTPS_PROXY': 'http://me@proxy:3128'})"
+                             ".password)"], capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert chosen.stdout.strip() == "pr0xy pass", chosen.stderr
+    assert run(tmp_path, "login", "proxy", "--stdin", stdin="\n").returncode == 2
+    assert run(tmp_path, "logout", "proxy").returncode == 0 and not path.exists()

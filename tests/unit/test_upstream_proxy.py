@@ -131,3 +131,21 @@ def test_the_build_environment_has_both_spellings_with_the_password_percent_enco
                                          (("no_proxy",), "localhost,.corp"))
         for spelling in names for name in (spelling, spelling.upper())}
     assert UpstreamProxy.parse("http://[::1]:8080", "test").environment()["HTTP_PROXY"] == "http://[::1]:8080"
+
+
+def test_a_user_without_a_password_takes_the_stored_one_and_only_then() -> None:
+    stored = lambda: "from-the-store"  # noqa: E731
+    with_user = choose_upstream_proxy("http://me@proxy:3128", "", {}, stored)
+    assert with_user is not None and with_user.password == "from-the-store"
+    given = choose_upstream_proxy(None, "", {"HTTPS_PROXY": "http://me:own@proxy:3128"}, stored)
+    assert given is not None and given.password == "own"
+    anonymous = choose_upstream_proxy("http://proxy:3128", "", {}, stored)
+    assert anonymous is not None and (anonymous.username, anonymous.password) == ("", "")
+    nothing = choose_upstream_proxy("http://me@proxy:3128", "", {}, lambda: None)
+    assert nothing is not None and nothing.password == ""
+    assert choose_upstream_proxy("none", "", {"HTTPS_PROXY": "http://me@proxy:3128"}, stored) is None
+
+
+def test_proxy_is_not_a_credential_routes_name() -> None:
+    with pytest.raises(ConfigError, match="reserved for the upstream proxy's password"):
+        parse_agent("a", {"version": 1, "credentials": {"proxy": {"hosts": ["example.com"], "env": "X"}}}, "test")

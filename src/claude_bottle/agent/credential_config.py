@@ -60,6 +60,8 @@ def parse_credentials(fields: Fields) -> list[tuple[CredentialConfig, HostRules 
             check_name(name)
         except InvalidRoute as exc:
             raise fields.fail(name, str(exc)) from None
+        if name == "proxy":  # `claude-bottle login proxy` stores the upstream proxy's password (tokens.py)
+            raise fields.fail(name, "is reserved for the upstream proxy's password (`claude-bottle login proxy`)")
         entry.check_keys({"hosts", "scheme", "username", "env", "command", "bottle_env", "git", "allow", "deny"})
         preset = CREDENTIAL_PRESETS.get(name)
         host_texts = entry.strings("hosts") or (preset.hosts if preset else ())

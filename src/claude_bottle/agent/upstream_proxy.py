@@ -8,7 +8,8 @@ The proxy's password stays in the chosen value; the gate gets it on standard inp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 
 from claude_bottle.gate.upstream_proxy import NONE, UpstreamProxy
 
@@ -24,15 +25,29 @@ def check_setting(value: str, what: str) -> str:
     return value.strip()
 
 
-def choose_upstream_proxy(option: str | None, agent_setting: str, environ: Mapping[str, str]) -> UpstreamProxy | None:
+def choose_upstream_proxy(option: str | None, agent_setting: str, environ: Mapping[str, str],
+                          stored_password: Callable[[], str | None] | None = None) -> UpstreamProxy | None:
     """The proxy the gate uses: ``option`` (``--upstream-proxy``; None when not given), else ``agent_setting``
     (the agent's ``upstream_proxy``; empty when unset), else ``environ``'s proxy variables. None: dialled
-    directly. A ConfigError names the setting a bad value came from."""
+    directly. A ConfigError names the setting a bad value came from. A URL with a user and no password gets
+    the one ``claude-bottle login proxy`` stored (``stored_password``, by default the store's), if any."""
     no_proxy = next((environ[name] for name in NO_PROXY_VARIABLES if environ.get(name)), "")
+    chosen = None
     for value, what in ((option, "--upstream-proxy"), (agent_setting, "upstream_proxy")):
         if value:
-            return None if value.strip().lower() == NONE else UpstreamProxy.parse(value, what, no_proxy)
-    for name in PROXY_VARIABLES:
-        if environ.get(name):
-            return UpstreamProxy.parse(environ[name], f"${name}", no_proxy)
-    return None
+            chosen = NONE if value.strip().lower() == NONE else UpstreamProxy.parse(value, what, no_proxy)
+            break
+    else:
+        name = next((name for name in PROXY_VARIABLES if environ.get(name)), None)
+        chosen = UpstreamProxy.parse(environ[name], f"${name}", no_proxy) if name else None
+    if not isinstance(chosen, UpstreamProxy):
+        return None
+    if chosen.username and not chosen.password:
+        if stored_password is None:
+            from claude_bottle import tokens  # the keyring's import is slow: only for a proxy that needs it
+
+            stored_password = tokens.proxy_password
+        password = stored_password()
+        if password:
+            return dataclasses.replace(chosen, password=password)
+    return chosen

@@ -152,7 +152,8 @@ def refusal(proxy: UpstreamProxy, status: int, reason: str, request: str) -> Ups
     if status == 407:
         given = "refused the credentials" if proxy.username else "requires credentials and none were given"
         return UpstreamSide(502, f"the upstream proxy {proxy.url} {given} (407 Proxy Authentication Required): "
-                                 "set USER:PASSWORD in its URL")
+                                 "set USER:PASSWORD in its URL, or USER in it and the password with "
+                                 "`claude-bottle login proxy`")
     return UpstreamSide(502, f"the upstream proxy {proxy.url} refused {request}: {status} {reason}".rstrip())
 
 

@@ -194,8 +194,8 @@ def build_failure(name: str, step: str, error: str, log: list[str], proxy: str =
     if _certificate_problem(text):
         hint = CA_HINT
     elif proxy and re.search(r"\b407\b|Proxy Authentication Required", text):
-        hint = (f"the upstream proxy {proxy} refused the build's credentials (407): set USER:PASSWORD in its URL "
-                "(docs/upstream-proxy.md)")
+        hint = (f"the upstream proxy {proxy} refused the build's credentials (407): set USER:PASSWORD in its URL, "
+                "or USER in it and the password with `claude-bottle login proxy` (docs/upstream-proxy.md)")
     elif re.search(r"Temporary failure resolving|Could not resolve|getaddrinfo|ENOTFOUND|EAI_AGAIN|"
                    r"Network is unreachable|timed out|ETIMEDOUT|ECONNREFUSED|Could not connect|"
                    r"Failed to fetch|Some index files failed", text):
