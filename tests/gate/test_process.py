@@ -49,7 +49,7 @@ def gate_process(args: list[str], stdin: bytes | None = None,
                 proc.stdin.close()
         assert proc.stderr is not None
         lines = [proc.stderr.readline().decode()]  # its ready line, after a warning or two at most
-        while (ready := parse_ready(lines[-1])) is None and len(lines) < 3 and lines[-1]:
+        while (ready := parse_ready(lines[-1])) is None and len(lines) < 4 and lines[-1]:
             lines.append(proc.stderr.readline().decode())
         assert ready, f"gate did not start: {''.join(lines)}" + (proc.stderr.read().decode() if proc.poll() is not None else "")
         yield proc, ready.api, ready.proxy
@@ -231,9 +231,9 @@ def test_ca_cert_out_writes_the_certificate_the_gate_announces(tmp_path: Path) -
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
-        first = proc.stderr.readline()
-        ready = parse_ready(first)
-        assert ready is not None, first
+        said = [proc.stderr.readline() for _ in range(2)]  # the DLP engine's line, then the ready line
+        ready = parse_ready("".join(said))
+        assert ready is not None, said
         assert out.read_bytes() == ready.ca_pem()
         assert out.stat().st_mode & 0o777 == 0o644
         assert b"PRIVATE KEY" not in out.read_bytes()

@@ -10,6 +10,7 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 import pytest
 
+from claude_bottle.gate import dlp
 from claude_bottle.gate.decode import PERCENT, View, percent_decoded
 from claude_bottle.gate.dlp import BUILTIN_NAMES, DlpMatch, DlpMatcher, DlpPolicy, parse_dlp_rule, secret_needles
 from claude_bottle.gate.dlp_reference import ReferenceMatcher
@@ -24,12 +25,16 @@ CONFIGURED = DlpPolicy(extra=tuple(parse_dlp_rule(name, regex) for name, regex i
     ("either", r"(?:alpha|beta)-key:[A-Za-z0-9+/]{16,40}"),
     ("digits-only", r"\b\d{16}\b"),
     ("dotted", r"tok\.[^\s.]{10}\.[a-z]{3,9}"),
+    ("verbose", r"(?x) key = [0-9]{8} (?# eight digits )"),
+    ("repeated", r"(q)\1{7}[0-9]{4}"),  # a back-reference: no prefilter, the reference searches it
+    ("not-digits", r"zz[\D]{8}!"),  # a negated category in a class: likewise
 ]), disabled=frozenset({"jwt"}))
 POLICIES = {"default": DlpPolicy(), "configured": CONFIGURED,
             "held only": DlpPolicy(disabled=frozenset(BUILTIN_NAMES))}
 CONFIGURED_SAMPLES = [b"itk_" + bytes(RNG.choices(b"abcdefghijklmnopqrstuvwxyz0123456789", k=32)),
                       b"CORP-Secret-0123456789ab", b"ABCD12345678", b"beta-key:" + b"Zm9vYmFy" * 3,
-                      b"1234567812345678", b"tok.abcdefghij.abc"]
+                      b"1234567812345678", b"tok.abcdefghij.abc", b"key=12345678", b"qqqqqqqq1234",
+                      b"zzabcdefgh!"]
 FILLER = (b'{"role":"user","content":[{"type":"text","text":"def main():\\n    return 42 % 7\\n"}]}, '
           b"lorem ipsum 100% sure, secret: none; AKIA is a prefix; eyJ alone; ghp_ short; npm_x ")
 
@@ -119,3 +124,53 @@ def test_the_percent_view_only_with_an_escape_finds_what_it_found_for_any_percen
         stray = [chunk.replace(b"_", b"%_") for chunk in chunks]  # a stray % before a token's '_'
         assert outcome(new, chunks) == outcome(old, chunks), chunks
         assert outcome(new, stray) == outcome(old, stray), stray
+
+
+# --- the multi-pattern engine against the reference -----------------------------------------------------------
+
+
+def engines(name: str) -> tuple[DlpMatcher, DlpMatcher]:
+    from claude_bottle.gate.dlp_hyperscan import HyperscanMatcher
+
+    rules, needles = POLICIES[name].rules, secret_needles([HELD])
+    return HyperscanMatcher(rules, needles), ReferenceMatcher(rules, needles)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_the_multi_pattern_matcher_refuses_exactly_what_the_reference_refuses(name: str) -> None:
+    pytest.importorskip("hyperscan")
+    fast, reference = engines(name)
+    for chunks in bodies(2500):
+        assert outcome(fast, chunks) == outcome(reference, chunks), chunks
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_the_multi_pattern_matcher_judges_heads_as_the_reference(name: str) -> None:
+    pytest.importorskip("hyperscan")
+    fast, reference = engines(name)
+    for chunks in bodies(600):
+        body = b"".join(chunks)[:700]
+        for target, headers in [(b"/v1/x?q=" + body, []), (b"/", [(b"x-data", body)]), (body, [(body, b"1")])]:
+            results = []
+            for matcher in (fast, reference):
+                try:
+                    matcher.scanner().check_head(target, headers)
+                    results.append(None)
+                except DlpMatch as match:
+                    results.append(match.reason)
+            assert results[0] == results[1], (target, headers)
+
+
+def test_rules_the_engine_cannot_compile_are_named_and_searched_apart() -> None:
+    pytest.importorskip("hyperscan")
+    fast, _ = engines("configured")
+    assert fast.uncompiled == ("repeated", "not-digits")  # type: ignore[attr-defined]
+    note = dlp.engine_note(fast)
+    assert "Hyperscan" in note and "repeated, not-digits" in note
+
+
+def test_without_the_engine_the_gate_uses_the_reference_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dlp, "hyperscan_matcher", None)
+    matcher = DlpPolicy().matcher([HELD])
+    assert isinstance(matcher, ReferenceMatcher)
+    assert "standard library" in dlp.engine_note(matcher) and "never weaker" in dlp.engine_note(matcher)

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from claude_bottle import tokens
 from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.cli import cli
+from claude_bottle.commands.doctor import dlp_engine_line
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
 from claude_bottle.launch import build_inputs
@@ -54,6 +55,7 @@ def test_doctor_says_what_the_engine_is_and_which_images_it_has(monkeypatch: pyt
         "ok  engine resolves no external names on internal networks",
         "ok  token found in the keyring",
         "ok  upstream proxy: none (the gate connects out directly)",
+        f"ok  {dlp_engine_line()}",
         f"ok  bottle image {bottle} built",
         f"NO  gate image {gate} not built: run claude-bottle build",
     ]
@@ -76,7 +78,7 @@ def test_doctor_without_an_engine_says_so_and_checks_the_token_still(monkeypatch
     code, lines = doctor_on(None, monkeypatch)
     assert code == 1
     assert lines == ["NO  cannot reach the container engine (fake)", "ok  token found in the keyring",
-                     "ok  upstream proxy: none (the gate connects out directly)"]
+                     "ok  upstream proxy: none (the gate connects out directly)", f"ok  {dlp_engine_line()}"]
 
 
 def test_build_builds_both_images_on_the_engine_and_prints_their_tags(monkeypatch: pytest.MonkeyPatch,

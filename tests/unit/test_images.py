@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,10 @@ def test_gate_context_holds_this_package_and_pinned_requirements() -> None:
     assert "claude_bottle/gate/server.py" in files and "claude_bottle/cli.py" in files
     assert not any("__pycache__" in f for f in files)
     pins = files["requirements.txt"].decode().split()
-    assert {p.split("==")[0] for p in pins} == {"click", "httptools", "idna", "publicsuffixlist", "uvloop", "cryptography", "cffi", "pycparser"}
+    engine = {"hyperscan"} if importlib.util.find_spec("hyperscan") else set()  # where installed here
+    assert {p.split("==")[0] for p in pins} == {"click", "httptools", "idna", "publicsuffixlist", "uvloop", "cryptography", "cffi", "pycparser"} | engine
     assert all("==" in p for p in pins)
+    assert b"Vectorscan" in files["claude_bottle/gate/licenses/hyperscan.txt"], "the engine's license notices"
 
 
 @pytest.mark.parametrize(("inputs", "words"), [

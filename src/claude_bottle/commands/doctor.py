@@ -37,6 +37,13 @@ def upstream_proxy_check(environ: Mapping[str, str], timeout: float = 10.0) -> t
     return True, f"upstream proxy: {proxy.url}; {api.host}:{api.port} answers through it"
 
 
+def dlp_engine_line() -> str:
+    """How the gate built from this installation matches DLP rules (its image pins the packages found here)."""
+    from claude_bottle.gate.dlp import DlpPolicy, engine_note
+
+    return engine_note(DlpPolicy().matcher([]))
+
+
 def doctor() -> int:
     """Check the container engine, its OCI runtimes, the token, the upstream proxy and the images, one line
     each; 1 if any check failed, else 0."""
@@ -78,6 +85,7 @@ def doctor() -> int:
     except BottleError as exc:
         report(False, str(exc))
     report(*upstream_proxy_check(os.environ))
+    report(True, dlp_engine_line())
     if opened is not None:
         inputs = build_inputs(AgentConfig())
         for spec in (images.bottle_spec(inputs), images.gate_spec(inputs)):

@@ -26,7 +26,7 @@ determined agent: what the bottle must never send it must never hold.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from claude_bottle.gate.dlp_reference import ReferenceMatcher
@@ -45,6 +45,15 @@ from claude_bottle.gate.dlp_rules import (
     secret_needles,
 )
 from claude_bottle.gate.dlp_scanner import DlpMatcher, DlpScanner
+
+_Prepare = Callable[[Sequence[DlpRule], Sequence[tuple[bytes, str]]], DlpMatcher | None]
+hyperscan_matcher: _Prepare | None
+try:
+    from claude_bottle.gate.dlp_hyperscan import hyperscan_matcher as _prepare
+except ImportError as exc:  # the package, or its native engine, is not there: the standard library's matcher
+    hyperscan_matcher, _WHY_NOT = None, f"hyperscan cannot be imported ({exc})"
+else:
+    hyperscan_matcher, _WHY_NOT = _prepare, ""
 
 # The rules' and the scanner's names, for the modules that know DLP by this one.
 __all__ = ["BUILTIN_NAMES", "BUILTIN_RULES", "HELD_SECRET", "MAX_RULE_WIDTH", "MIN_RULE_WIDTH", "MIN_SECRET_BYTES",
@@ -71,7 +80,9 @@ class DlpPolicy:
     def matcher(self, secrets: Sequence[bytes]) -> DlpMatcher:
         """These rules and the needles of ``secrets`` (every value the gate holds, at least 16 bytes each),
         prepared once for every request the gate scans."""
-        return ReferenceMatcher(self.rules, secret_needles(secrets))
+        needles = secret_needles(secrets)
+        fast = hyperscan_matcher(self.rules, needles) if hyperscan_matcher is not None else None
+        return fast or ReferenceMatcher(self.rules, needles)
 
     def scanner(self, secrets: Sequence[bytes]) -> DlpScanner:
         """A scanner for one request (``matcher(secrets).scanner()``)."""
@@ -99,3 +110,15 @@ def policy_from_flags(rules: Iterable[str], off: Iterable[str]) -> DlpPolicy:
         except InvalidDlpRule as exc:
             raise InvalidDlpRule(f"--dlp-off {exc}") from None
     return DlpPolicy(tuple(extra.values()), frozenset(disabled))
+
+
+def engine_note(matcher: DlpMatcher) -> str:
+    """What the gate says at start and ``doctor`` says about DLP matching: the engine, and when it is the
+    standard library's, why and what it costs (slower, never weaker)."""
+    note = f"DLP matching by {matcher.engine}"
+    uncompiled = getattr(matcher, "uncompiled", ())
+    if uncompiled:
+        note += f"; rules searched apart, which the engine cannot compile: {', '.join(uncompiled)}"
+    if isinstance(matcher, ReferenceMatcher):
+        note += f" ({_WHY_NOT or 'the multi-pattern engine does not run on this processor'}: slower, never weaker)"
+    return note

@@ -64,27 +64,44 @@ class DlpRule:
     def search(self, view: bytes, start: int, final: bool) -> bool:
         """Whether a match begins at or after ``start``. Before the stream ends, a match that reaches the end
         of ``view`` does not count yet: more bytes may show it is not one (a look-ahead, a longer token)."""
-        regions = self._regions(view, start) if self.anchors else [(start, len(view))]
+        if not self.anchors:
+            return self._matches(view, [(start, len(view))], final)
+        return self.search_around(view, start, final, self.anchors_in(view))
+
+    def search_around(self, view: bytes, start: int, final: bool, anchors: Sequence[tuple[int, int]]) -> bool:
+        """``search``, given where the anchors are in ``view`` (``anchors_in``: the start and end of each
+        occurrence, in any order; a matcher that found them otherwise passes the same)."""
+        return self._matches(view, self._regions(view, start, anchors), final)
+
+    def anchors_in(self, view: bytes) -> list[tuple[int, int]]:
+        """Every occurrence of an anchor (in any case for a case-blind rule), overlapping ones too; once there
+        are so many that the regions cover the whole view (``_regions``), no more are looked for."""
+        haystack = view.lower() if self.fold_case else view
+        reach, found = self.width + MARGIN, []
+        for anchor in self.anchors:
+            at = haystack.find(anchor)
+            while at != -1:
+                found.append((at, at + len(anchor)))
+                if len(found) * reach > len(view):
+                    return found
+                at = haystack.find(anchor, at + 1)
+        return found
+
+    def _matches(self, view: bytes, regions: list[tuple[int, int]], final: bool) -> bool:
         # A region is searched in place, so look-behind sees the bytes before it.
         return any(final or match.end() < len(view)
                    for low, high in regions for match in self.pattern.finditer(view, low, high))
 
-    def _regions(self, view: bytes, start: int) -> list[tuple[int, int]]:
+    def _regions(self, view: bytes, start: int, anchors: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """Where a match can be: it holds an anchor and is at most ``width`` long, so it lies within ``width``
         bytes of one, and look-around needs at most ``MARGIN`` more. Overlapping regions are merged, so each
         match lies whole in one. (A word such as "secret" in ordinary text is an anchor: a region, not a
         search of the whole view, is what it costs.)"""
-        haystack = view.lower() if self.fold_case else view
-        reach, spans = self.width + MARGIN, []
-        for anchor in self.anchors:
-            at = haystack.find(anchor)
-            while at != -1:
-                spans.append((max(start, at - reach), min(len(view), at + len(anchor) + reach)))
-                if len(spans) * reach > len(view):  # anchors everywhere: the whole view is one region
-                    return [(start, len(view))]
-                at = haystack.find(anchor, at + 1)
+        reach = self.width + MARGIN
+        if len(anchors) * reach > len(view):  # anchors everywhere: the whole view is one region
+            return [(start, len(view))]
         merged: list[tuple[int, int]] = []
-        for low, high in sorted(spans):
+        for low, high in sorted((max(start, at - reach), min(len(view), end + reach)) for at, end in anchors):
             if merged and low <= merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], high))
             elif low < high:

@@ -31,6 +31,7 @@ from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.connection import HttpConnection, serve_http
 from claude_bottle.gate.context import GateContext, LeafIssuer
 from claude_bottle.gate.control import ControlRequest, Events
+from claude_bottle.gate.dlp import engine_note
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.http1 import State
 from claude_bottle.gate.lifeline import watch
@@ -305,9 +306,13 @@ async def run(config: GateSettings, audit: AuditLog, announce: Callable[[str], N
             loop.call_soon_threadsafe(stop.set)
         watch(lifeline, closed, silence)
     say = announce or (lambda m: print(m, file=sys.stderr, flush=True))
+    began = time.perf_counter()
+    matcher = config.dlp_matcher  # prepared (compiled) now, not on the first request
+    prepared = f"claude-bottle gate: {engine_note(matcher)}, prepared in {(time.perf_counter() - began) * 1000:.0f} ms"
     ca = run_ca(config)
     if ca_cert_out is not None:
         write_ca_certificate(ca, ca_cert_out)
+    say(prepared)  # a start-up line, before the ready line: after it come audit lines only
     async with Gate(config, audit, ca=ca) as gate:
         upstream = config.upstream
         say(Ready(gate.api_address, gate.proxy_address,

@@ -40,6 +40,9 @@ PEM_MARK = b"-----BEGIN CERTIFICATE-----"
 # What the gate imports, pinned with what cryptography needs, so the image tag follows every version.
 GATE_REQUIREMENTS = ("click", "httptools", "idna", "publicsuffixlist", "uvloop", "cryptography", "cffi",
                      "pycparser")
+# Pinned too where installed here (no wheel for every machine): DLP's multi-pattern engine. Without it the gate
+# uses the standard library's matcher, and says so (gate/dlp.py).
+GATE_OPTIONAL = ("hyperscan",)
 
 Progress = Callable[[str], None]
 
@@ -159,9 +162,18 @@ def _package_files() -> Iterator[tuple[str, bytes]]:
             yield f"claude_bottle/{path.relative_to(root).as_posix()}", path.read_bytes()
 
 
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def gate_spec(inputs: BuildInputs) -> ImageSpec:
     """The gate runs this very package, pinned to the dependency versions installed here."""
-    pins = "".join(f"{name}=={importlib.metadata.version(name)}\n" for name in GATE_REQUIREMENTS)
+    pins = "".join(f"{name}=={importlib.metadata.version(name)}\n" for name in GATE_REQUIREMENTS
+                   + tuple(name for name in GATE_OPTIONAL if _installed(name)))
     return ImageSpec(
         "gate",
         {"Dockerfile": _context_file("gate.Dockerfile"), "requirements.txt": pins.encode(), **dict(_package_files()),

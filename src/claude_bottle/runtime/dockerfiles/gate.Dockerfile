@@ -14,6 +14,7 @@ COPY requirements.txt /opt/gate/requirements.txt
 RUN python3 -m venv /opt/gate \
  && /opt/gate/bin/pip install --no-cache-dir --disable-pip-version-check \
       --cert /etc/ssl/certs/ca-certificates.crt -r /opt/gate/requirements.txt
+# The package, with the license notices of what it uses that the wheels do not carry (gate/licenses/).
 COPY claude_bottle/ /opt/gate/app/claude_bottle/
 # Compiled now: the root file system is read-only at run time, and compiling at each start costs a gate start.
 RUN /opt/gate/bin/python -m compileall -q /opt/gate/app
