@@ -191,9 +191,11 @@ async def forward(
 def set_headers(drop: frozenset[bytes], add: Headers) -> RequestFilter:
     """A filter that removes the headers named in ``drop`` and appends ``add`` (Host first if given)."""
 
+    first = [(n, v) for n, v in add if n == b"host"]
+    last = [(n, v) for n, v in add if n != b"host"]
+
     async def rewrite(request: Outbound) -> None:
-        hosts = [(n, v) for n, v in add if n == b"host"]
-        request.headers = [*hosts, *[(n, v) for n, v in request.headers if n.lower() not in drop],
-                           *[(n, v) for n, v in add if n != b"host"]]
+        kept = [(n, v) for n, v in request.headers if n.lower() not in drop] if drop else request.headers
+        request.headers = [*first, *kept, *last]
 
     return rewrite

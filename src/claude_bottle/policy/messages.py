@@ -81,9 +81,16 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# Made once: json.loads with these hooks would build a decoder (and its scanner) for every body.
+_DECODER = json.JSONDecoder(object_pairs_hook=_strict_object, parse_constant=_no_constant)
+
+
 def parse_body(body: bytes) -> dict[str, Any]:
     """The request body as the provider will read it; ValueError for anything ambiguous or not an object."""
-    value = json.loads(body.decode("utf-8"), object_pairs_hook=_strict_object, parse_constant=_no_constant)
+    text = body.decode("utf-8")
+    if text.startswith("\ufeff"):  # as json.loads refuses it: the decoder itself does not look
+        raise ValueError("Unexpected UTF-8 BOM (decode using utf-8-sig)")
+    value = _DECODER.decode(text)
     if not isinstance(value, dict):
         raise ValueError("the body is not a JSON object")
     return value
