@@ -22,7 +22,7 @@ import httptools
 import uvloop
 
 from claude_bottle.gate.dlp import DlpPolicy
-from claude_bottle.gate.inspection import CLIENT_CREDENTIAL_HEADERS
+from claude_bottle.gate.routes import CLIENT_CREDENTIAL_HEADERS
 from claude_bottle.policy.messages import MessagesPolicy
 
 from .core import HERE, LOOPBACK, Child, Children
