@@ -4,10 +4,13 @@ made, and a failed build ending with the one error that names the step."""
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
-from claude_bottle.agent.schema import AgentConfig
+from claude_bottle import launch
+from claude_bottle.agent.schema import AgentConfig, parse_agent
+from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import build_images
@@ -15,6 +18,7 @@ from claude_bottle.runtime import images
 from claude_bottle.runtime.images import BASE_IMAGE, ImageSpec
 from claude_bottle.runtime.names import image_repository
 from tests.fake_engine import FakeEngine
+from tests.helpers import make_token
 
 STEPS = ["Step 1/3 : FROM debian:bookworm-slim", " ---> 1a2b", "Step 2/3 : ARG BUILD_ID",
          "Step 3/3 : RUN make", "make: *** No rule to make target 'all'.  Stop."]
@@ -119,3 +123,27 @@ def test_no_dockerfile_declares_a_proxy_argument(name: str) -> None:
     text = resources.files("claude_bottle.runtime").joinpath(f"dockerfiles/{name}").read_text()
     declared = {line.split()[1].split("=")[0].lower() for line in text.splitlines() if line.startswith("ARG ")}
     assert not declared & {"http_proxy", "https_proxy", "no_proxy", "ftp_proxy", "all_proxy"}
+
+
+def test_a_runs_automatic_build_goes_through_the_runs_proxy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``start`` and ``run`` build what is missing before the gate exists: through the run's proxy, or apt and
+    npm in the build have no way out on a network that allows only the proxy."""
+    proxy = UpstreamProxy.parse("http://me:pw@proxy.corp:3128", "test")
+    asked: list[UpstreamProxy | None] = []
+
+    def recording(engine: object, agent: object, progress: object, given: UpstreamProxy | None = None) -> None:
+        asked.append(given)
+        raise DockerError("stop after the build")
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(launch, "open_engine", FakeEngine)
+    monkeypatch.setattr(launch, "build_images", recording)
+    (tmp_path / "project").mkdir(mode=0o777)
+    (tmp_path / "project").chmod(0o777)  # the bottle's user may write it whoever runs the test
+    agent = parse_agent("dev", {"version": 1}, "dev.toml")
+    run = launch.Launch(agent, tmp_path / "project", Credential.parse(make_token(), "t"), upstream_proxy=proxy)
+    with pytest.raises(DockerError, match="stop after the build"), launch.started(run, lambda line: None):
+        pass
+    assert asked == [proxy]
