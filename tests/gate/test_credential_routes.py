@@ -23,6 +23,7 @@ from claude_bottle.gate.routes import CredentialRoute, RouteSpec, Scheme, new_se
 from claude_bottle.stub import StubUpstream
 from tests.conftest import GateFactory, RunningGate
 from tests.gate.test_inspection import StandInCA, response
+from tests.gate.test_upstream_proxy import FakeProxy
 from tests.helpers import connect_via, eventually, messages_request, read_all, read_head
 
 pytestmark = pytest.mark.asyncio
@@ -224,3 +225,23 @@ async def test_a_credential_in_the_query_is_refused_on_a_bound_host(make_gate: G
     assert ATTACKER not in headers["x-deny-reason"]
     assert passed == 200 and elsewhere == 200, "other queries, and other hosts, are untouched"
     assert [r.target for r in hosts.stub.requests] == ["/v1/messages?page=2", "/v1/messages?access_token=public"]
+
+
+async def test_through_an_upstream_proxy_the_route_and_dlp_hold_as_without_one(
+        make_gate: GateFactory, hosts: Hosts) -> None:
+    """The proxy carries the terminated exchange; the gate still adds the value, refuses the sentinel sent
+    elsewhere, and never hands the proxy the value outside TLS."""
+    ca, route = StandInCA(), route_to(hosts)
+    async with FakeProxy({BOUND: "127.0.0.2", OTHER: "127.0.0.2"}) as proxy, \
+            gate_with(make_gate, hosts, route, ca, upstream_proxy=proxy.setting()) as gate:
+        status, _, _ = await send(gate, ca, hosts.target(BOUND), post(hosts.target(BOUND)))
+        leak, _, _ = await send(gate, ca, hosts.target(OTHER),
+                                post(hosts.target(OTHER), f"Authorization: Bearer {route.spec.sentinel}\r\n"))
+        await eventually(lambda: len(gate.records()) >= 2, what="both audit lines")
+    assert (status, leak) == (200, 403)
+    assert f"CONNECT {hosts.target(BOUND)} HTTP/1.1" in proxy.log, "the bound host was not reached through the proxy"
+    assert [r.header("authorization") for r in hosts.stub.requests] == [
+        ["Basic " + base64.b64encode(f"x-access-token:{SECRET}".encode()).decode()]]
+    assert SECRET not in "".join(proxy.log + proxy.authorizations)
+    assert [r["rule"] for r in gate.records() if r["method"] == "POST" and r["decision"] == "deny"] == [
+        "[dlp] held-secret"]
