@@ -19,11 +19,15 @@ from typing import Any
 
 import pytest
 
+from claude_bottle.credentials import Credential
 from claude_bottle.gate import control
+from claude_bottle.gate.options import GateOptions
 from claude_bottle.gate.resolver import StaticResolver
+from claude_bottle.gate.server import run_ca
+from claude_bottle.gate.settings import Endpoint
 from claude_bottle.stub import StubUpstream
 from tests.conftest import GateFactory, RunningGate
-from tests.helpers import connect_via, eventually, exchange, parse_head
+from tests.helpers import connect_via, eventually, exchange, make_token, parse_head
 
 pytestmark = pytest.mark.asyncio
 LOOPBACK = ("127.0.0.0/8",)
@@ -240,6 +244,26 @@ async def test_the_control_command_streams_events_until_its_standard_input_close
         assert reply == 0 and parse_head(await held)[0] == 200
         # an empty ENTRY, as runtime/gate.py's control_gate always passes one, is no argument
         assert await asyncio.to_thread(control.main, [str(socket_path), "pending", ""]) == 0
+
+
+async def test_a_stopping_gate_ends_its_watches(make_gate: GateFactory, socket_path: Path) -> None:
+    async with asking(make_gate, socket_path):
+        reader, writer = await asyncio.open_unix_connection(str(socket_path))
+        writer.write(b'{"op": "watch"}\n')
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 1) == b""
+    assert time.monotonic() - started < 1
+    writer.close()
+
+
+async def test_an_asking_gate_s_ca_certifies_the_names_it_may_be_asked_about() -> None:
+    options = GateOptions(api_listen=Endpoint("127.0.0.1", 1), proxy_listen=Endpoint("127.0.0.1", 2),
+                          credential=Credential.parse(make_token(), "t"), ask=True)
+    ca = run_ca(options.settings())
+    ca.context_for("pypi.org")  # an approved host's tunnel is terminated, so rules and DLP read it
+    with pytest.raises(ValueError, match="not among the names"):
+        ca.context_for("api.anthropic.com")
 
 
 @pytest.mark.parametrize(("fields", "words"), [

@@ -183,6 +183,13 @@ class Asks:
         finally:
             self._watchers.discard(queue)
 
+    def close(self) -> None:
+        """End every watch (the gate is stopping): a watcher's connection must not hold the stop up."""
+        for queue in self._watchers:
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(None)
+        self._watchers.clear()
+
     def _publish(self, event: dict[str, Any]) -> None:
         for queue in list(self._watchers):
             if queue.qsize() >= WATCH_BACKLOG:

@@ -178,6 +178,8 @@ class Gate:
         """Stop accepting; close idle connections now; let busy ones finish up to the deadline."""
         for server in self._servers:
             server.close()
+        if self._ctx is not None and self._ctx.asks is not None:
+            self._ctx.asks.close()  # the control channel's watchers: their connections end now
         for task, conn in list(self._connections.items()):
             if conn not in self._busy:
                 task.cancel()
