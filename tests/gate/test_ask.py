@@ -118,6 +118,19 @@ async def test_a_denied_target_is_refused_with_the_reason_and_stays_refused_for_
     assert [r["by"] for r in lines(gate, "ask") if "by" in r] == ["hook"]
 
 
+async def test_a_held_connect_gets_its_200_once_allowed_and_port_80_stays_refused(
+        make_gate: GateFactory, target: StubUpstream, socket_path: Path) -> None:
+    async with asking(make_gate, socket_path) as gate:
+        for authority, expected in ((f"{HOST}:{target.port}", 200), (f"{HOSTS[1]}:80", 403)):
+            held = asyncio.ensure_future(connect_via(gate.proxy, authority))
+            (question,) = await pending(socket_path)
+            await ask(socket_path, "decide", id=question["id"], answer="allow-once", by="terminal")
+            status, headers, _, writer = await held
+            writer.close()
+            assert status == expected, headers
+        assert "CONNECT to port 80 is refused" in headers["x-deny-reason"]
+
+
 async def test_no_answer_within_the_timeout_refuses_saying_so_and_a_later_request_asks_again(
         make_gate: GateFactory, target: StubUpstream, socket_path: Path) -> None:
     async with asking(make_gate, socket_path, ask_timeout=1.0) as gate:
