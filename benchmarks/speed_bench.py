@@ -135,6 +135,7 @@ def main() -> int:
             doc["small"] = small
             log("   " + " | ".join(f"{k} +{v:.3f} ms ({small['added_x_nginx'][k]:.2f} x nginx)"
                                    for k, v in small["added_ms"].items()))
+            log("   CPU ms/request " + " ".join(f"{k} {v:.3f}" for k, v in small["cpu_ms_per_request"].items()))
         if args.bodies:
             request = messages_request({**SMALL_PAYLOAD, "messages": [{"role": "user",
                                                                        "content": "x" * (10 * MB - 200)}]})
@@ -145,6 +146,7 @@ def main() -> int:
             bodies["x_nginx"] = {k: v / bodies["mb_s"]["nginx"] for k, v in bodies["mb_s"].items()}
             doc["bodies"] = bodies
             log("   " + " | ".join(f"{k} {v:.1f} MB/s" for k, v in bodies["mb_s"].items()))
+            log("   CPU ms/request " + " ".join(f"{k} {v:.1f}" for k, v in bodies["cpu_ms_per_request"].items()))
         doc["loadavg_at_end"] = os.getloadavg()[0]
     finally:
         children.stop_all()
