@@ -249,13 +249,12 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
 def ask_watching(run: Run, hook: tuple[str, ...], notice: Progress) -> contextlib.AbstractContextManager[object]:
     """A run in ask mode has its gate's questions watched from this process for the run's length: a desktop
     notification for each, and the agent's ``ask_command`` hook (runtime/ask_watch.py). Else nothing."""
-    from claude_bottle.runtime.ask_watch import DEFAULT_TIMEOUT, notifier, watching
+    from claude_bottle.runtime.ask_watch import notifier, watching
 
-    gate = run.engine.container(run.names.gate) if getattr(run.spec, "ask", False) else None
+    gate = run.engine.container(run.names.gate) if run.spec.ask else None
     if gate is None:
         return contextlib.nullcontext()
-    timeout = float(getattr(run.spec, "ask_timeout", DEFAULT_TIMEOUT))
-    return watching(run.engine, gate, hook, timeout, notice, notifier())
+    return watching(run.engine, gate, hook, run.spec.ask_timeout, notice, notifier())
 
 
 @contextlib.contextmanager

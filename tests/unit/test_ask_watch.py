@@ -162,18 +162,44 @@ def test_each_question_is_notified_and_other_events_are_not(tmp_path: Path) -> N
 
 def test_closing_ends_the_watch_process() -> None:
     watcher, said = watched(FakeChannel([]))
-    process = watcher.watch.process  # type: ignore[union-attr]
+    deadline = time.monotonic() + 10
+    while watcher.watch is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watcher.watch is not None
+    process = watcher.watch.process
     watcher.close()
     assert process.poll() is not None and said == []
 
 
-def test_a_watch_that_ends_is_said() -> None:
+def test_a_watch_that_ends_is_started_again_then_said(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(ask_watch, "MAX_RESTARTS", 2)
+    monkeypatch.setattr(ask_watch, "RESTART_SECONDS", 0.01)
+    started = tmp_path / "started"
     channel = FakeChannel([])
-    channel.watch_command = lambda: [sys.executable, "-c", "print('{}')"]  # type: ignore[method-assign]
+    refusal = '{"ok": false, "error": "cannot reach the gate\'s control socket"}'
+    channel.watch_command = lambda: [  # type: ignore[method-assign]
+        sys.executable, "-c", f"open({str(started)!r}, 'a').write('.'); print({refusal!r}); raise SystemExit(1)"]
     watcher, said = watched(channel)
-    watcher.thread.join(10)
+    watcher.thread.join(20)
     watcher.close()
-    assert len(said) == 1 and "no longer watched" in said[0] and "claude-bottle approve dev" in said[0]
+    assert started.read_text() == "..."  # the first watch and two more
+    assert said == ["ask: the gate's questions are no longer watched here (exit 1: cannot reach the gate's "
+                    "control socket); `claude-bottle approve dev` still answers them"]
+
+
+def test_a_watch_that_fails_at_start_then_works_is_watched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(ask_watch, "RESTART_SECONDS", 0.01)
+    first = tmp_path / "first"
+    channel = FakeChannel([asked("q1", "h.example")])
+    watch = channel.watch_command()
+    channel.watch_command = lambda: (  # type: ignore[method-assign]
+        watch if first.exists() else [sys.executable, "-c", f"open({str(first)!r}, 'w')"])
+    watcher, said = watched(channel, hook(tmp_path, ""))
+    try:
+        assert channel.done.wait(20)
+    finally:
+        watcher.close()
+    assert channel.decided == [("q1", "allow-once", "hook")] and said == []
 
 
 def test_where_questions_are_answered() -> None:

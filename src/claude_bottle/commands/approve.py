@@ -14,7 +14,6 @@ question answered elsewhere leaves the list.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import sys
@@ -147,7 +146,7 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
     """Show ``board``'s questions as they come from ``channel`` and answer them from ``fd`` (single keys when
     ``terminal``, else lines), until q, the end of ``fd``, or the end of the gate's watch. ``on_terminal``:
     leaves the terminal's key mode around ``save`` (its confirmation reads a whole line)."""
-    from claude_bottle.runtime.ask_watch import WatchProcess, parse_event
+    from claude_bottle.runtime.ask_watch import WatchProcess, parse_event, refused
 
     watch = WatchProcess(channel)
     events, typed = Lines(), Lines()
@@ -193,17 +192,6 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
                     write(typed_answer(channel, board, line.decode("utf-8", "replace"), save) + "\n")
     finally:
         watch.stop()
-
-
-def refused(line: bytes) -> str:
-    """The error of a reply line the gate sent instead of events (a gate started without ask mode), or ""."""
-    from claude_bottle.runtime.ask_watch import printable
-
-    try:
-        reply = json.loads(line)
-    except ValueError:
-        return ""
-    return printable(str(reply.get("error", ""))) if isinstance(reply, dict) and reply.get("ok") is False else ""
 
 
 def asked_line(board: Board, asked: Asked) -> str:

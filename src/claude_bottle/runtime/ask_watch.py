@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,8 @@ DEFAULT_TIMEOUT = 60.0  # the gate's --ask-timeout default
 MAX_LINE = 64 * 1024  # a watch line longer than this is not one of the gate's
 MAX_HOOKS = 16  # hooks running at once (the gate holds at most --ask-limit questions per run, 16 by default)
 NOTIFY_SECONDS = 5.0
+RESTART_SECONDS = 1.0  # between a watch that ended and the next
+MAX_RESTARTS = 30  # in a row without an event: about the time a gate has to become ready
 
 Say = Callable[[str], None]
 
@@ -104,6 +107,15 @@ def parse_event(line: bytes) -> dict[str, Any] | None:
     return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None
 
 
+def refused(line: bytes) -> str:
+    """The error of a reply line the gate sent instead of events (no ask mode, too many watchers), or ""."""
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return ""
+    return printable(str(reply.get("error", ""))) if isinstance(reply, dict) and reply.get("ok") is False else ""
+
+
 class Channel(Protocol):
     """Where a run's questions are read and answered: its gate's control socket, or a test's fake."""
 
@@ -158,9 +170,19 @@ class WatchProcess:
     which ends the gate's watch, then killed if need be."""
 
     def __init__(self, channel: Channel) -> None:
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the process) a file, not a pipe: read at the end
         self.process = subprocess.Popen(channel.watch_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+                                        stderr=self.errors, start_new_session=True)
         self.lock = threading.Lock()
+        self.refusal = ""  # the error the gate answered instead of events, if it did
+
+    def why_ended(self) -> str:
+        """Its exit code and the last line it said on standard error, once it has ended."""
+        code = self.process.wait()
+        self.errors.seek(0)
+        lines = self.errors.read()[-4096:].decode("utf-8", "replace").strip().splitlines()
+        said = self.refusal or (printable(lines[-1]) if lines else "")
+        return f"exit {code}" + (f": {said}" if said else "")
 
     @property
     def fileno(self) -> int:
@@ -175,6 +197,8 @@ class WatchProcess:
             while line := self.process.stdout.readline(MAX_LINE):
                 if (event := parse_event(line)) is not None:
                     yield event
+                elif refusal := refused(line):
+                    self.refusal = refusal
 
     def stop(self) -> None:
         with self.lock:
@@ -264,36 +288,49 @@ class Watcher:
         self.pool = ThreadPoolExecutor(MAX_HOOKS, thread_name_prefix="ask")
         self.closing = threading.Event()
         self.seen: set[str] = set()
+        self.lock = threading.Lock()  # between starting a watch and closing
         self.watch: WatchProcess | None = None
         self.thread = threading.Thread(target=self._watch, name="ask-watch", daemon=True)
 
     def start(self) -> None:
-        try:
-            self.watch = WatchProcess(self.channel)
-        except OSError as exc:
-            self.say(f"ask: cannot watch the gate's questions here ({exc}); "
-                     f"`claude-bottle approve {self.agent}` still answers them")
-            return
         self.thread.start()
 
     def close(self) -> None:
         """Stop watching; a hook still running is killed at its timeout, not waited for."""
         self.closing.set()
-        if self.watch is not None:
-            self.watch.stop()
-            self.thread.join(timeout=2.0)
+        with self.lock:
+            watch = self.watch
+        if watch is not None:
+            watch.stop()
+        self.thread.join(timeout=2.0)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _watch(self) -> None:
-        assert self.watch is not None
-        for event in self.watch.lines():
-            if self.closing.is_set():
+        """Watch until closed. A watch that ends (at start the gate may not listen yet; a gate drops a watcher
+        that falls behind) is started again after ``RESTART_SECONDS``, up to ``MAX_RESTARTS`` times in a row
+        without an event between; then the user is told."""
+        failures, why = 0, ""
+        while failures <= MAX_RESTARTS:
+            with self.lock:
+                if self.closing.is_set():
+                    return
+                try:
+                    self.watch = watch = WatchProcess(self.channel)
+                except OSError as exc:
+                    why = str(exc)
+                    break
+            for event in watch.lines():
+                failures = 0
+                if self.closing.is_set():
+                    return
+                if event["event"] == "asked" and (asked := Asked.from_fields(event)) is not None:
+                    self.asked(asked)
+            why = watch.why_ended()
+            failures += 1
+            if self.closing.wait(RESTART_SECONDS):
                 return
-            if event["event"] == "asked" and (asked := Asked.from_fields(event)) is not None:
-                self.asked(asked)
-        if not self.closing.is_set():
-            self.say(f"ask: the gate's questions are no longer watched here (its watch ended); "
-                     f"`claude-bottle approve {self.agent}` still answers them")
+        self.say(f"ask: the gate's questions are no longer watched here ({why}); "
+                 f"`claude-bottle approve {self.agent}` still answers them")
 
     def asked(self, asked: Asked) -> None:
         """A new question: notify, and hand it to the hook. A question seen before (the watch's first lines
