@@ -88,7 +88,7 @@ async def test_a_held_request_goes_on_once_the_host_allows_it_and_the_target_sta
         reply = await ask(socket_path, "decide", id=question["id"], answer="allow-once", by="terminal")
         assert {k: reply[k] for k in ("ok", "message", "entry")} == {
             "ok": True, "message": f"allow-once {HOST}:{target.port}", "entry": f"{HOST}:{target.port}"}
-        assert f"{HOST}:{target.port}" in reply["policy"]["allow"]
+        assert f"{HOST}:{target.port}" in reply["policy"]["allow"] and reply["policy"]["ask"] is True
         assert parse_head(await held)[0] == 200
         again = await exchange(gate.proxy, get(HOST, target.port), 3)  # allowed for the run: not asked again
         assert parse_head(again)[0] == 200 and (await pending(socket_path, 0)) == []

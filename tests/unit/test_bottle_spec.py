@@ -197,6 +197,7 @@ def test_every_gate_gets_a_control_socket_in_its_own_file_system_and_learn_mode_
 
 def test_the_bottles_policy_file_is_written_on_the_host_readable_by_any_user(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from claude_bottle.policy.view import policy_toml
     from claude_bottle.runtime.files import POLICY_FILE, policy_dir, spec_policy, write_policy
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -205,9 +206,11 @@ def test_the_bottles_policy_file_is_written_on_the_host_readable_by_any_user(
     write_policy("a-1234", spec_policy(spec))
     path = policy_dir("a-1234") / POLICY_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o644 and stat.S_IMODE(path.parent.stat().st_mode) == 0o755
-    assert tomllib.loads(path.read_text()) == {"learn": True, "allow": ["x.example"], "allow_tcp": [], "deny": [],
-                                               "rules": []}
+    assert tomllib.loads(path.read_text()) == {"learn": True, "ask": False, "allow": ["x.example"], "allow_tcp": [],
+                                               "deny": [], "rules": []}
     assert spec.credential.secret not in path.read_text()
+    asking = run_spec(Launch(agent, tmp_path, Credential.parse(make_token(), "t"), ask=True), "b", "g", "1000:1000")
+    assert tomllib.loads(policy_toml(spec_policy(asking)))["ask"] is True, "the bottle is not told that unlisted waits"
 
 
 def test_on_podman_the_gate_listens_at_the_address_it_is_given(tmp_path: Path) -> None:

@@ -93,7 +93,7 @@ def test_the_policy_file_is_toml_that_shows_the_policy_in_effect() -> None:
     view = policy_view(policy(("pypi.org", "*.npmjs.org:8443"), learn=True, denied=("x.example",)),
                                suggest_rules())
     shown = tomllib.loads(policy_toml(view))
-    assert shown == {"learn": True, "allow": ["pypi.org", "*.npmjs.org:8443"], "allow_tcp": [], "deny": ["x.example"],
+    assert shown == {"learn": True, "ask": False, "allow": ["pypi.org", "*.npmjs.org:8443"], "allow_tcp": [], "deny": ["x.example"],
                      "rules": ["--egress-rule api.github.com allow GET /repos/**"]}
 
 

@@ -134,7 +134,11 @@ class Gate:
             record = AuditRecord("control", "host", request.op.upper(), request.entry.strip())
             record.decided(change.decision)
             self.audit.write(record)
-        return {"message": change.message, "policy": policy_view(change.policy, self.config.request_policy)}
+        return {"message": change.message, "policy": self._view(change.policy)}
+
+    def _view(self, policy: EgressPolicy) -> dict[str, Any]:
+        """The policy as a control reply shows it (and the host writes it into the bottle)."""
+        return policy_view(policy, self.config.request_policy, self.config.ask)
 
     def _answer_ask(self, request: ControlRequest) -> dict[str, Any] | Events:
         assert self._ctx is not None
@@ -148,7 +152,7 @@ class Gate:
         question = asks.decide(request.id, request.answer, request.by)
         entry = allow_entry(question.target)
         return {"message": f"{request.answer} {entry}", "entry": entry,
-                "policy": policy_view(self._ctx.egress, self.config.request_policy)}
+                "policy": self._view(self._ctx.egress)}
 
     def _asked(self, question: Question) -> None:
         """Ask mode: a question is asked; its held requests' own lines follow its answer's line."""

@@ -79,7 +79,7 @@ def write_policy(run_id: str, view: dict[str, Any]) -> None:
 def spec_policy(spec: RunSpec) -> dict[str, Any]:
     """The policy a run's gate starts with, as ``policy_view`` shows it."""
     policy = EgressPolicy(spec.allow, AddressGuard(), raw_tcp=spec.allow_tcp, learn=spec.learn)
-    return policy_view(policy, spec.request_policy)
+    return policy_view(policy, spec.request_policy, spec.ask)
 
 
 # The bottle's /etc/gitconfig (a read-only file mount): for each host of a route with git, a credential helper
