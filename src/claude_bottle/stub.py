@@ -22,6 +22,7 @@ What an answer says is steered by the conversation itself, so real Claude Code c
   ``fetch: <url>`` calls ``WebFetch`` the same way. A request that offers ``ToolSearch`` but not the tool
   gets a ``ToolSearch`` call selecting it, then the tool's call once it is loaded. A request without the
   tool (a session title, say) gets the usual text, as a real model could not call a tool it was not offered.
+  ``call: TOOL {"a": 1}`` calls any tool by name with that input (an MCP server's: ``mcp__SERVER__TOOL``).
 - The last user message carries a ``tool_result``: the answer is ``Tool said: <first line of its output>``.
 - Anything else: the stub's text (``DEFAULT_TEXT`` unless it was started with another).
 """
@@ -67,19 +68,20 @@ class RecordedRequest:
         return json.loads(self.body) if self.body else None
 
     def outline(self) -> dict[str, Any]:
-        """The body's top-level fields, tool types and number of messages: what a log shows of it (never the
-        conversation)."""
+        """The body's top-level fields, tool types and names, and number of messages: what a log shows of it
+        (never the conversation)."""
         try:
             payload = self.json()
         except ValueError:
-            return {"fields": [], "tool_types": [], "messages": 0}
+            return {"fields": [], "tool_types": [], "tool_names": [], "messages": 0}
         if not isinstance(payload, dict):
-            return {"fields": [], "tool_types": [], "messages": 0}
+            return {"fields": [], "tool_types": [], "tool_names": [], "messages": 0}
         tools = payload.get("tools")
         tools = tools if isinstance(tools, list) else []
         messages = payload.get("messages")
         return {"fields": sorted(payload), "tool_types": sorted({str(t.get("type", "custom")) for t in tools
                                                                  if isinstance(t, dict)}),
+                "tool_names": sorted({str(t.get("name", "")) for t in tools if isinstance(t, dict)}),
                 "messages": len(messages) if isinstance(messages, list) else 0}
 
 
@@ -95,7 +97,7 @@ TOOL_LINES: dict[str, tuple[str, Callable[[str], dict[str, str]]]] = {
     "search": ("WebSearch", lambda arg: {"query": arg}),
     "fetch": ("WebFetch", lambda arg: {"url": arg, "prompt": "Summarize the page"}),
 }
-TOOL_LINE = re.compile(rf"^({'|'.join(TOOL_LINES)}): (.+)$", re.MULTILINE)
+TOOL_LINE = re.compile(rf"^({'|'.join([*TOOL_LINES, 'call'])}): (.+)$", re.MULTILINE)
 TOOL_SEARCH = "ToolSearch"
 
 
@@ -126,9 +128,19 @@ def _call_asked(blocks: list[Block], offered: set[Any]) -> Block | None:
     calls = [m for b in blocks if b.get("type") == "text" for m in TOOL_LINE.findall(_text_of(b))]
     if not calls:
         return None
-    tool, make_input = TOOL_LINES[calls[-1][0]]
+    word, argument = calls[-1][0], calls[-1][1].strip()
+    if word == "call":  # call: TOOL {"json": "input"}, any tool by name (an MCP server's: mcp__SERVER__TOOL)
+        tool, _, text = argument.partition(" ")
+        try:
+            tool_input = json.loads(text or "{}")
+        except ValueError:
+            return None
+        if tool in offered:
+            return _tool_use(tool, tool_input if isinstance(tool_input, dict) else {})
+        return _tool_use(TOOL_SEARCH, {"query": f"select:{tool}", "max_results": 1}) if TOOL_SEARCH in offered else None
+    tool, make_input = TOOL_LINES[word]
     if tool in offered:
-        return _tool_use(tool, make_input(calls[-1][1].strip()))
+        return _tool_use(tool, make_input(argument))
     if TOOL_SEARCH in offered:
         return _tool_use(TOOL_SEARCH, {"query": f"select:{tool}", "max_results": 1})
     return None

@@ -61,6 +61,16 @@ def test_a_run_line_becomes_a_bash_call() -> None:
     assert block["input"]["command"] == "ls -l /tmp" and block["input"]["description"]
 
 
+def test_a_call_line_calls_any_offered_tool_by_name_with_its_input() -> None:
+    mcp_tool = {"name": "mcp__tracker__get_issue", "input_schema": {"type": "object"}}
+    block = answer_block(request(user('call: mcp__tracker__get_issue {"number": 7}'), tools=(BASH, mcp_tool)), "t")
+    assert (block["type"], block["name"], block["input"]) == ("tool_use", "mcp__tracker__get_issue", {"number": 7})
+    assert answer_block(request(user("call: mcp__tracker__delete_issue {}"), tools=(BASH, mcp_tool)), "t") == \
+        {"type": "text", "text": "t"}, "a tool not offered is not called"
+    assert answer_block(request(user("call: mcp__tracker__get_issue {not json"), tools=(mcp_tool,)), "t")["type"] \
+        == "text"
+
+
 def test_a_plain_string_prompt_counts_too() -> None:
     block = answer_block(request({"role": "user", "content": "run: true"}), "t")
     assert block["input"] == {"command": "true", "description": block["input"]["description"]}
