@@ -13,9 +13,10 @@ What is matched (also in docs/inspection.md):
 
 Where things are: the rules and the secrets' encodings in gate/dlp_rules.py, the decoded views in
 gate/decode.py, the streaming scan of a request (a body is never held whole, no prefix of a match leaves before
-the match is seen) in gate/dlp_scanner.py, the engines that find matches in gate/dlp_reference.py (the
-standard library's) and gate/dlp_hyperscan.py. This module is the policy: which rules apply, from flags or
-an agent's ``[dlp]``, and the matcher the gate prepares once from them.
+the match is seen) in gate/dlp_scanner.py, the engines that find matches in gate/dlp_hyperscan.py (one pass
+over everything) and gate/dlp_reference.py (the standard library's: the fallback, and the reference the other
+must agree with). This module is the policy: which rules apply, from flags or an agent's ``[dlp]``, and the
+matcher the gate prepares once from them.
 
 Limits: encrypted bodies and compressed payloads (git packs, tarballs) are scanned as they are, not
 unpacked (a body's ``Content-Encoding`` gzip or deflate is undone: gate/inspection.py, gate/decode.py);
