@@ -146,9 +146,10 @@ def gate_for(make_gate: GateFactory, upstream: McpUpstream, ca: StandInCA, rules
                      mcp_servers=(f"tracker {upstream.target} {rules} deny_tools=delete_*",), **kwargs)
 
 
-def post(target: str, payload: Any, sentinel: str = "", raw: bytes | None = None, method: str = "POST") -> bytes:
+def post(target: str, payload: Any, sentinel: str = "", raw: bytes | None = None, method: str = "POST",
+         header: str = "Authorization: Bearer") -> bytes:
     body = raw if raw is not None else json.dumps(payload).encode()
-    auth = f"Authorization: Bearer {sentinel}\r\n" if sentinel else ""
+    auth = f"{header} {sentinel}\r\n" if sentinel else ""
     return (f"{method} /mcp HTTP/1.1\r\nHost: {target}\r\nContent-Type: application/json\r\n"
             f"Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\n{auth}"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
@@ -265,11 +266,13 @@ async def test_a_held_secret_in_a_tool_argument_is_refused_even_escaped(make_gat
             f'"arguments": {{"query": "{escaped}"}}}}}}').encode()).replace(b"Host: \r\n", f"Host: {target}\r\n".encode()))
         to_other = await exchange(gate, ca, f"{OTHER}:{mcp_upstream.port}", post(
             f"{OTHER}:{mcp_upstream.port}", call(3, "get_issue"), sentinel))
+        other_name = await exchange(gate, ca, target, post(target, call(4, "get_issue"), sentinel, header="X-Token:"))
     assert mcp_upstream.seen == [], "the sentinel reached no server: not in arguments, not to another host"
     for status, _, answer in (plain, hidden):
         assert status == 200 and answer["error"]["code"] == POLICY_ERROR and "DLP rule held-secret" in \
             answer["error"]["message"]
     assert to_other[0] == 403
+    assert other_name[0] == 403, "the sentinel under another header name to the server itself"
 
 
 @pytest.mark.parametrize("mcp_upstream", ["sse"], indirect=True)
