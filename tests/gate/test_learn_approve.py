@@ -145,7 +145,7 @@ async def test_allow_then_deny_change_a_running_gate_at_once(make_gate: GateFact
         refused = await proxied(gate, get(HOST, target.port))
         shown = await ask(socket_path, "show")
     assert parse_head(refused)[0] == 403 and "denied by the user" in parse_head(refused)[1]["x-deny-reason"]
-    assert shown["policy"] == {"learn": False, "allow": [], "allow_tcp": [], "deny": [entry], "rules": []}
+    assert shown["policy"] == {"learn": False, "ask": False, "allow": [], "allow_tcp": [], "deny": [entry], "rules": []}
     assert len(target.requests) == 1
     changes = [r for r in gate.records() if r["listener"] == "control"]
     assert [(r["method"], r["target"], r["decision"]) for r in changes] == [("ALLOW", entry, "allow"),
