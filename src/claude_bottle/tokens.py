@@ -48,13 +48,46 @@ def _keyring() -> ModuleType:
     return keyring
 
 
-def _keyring_get() -> str | None:
+# Every stored secret (the token, a route's value, the proxy's password) lives under its own keyring account, or,
+# where no keyring backend works, in its own 0600 file: these three are the one way in and out of both.
+
+def _save(account: str, path: Path, value: str) -> str:
+    """Store ``value`` in the keyring, else in the 0600 file ``path``; returns where."""
     keyring = _keyring()
     try:
-        stored: str | None = keyring.get_password(SERVICE, ACCOUNT)
-        return stored
+        keyring.set_password(SERVICE, account, value)
+        return "the OS keyring"
     except keyring.errors.KeyringError:
-        return None  # no usable backend: the file is the fallback
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    temporary = path.with_name(f".{path.name}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    os.replace(temporary, path)
+    return str(path)
+
+
+def _from_keyring(account: str) -> str | None:
+    keyring = _keyring()
+    with contextlib.suppress(keyring.errors.KeyringError):  # no usable backend: the file is the fallback
+        stored: str | None = keyring.get_password(SERVICE, account)
+        return stored or None
+    return None
+
+
+def _forget(account: str, path: Path) -> list[str]:
+    """Remove the secret from the keyring and the file; returns the places it was removed from."""
+    keyring = _keyring()
+    removed = []
+    with contextlib.suppress(keyring.errors.KeyringError):
+        if keyring.get_password(SERVICE, account) is not None:
+            keyring.delete_password(SERVICE, account)
+            removed.append("the OS keyring")
+    if path.exists():
+        path.unlink()
+        removed.append(str(path))
+    return removed
 
 
 def find(environ: Mapping[str, str] | None = None) -> tuple[Credential, str]:
@@ -67,7 +100,7 @@ def find(environ: Mapping[str, str] | None = None) -> tuple[Credential, str]:
                 raise CredentialError(f"${variable} holds an {credential.kind.value} token; "
                                       f"use {ENV_OAUTH} for OAuth tokens and {ENV_API_KEY} for API keys")
             return credential, f"${variable}"
-    stored = _keyring_get()
+    stored = _from_keyring(ACCOUNT)
     if stored:
         return Credential.parse(stored, "the token in the OS keyring"), "the OS keyring"
     path = token_file()
@@ -78,35 +111,12 @@ def find(environ: Mapping[str, str] | None = None) -> tuple[Credential, str]:
 
 def store(credential: Credential) -> str:
     """Save the token; returns where. The keyring when one works, else a 0600 file."""
-    keyring = _keyring()
-    try:
-        keyring.set_password(SERVICE, ACCOUNT, credential.secret)
-        return "the OS keyring"
-    except keyring.errors.KeyringError:
-        pass
-    path = token_file()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    temporary = path.with_suffix(".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(credential.secret + "\n")
-    os.replace(temporary, path)
-    return str(path)
+    return _save(ACCOUNT, token_file(), credential.secret)
 
 
 def remove() -> list[str]:
     """Forget the stored token everywhere; returns the places it was removed from."""
-    keyring = _keyring()
-    removed = []
-    with contextlib.suppress(keyring.errors.KeyringError):
-        if keyring.get_password(SERVICE, ACCOUNT) is not None:
-            keyring.delete_password(SERVICE, ACCOUNT)
-            removed.append("the OS keyring")
-    path = token_file()
-    if path.exists():
-        path.unlink()
-        removed.append(str(path))
-    return removed
+    return _forget(ACCOUNT, token_file())
 
 
 def route_account(name: str) -> str:
@@ -117,43 +127,18 @@ def route_file(name: str) -> Path:
     return config_dir() / "credentials" / name
 
 
-def _write_private(path: Path, value: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    temporary = path.with_name(f".{path.name}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(value + "\n")
-    os.replace(temporary, path)
-
-
 def store_route(name: str, text: str) -> str:
     """Save credential ``name``'s value (checked as the gate will check it); returns where."""
-    keyring = _keyring()
     try:
         check_name(name)
         value = check_secret(text, f"the value given for {name}")
     except InvalidRoute as exc:
         raise CredentialError(str(exc)) from None
-    try:
-        keyring.set_password(SERVICE, route_account(name), value)
-        return "the OS keyring"
-    except keyring.errors.KeyringError:
-        pass
-    _write_private(route_file(name), value)
-    return str(route_file(name))
+    return _save(route_account(name), route_file(name), value)
 
 
 def remove_route(name: str) -> list[str]:
-    keyring = _keyring()
-    removed = []
-    with contextlib.suppress(keyring.errors.KeyringError):
-        if keyring.get_password(SERVICE, route_account(name)) is not None:
-            keyring.delete_password(SERVICE, route_account(name))
-            removed.append("the OS keyring")
-    if route_file(name).exists():
-        route_file(name).unlink()
-        removed.append(str(route_file(name)))
-    return removed
+    return _forget(route_account(name), route_file(name))
 
 
 def route_value(credential: CredentialConfig, environ: Mapping[str, str] | None = None) -> str:
@@ -168,10 +153,7 @@ def route_value(credential: CredentialConfig, environ: Mapping[str, str] | None 
             return check_secret(environ[credential.env], f"${credential.env}")
         if credential.command:
             return check_secret(_command_output(credential.command, where), f"the output of {credential.command[0]}")
-        stored = None
-        keyring = _keyring()
-        with contextlib.suppress(keyring.errors.KeyringError):
-            stored = keyring.get_password(SERVICE, route_account(credential.name))
+        stored = _from_keyring(route_account(credential.name))
         if stored:
             return check_secret(stored, f"the value of {credential.name} in the OS keyring")
         path = route_file(credential.name)
@@ -219,35 +201,16 @@ def store_proxy_password(text: str) -> str:
     value = text.strip("\r\n")
     if not value or "\n" in value or "\r" in value:
         raise CredentialError("the proxy's password given is empty or holds several lines")
-    keyring = _keyring()
-    try:
-        keyring.set_password(SERVICE, PROXY_ACCOUNT, value)
-        return "the OS keyring"
-    except keyring.errors.KeyringError:
-        pass
-    _write_private(proxy_password_file(), value)
-    return str(proxy_password_file())
+    return _save(PROXY_ACCOUNT, proxy_password_file(), value)
 
 
 def proxy_password() -> str | None:
     """The stored upstream proxy's password, or None."""
-    keyring = _keyring()
-    with contextlib.suppress(keyring.errors.KeyringError):
-        stored: str | None = keyring.get_password(SERVICE, PROXY_ACCOUNT)
-        if stored:
-            return stored
+    if stored := _from_keyring(PROXY_ACCOUNT):
+        return stored
     path = proxy_password_file()
     return read_private_file(str(path)).strip("\r\n") if path.exists() else None
 
 
 def remove_proxy_password() -> list[str]:
-    keyring = _keyring()
-    removed = []
-    with contextlib.suppress(keyring.errors.KeyringError):
-        if keyring.get_password(SERVICE, PROXY_ACCOUNT) is not None:
-            keyring.delete_password(SERVICE, PROXY_ACCOUNT)
-            removed.append("the OS keyring")
-    if proxy_password_file().exists():
-        proxy_password_file().unlink()
-        removed.append(str(proxy_password_file()))
-    return removed
+    return _forget(PROXY_ACCOUNT, proxy_password_file())
