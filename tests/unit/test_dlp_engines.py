@@ -58,7 +58,10 @@ def near_misses(token: bytes) -> list[bytes]:
 
 
 def encoded(token: bytes) -> list[bytes]:
-    return [quote_from_bytes(token, safe=b"").encode(), token.replace(b"_", b"%5F"), token.hex().encode()]
+    escaped = quote_from_bytes(token, safe=b"").encode()
+    return [escaped, token.replace(b"_", b"%5F"), token.hex().encode(), escaped.replace(b"%", b"%25"),
+            b"".join(b"\\u%04x" % byte if i % 3 == 0 else bytes([byte]) for i, byte in enumerate(token)),
+            token.replace(b"/", b"\\/")]
 
 
 def bodies(count: int) -> Iterator[list[bytes]]:
@@ -174,3 +177,12 @@ def test_without_the_engine_the_gate_uses_the_reference_and_says_so(monkeypatch:
     matcher = DlpPolicy().matcher([HELD])
     assert isinstance(matcher, ReferenceMatcher)
     assert "standard library" in dlp.engine_note(matcher) and "never weaker" in dlp.engine_note(matcher)
+
+
+@pytest.mark.parametrize("window", [b"plain", b"100%", b"%41", b"%2541", b"a\\/b", b"\\u0041", b"\\u00e9\\n",
+                                    b"\\u2192", b"\\\\u0041", b"%25%41\\u007e"])
+def test_the_engine_tries_every_view_that_has_something_to_decode(window: bytes) -> None:
+    pytest.importorskip("hyperscan")
+    fast, _ = engines("held only")
+    tried = fast.search(window, "body", 0, True)
+    assert {view.name for view in tried} == {view.name for view in fast.views if view.decode(window) is not None}

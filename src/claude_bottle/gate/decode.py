@@ -34,11 +34,14 @@ from urllib.parse import quote_from_bytes, quote_plus, unquote_to_bytes
 @dataclass(frozen=True)
 class View:
     """A decoding DLP also searches: ``decode(window)`` is the decoded window, or None when it has nothing to
-    decode; one decoded byte comes from at most ``expansion`` window bytes."""
+    decode; one decoded byte comes from at most ``expansion`` window bytes. ``markers``: patterns (in the
+    multi-pattern engine's syntax, plain enough for any) of which a window holds one wherever ``decode``
+    returns bytes, so a matcher that finds them in its one pass skips the view elsewhere; none: always tried."""
 
     name: str
     decode: Callable[[bytes], bytes | None]
     expansion: int
+    markers: tuple[bytes, ...] = ()
 
 
 _ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
@@ -89,9 +92,12 @@ def _unescape(match: re.Match[bytes]) -> bytes:
     return chr(point).encode("utf-8")
 
 
-PERCENT = View("percent-decoded", percent_decoded, 3)
-PERCENT_TWICE = View("percent-decoded twice", percent_decoded_twice, 5)  # %2541
-JSON_STRING = View("JSON-unescaped", json_unescaped, 6)  # \u0041
+# Markers: each view's own test of whether it has something to decode (``_ESCAPE``, ``_ESCAPED_ESCAPE``, ``\/``
+# and ``_PRINTABLE_ESCAPE``), spelled for the engine.
+PERCENT = View("percent-decoded", percent_decoded, 3, (rb"%[0-9A-Fa-f]{2}",))
+PERCENT_TWICE = View("percent-decoded twice", percent_decoded_twice, 5, (rb"%25[0-9A-Fa-f]{2}",))  # %2541
+JSON_STRING = View("JSON-unescaped", json_unescaped, 6,  # \u0041
+                   (rb"\\/", rb"\\u00(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E])"))
 # Every view DLP searches besides the bytes as sent.
 VIEWS: tuple[View, ...] = (PERCENT, PERCENT_TWICE, JSON_STRING)
 

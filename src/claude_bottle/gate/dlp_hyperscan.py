@@ -65,6 +65,12 @@ class HyperscanMatcher(DlpMatcher):
                 self._rule_of.append((index, 0))
             else:
                 searched_always.append(index)
+        for index, view in enumerate(self.views):  # where a view has something to decode, as a rule of its own
+            for marker in view.markers:
+                expressions.append(marker)
+                flags.append(_ONCE)
+                self._rule_of.append((-1 - index, 0))
+        self._unmarked = tuple(view for view in self.views if not view.markers)
         self._always = tuple(searched_always)
         self.uncompiled = tuple(self.rules[i].name for i in searched_always)
         self._database: hyperscan.Database | None = None
@@ -74,19 +80,23 @@ class HyperscanMatcher(DlpMatcher):
                                    elements=len(expressions), flags=flags)
         self._local = threading.local()
 
-    def search(self, view: bytes, where: str, start: int, final: bool) -> None:
+    def search(self, view: bytes, where: str, start: int, final: bool) -> Sequence[View]:
         hits: list[tuple[int, int]] = []  # (expression id, where its match ends)
         if self._database is not None:
             self._database.scan(view, match_event_handler=_found, context=hits, scratch=self._scratch())
         if not hits and not self._always:
-            return
+            return self._unmarked
         needles = len(self.needles)
         if (first := min((id_ for id_, _ in hits), default=needles)) < needles:
             raise DlpMatch(HELD_SECRET, where, self.needles[first][1])  # the first needle, as the reference
         anchors: dict[int, list[tuple[int, int]]] = {}
+        marked: set[int] = set()
         for id_, end in hits:
             index, length = self._rule_of[id_ - needles]
-            anchors.setdefault(index, []).append((end - length, end))
+            if index < 0:
+                marked.add(-1 - index)
+            else:
+                anchors.setdefault(index, []).append((end - length, end))
         for index, rule in enumerate(self.rules):
             if index in anchors:
                 found = (rule.search_around(view, start, final, anchors[index]) if rule.anchors
@@ -97,6 +107,7 @@ class HyperscanMatcher(DlpMatcher):
                 continue
             if found:
                 raise DlpMatch(rule.name, where)
+        return [view for index, view in enumerate(self.views) if index in marked or not view.markers]
 
     def _scratch(self) -> hyperscan.Scratch:
         scratch: hyperscan.Scratch | None = getattr(self._local, "scratch", None)

@@ -37,10 +37,11 @@ class DlpMatcher(ABC):
         return DlpScanner(self)
 
     @abstractmethod
-    def search(self, view: bytes, where: str, start: int, final: bool) -> None:
+    def search(self, view: bytes, where: str, start: int, final: bool) -> Sequence[View]:
         """Raise DlpMatch for the first needle (in ``needles`` order) found anywhere in ``view``, else the first
         rule (in ``rules`` order) whose ``DlpRule.search(view, start, final)`` is true. Every engine names the
-        same needle or rule for the same view: the reference (gate/dlp_reference.py) defines the outcome."""
+        same needle or rule for the same view: the reference (gate/dlp_reference.py) defines the outcome.
+        Returns the views worth decoding ``view`` into: at least every one whose ``markers`` it holds."""
 
 
 class DlpScanner:
@@ -95,8 +96,7 @@ class DlpScanner:
 
     def _scan(self, window: bytes, where: str, start: int, final: bool) -> None:
         search = self._matcher.search
-        search(window, where, start, final)
-        for view in self._matcher.views:
+        for view in search(window, where, start, final):
             decoded = view.decode(window)
             if decoded is not None:
                 # Encoded bytes take up to ``expansion`` bytes each: in the decoded view the margin shrinks so.
