@@ -173,12 +173,10 @@ def render(doc: dict[str, Any]) -> list[str]:
               "Where the time goes: with the standard library, one pass per literal (`anchor in window`) over each",
               "window (the chunk plus the tail) and each decoded view of it; with Hyperscan, one pass for all of them,",
               "then a rule's regex only around the anchors it found (a word such as `secret` in Claude Code's text",
-              "costs a short regex search there). What is left with Hyperscan is nearly the same with every rule as",
-              "with the held secret alone: the decoded views' tests and decoding (`gate/decode.py`: a substring test",
-              "or a regex per view and window), the window copies, and the tail each window scans again. For",
-              "%-escaped bodies the decoding itself dominates either way. Next step toward 1.5 ms/MB: the views'",
-              "markers (`%`, `%25`, `\\/`, `\\u`) found in the same Hyperscan pass, so a window without them costs no",
-              "further pass.", ""]
+              "costs a short regex search there). The decoded views' markers (`%XX`, `%25XX`, `\\/`, `\\u00XX`: what",
+              "each view decodes) are found in that same pass, so a window with nothing to decode costs no further",
+              "test. What is left: the window copies and the tail each window scans again (smaller chunks pay more",
+              "of it). For %-escaped bodies the decoding itself dominates either way.", ""]
     return lines
 
 
