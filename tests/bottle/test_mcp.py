@@ -28,6 +28,7 @@ from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.launch import claude_command
 from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle as inside
+from tests import mcp_tracker
 from tests.bottle.conftest import TEST_LABEL, Upstream, bottle_against, gate_audit
 from tests.helpers import tar_archive
 
@@ -37,63 +38,6 @@ SERVER, OTHER, PORT = "mcp-server", "mcp-other", 8443
 # or wheels for CPython 3.11 on glibc, which the gate image's Debian Python is. The gate's own venv adds
 # cryptography.
 ROOTS = ("mcp", "uvicorn")
-
-
-SCRIPT = r'''
-import json, os, sys
-import uvicorn
-from mcp.server.mcpserver import MCPServer
-from mcp.server.transport_security import TransportSecuritySettings
-
-server = MCPServer("tracker")
-
-@server.tool()
-def search_issues(query: str) -> str:
-    """Search the issues."""
-    return f"found: {query}"
-
-@server.tool()
-def get_issue(number: int) -> str:
-    """Read one issue."""
-    return f"issue {number} is open"
-
-@server.tool()
-def delete_issue(number: int) -> str:
-    """Delete an issue."""
-    return f"deleted {number}"
-
-app = server.streamable_http_app(stateless_http=True, transport_security=TransportSecuritySettings(
-    enable_dns_rebinding_protection=False))
-TOKEN = "Bearer " + os.environ["MCP_TOKEN"]
-
-async def recorder(scope, receive, send):
-    if scope["type"] != "http":
-        return await app(scope, receive, send)
-    headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    print(json.dumps({"method": scope["method"], "host": headers.get("host"), "authorization":
-                      headers.get("authorization"), "body": body.decode("utf-8", "replace")}), flush=True)
-    if headers.get("authorization") != TOKEN:
-        await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"0")]})
-        return await send({"type": "http.response.body", "body": b""})
-    sent = False
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-    await app(scope, replay, send)
-
-print("mcp server serving", flush=True)
-uvicorn.run(recorder, host="0.0.0.0", port=8443, ssl_certfile="/opt/mcp/cert.pem", ssl_keyfile="/opt/mcp/key.pem",
-            log_level="warning")
-'''
 
 
 def sdk_files() -> dict[str, bytes]:
@@ -149,7 +93,7 @@ def mcp_server(client: docker.DockerClient, upstream: Upstream, built_images: tu
         cap_drop=["ALL"], security_opt=["no-new-privileges"], working_dir="/tmp", entrypoint=[], user="65534")
     try:
         container.put_archive("/opt", tar_archive({
-            "mcp/server.py": SCRIPT.encode(), "mcp/cert.pem": b"".join(b.bytes() for b in leaf.cert_chain_pems),
+            "mcp/server.py": Path(mcp_tracker.__file__).read_bytes(), "mcp/cert.pem": b"".join(b.bytes() for b in leaf.cert_chain_pems),
             "mcp/key.pem": leaf.private_key_pem.bytes(), **sdk_files()}, mode=0o644))
         container.start()
         deadline = time.monotonic() + 60

@@ -18,8 +18,6 @@ from typing import Any
 import pytest
 import trustme
 import uvicorn
-from mcp.server.mcpserver import MCPServer
-from mcp.server.transport_security import TransportSecuritySettings
 
 from claude_bottle.gate.resolver import StaticResolver
 from claude_bottle.gate.routes import CredentialRoute, RouteSpec, Scheme, new_sentinel
@@ -27,6 +25,7 @@ from claude_bottle.policy.mcp import POLICY_ERROR
 from tests.conftest import GateFactory, RunningGate
 from tests.gate.test_inspection import StandInCA, response
 from tests.helpers import connect_via, eventually
+from tests.mcp_tracker import app, recording
 
 pytestmark = pytest.mark.asyncio
 
@@ -51,27 +50,6 @@ class McpUpstream:
         return [b["params"]["name"] for b in bodies if isinstance(b, dict) and b.get("method") == "tools/call"]
 
 
-def tracker() -> MCPServer:
-    server = MCPServer("tracker")
-
-    @server.tool()
-    def search_issues(query: str) -> str:
-        """Search the issues."""
-        return f"found: {query}"
-
-    @server.tool()
-    def get_issue(number: int) -> str:
-        """Read one issue."""
-        return f"issue {number}"
-
-    @server.tool()
-    def delete_issue(number: int) -> str:
-        """Delete an issue."""
-        return f"deleted {number}"
-
-    return server
-
-
 @pytest.fixture(params=["sse", "json"])
 async def mcp_upstream(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[McpUpstream]:
     """The SDK's streamable HTTP server (answering in SSE, or in JSON), behind a recorder that refuses any
@@ -82,43 +60,20 @@ async def mcp_upstream(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
     cert.cert_chain_pems[0].write_to_path(str(cert_file))
     cert.private_key_pem.write_to_path(str(key_file))
     ca.cert_pem.write_to_path(str(ca_file))
-    app = tracker().streamable_http_app(
-        stateless_http=True, json_response=request.param == "json",
-        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
     sock = socket.socket()
     sock.bind(("127.0.0.2", 0))
     upstream = McpUpstream(sock.getsockname()[1], ca_file)
 
-    async def recorder(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await app(scope, receive, send)
-        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+    def record(request: dict[str, Any]) -> None:
+        body = request["body"]
         try:
             parsed = json.loads(body) if body else None
         except ValueError:
             parsed = body.decode("utf-8", "replace")
-        upstream.seen.append({"method": scope["method"], "path": scope["path"],
-                              "authorization": headers.get("authorization"), "body": parsed})
-        if headers.get("authorization") != f"Bearer {TOKEN}":
-            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"0")]})
-            return await send({"type": "http.response.body", "body": b""})
-        replayed = False
+        upstream.seen.append({"method": request["method"], "path": request["path"],
+                              "authorization": request["authorization"], "body": parsed})
 
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await app(scope, replay, send)
-
+    recorder = recording(app(json_response=request.param == "json"), f"Bearer {TOKEN}", record)
     server = uvicorn.Server(uvicorn.Config(recorder, log_level="warning", lifespan="on",
                                            ssl_certfile=str(cert_file), ssl_keyfile=str(key_file)))
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -185,7 +140,7 @@ async def test_an_allowed_call_reaches_the_server_with_the_real_token_and_a_refu
         denied = await exchange(gate, ca, target, post(target, call(2, "delete_issue"), sentinel))
         unlisted = await exchange(gate, ca, target, post(target, call(3, "close_issue"), sentinel))
         records = [r for r in gate.records() if r["method"] == "POST"]
-    assert allowed[0] == 200 and allowed[2]["result"]["content"][0]["text"] == "issue 7"
+    assert allowed[0] == 200 and allowed[2]["result"]["content"][0]["text"] == "issue 7 is open"
     assert mcp_upstream.calls() == ["get_issue"], "the refused calls never reached the server"
     assert [r["authorization"] for r in mcp_upstream.seen] == [f"Bearer {TOKEN}"]
     for (status, _, answer), ident, rule in ((denied, 2, "deny_tools 'delete_*'"), (unlisted, 3, "tools list")):
