@@ -8,6 +8,7 @@ import gzip
 import json
 import zlib
 
+import brotli
 import pytest
 
 from claude_bottle.stub import StubUpstream
@@ -29,10 +30,13 @@ def percent_twice(value: str) -> str:
 
 
 def compressed(coding: str, data: bytes) -> bytes:
-    return gzip.compress(data) if coding == "gzip" else zlib.compress(data)
+    """``data`` in ``coding``: one of gzip, deflate, br, or several applied in order (``gzip, br``)."""
+    for one in coding.split(", "):
+        data = gzip.compress(data) if one == "gzip" else brotli.compress(data) if one == "br" else zlib.compress(data)
+    return data
 
 
-@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "gzip, br"])
 async def test_a_compressed_body_carrying_a_secret_is_refused_and_a_clean_one_goes_up_as_sent(
         make_gate: GateFactory, plain: StubUpstream, coding: str) -> None:
     async with plain_gate(make_gate, plain.port) as gate:
@@ -62,20 +66,22 @@ async def test_a_chunked_gzip_upload_is_scanned_as_it_streams(make_gate: GateFac
     assert plain.requests == []
 
 
-async def test_a_decompression_bomb_is_refused_not_scanned_forever(make_gate: GateFactory,
-                                                                    plain: StubUpstream) -> None:
-    bomb = gzip.compress(bytes(20 * 1024 * 1024))  # about 20 KB, 20 MiB decoded
+@pytest.mark.parametrize("coding", ["gzip", "br", "br, gzip"])
+async def test_a_decompression_bomb_is_refused_not_scanned_forever(make_gate: GateFactory, plain: StubUpstream,
+                                                                    coding: str) -> None:
+    bomb = compressed(coding, bytes(20 * 1024 * 1024))  # 20 KB or far less, 20 MiB decoded
     async with plain_gate(make_gate, plain.port) as gate:
         status, headers = parse_head(await exchange(
-            gate.proxy, absolute("POST", plain.port, "/up", bomb, "Content-Encoding: gzip\r\n"), 10))
+            gate.proxy, absolute("POST", plain.port, "/up", bomb, f"Content-Encoding: {coding}\r\n"), 10))
     assert status == 413 and "decompression bomb" in headers["x-deny-reason"]
     assert plain.requests == []
 
 
 @pytest.mark.parametrize(("header", "status", "words"), [
-    ("Content-Encoding: br\r\n", 415, "cannot decode"),
+    ("Content-Encoding: zstd\r\n", 415, "cannot decode"),
     ("Content-Encoding: gzip\r\n", 400, "not valid gzip"),
-], ids=["unknown-coding", "corrupt"])
+    ("Content-Encoding: br\r\n", 400, "not valid br"),
+], ids=["unknown-coding", "corrupt", "corrupt-br"])
 async def test_a_body_the_gate_cannot_decode_is_refused(make_gate: GateFactory, plain: StubUpstream, header: str,
                                                         status: int, words: str) -> None:
     async with plain_gate(make_gate, plain.port) as gate:

@@ -1,13 +1,15 @@
 """What the gate decodes before DLP looks: a second round of percent-escapes and JSON string escapes in every
-scanned window, and gzip/deflate request bodies under a bound on size and ratio; and what it refuses."""
+scanned window, and gzip, deflate and br request bodies under a bound on size and ratio; and what it refuses."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import tracemalloc
 import zlib
 from collections.abc import Callable
 
+import brotli
 import pytest
 
 from claude_bottle.gate import decode
@@ -119,7 +121,7 @@ def test_content_codings_lists_them_in_the_order_applied_without_identity() -> N
     assert content_codings([b"identity"]) == ()
 
 
-@pytest.mark.parametrize("coding", ["br", "zstd", "compress", "x-custom"])
+@pytest.mark.parametrize("coding", ["zstd", "compress", "x-custom"])
 def test_a_coding_the_gate_cannot_undo_is_refused(coding: str) -> None:
     with pytest.raises(UndecodableBody, match="cannot decode") as refused:
         content_codings([b"gzip, " + coding.encode()])
@@ -134,7 +136,8 @@ def raw_deflate(data: bytes) -> bytes:
 PLAIN = b'{"note": "' + HELD + b'", "pad": "' + b"abc" * 5000 + b'"}'
 ENCODED = {
     "gzip": ("gzip",), "deflate-zlib": ("deflate",), "deflate-raw": ("deflate",), "gzip-members": ("gzip",),
-    "gzip-then-deflate": ("gzip", "deflate"),
+    "gzip-then-deflate": ("gzip", "deflate"), "br": ("br",), "gzip-then-br": ("gzip", "br"),
+    "br-then-deflate": ("br", "deflate"),
 }
 
 
@@ -147,6 +150,12 @@ def encoded(kind: str) -> bytes:
         return raw_deflate(PLAIN)
     if kind == "gzip-members":
         return gzip.compress(PLAIN[:1000]) + gzip.compress(PLAIN[1000:])
+    if kind == "br":
+        return brotli.compress(PLAIN)
+    if kind == "gzip-then-br":
+        return brotli.compress(gzip.compress(PLAIN))
+    if kind == "br-then-deflate":
+        return zlib.compress(brotli.compress(PLAIN))
     return zlib.compress(gzip.compress(PLAIN))
 
 
@@ -174,6 +183,19 @@ def test_a_corrupt_or_cut_body_is_refused(body: bytes, words: str) -> None:
     assert refused.value.status == 400
 
 
+@pytest.mark.parametrize(("body", "words"), [
+    (b"not br at all", "not valid br"),
+    (brotli.compress(PLAIN)[:-3], "ends inside its br"),
+    (brotli.compress(PLAIN) + b"smuggled", "not valid br"),
+], ids=["garbage", "cut", "bytes-after-the-stream"])
+def test_a_corrupt_or_cut_br_body_is_refused(body: bytes, words: str) -> None:
+    decoder = BodyDecoder(("br",))
+    with pytest.raises(UndecodableBody, match=words) as refused:
+        decoder.feed(body)
+        decoder.finish()
+    assert refused.value.status == 400
+
+
 def test_bytes_after_a_deflate_stream_are_refused() -> None:
     decoder = BodyDecoder(("deflate",))
     with pytest.raises(UndecodableBody, match="after its deflate stream"):
@@ -188,6 +210,33 @@ def test_a_bomb_is_refused_by_its_ratio_without_decoding_it_all() -> None:
             decoder.feed(bomb[i : i + 16384])
         decoder.finish()
     assert refused.value.status == 413
+
+
+def test_a_br_bomb_is_refused_by_its_ratio_without_decoding_it_all() -> None:
+    compressor, zeros = brotli.Compressor(quality=5), bytes(1024 * 1024)
+    bomb = b"".join(compressor.process(zeros) for _ in range(256)) + compressor.finish()  # 256 MiB in ~500 bytes
+    decoder = BodyDecoder(("br",))
+    tracemalloc.start()
+    try:
+        with pytest.raises(UndecodableBody, match="decompression bomb") as refused:
+            decoder.feed(bomb)
+            decoder.finish()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert refused.value.status == 413
+    assert peak < 8 * 1024 * 1024, "decoding stopped near the bound (1 MiB for so small a body), not at its end"
+
+
+@pytest.mark.parametrize("codings", [("gzip", "br"), ("br", "gzip")])
+def test_a_bomb_stacked_with_br_is_refused(codings: tuple[str, ...]) -> None:
+    data = bytes(50 * 1024 * 1024)
+    for coding in codings:
+        data = brotli.compress(data, quality=1) if coding == "br" else gzip.compress(data, 9)
+    decoder = BodyDecoder(codings)
+    with pytest.raises(UndecodableBody, match="decompression bomb"):
+        decoder.feed(data)
+        decoder.finish()
 
 
 def test_a_bomb_inside_a_bomb_is_refused_at_its_inner_layer() -> None:

@@ -11,10 +11,10 @@ decoded twice (``%2541`` is ``%41`` after one round, ``A`` after two: a server o
 twice sees the value); JSON string escapes undone (``\\u0041``, ``\\/``: a JSON body's strings as its
 parser reads them).
 
-A request body's ``Content-Encoding`` (``BodyDecoder``): gzip and deflate are decompressed as the body
+A request body's ``Content-Encoding`` (``BodyDecoder``): gzip, deflate and br are decompressed as the body
 streams, under a bound on the decompressed size and on its ratio to the compressed size, so a bomb is
-refused instead of being scanned forever. A body in an encoding the gate cannot undo (br, zstd, anything
-else) is refused: its server would read what DLP could not.
+refused instead of being scanned forever. A body in an encoding the gate cannot undo (zstd, anything else)
+is refused: its server would read what DLP could not.
 
 What no decoding finds: encryption, an encoding the gate does not know (reversed, XORed, split across
 requests, escapes of escapes beyond the views above), compression inside the payload itself (a zip or
@@ -29,6 +29,8 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote_from_bytes, quote_plus, unquote_to_bytes
+
+import brotli
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ VIEWS: tuple[View, ...] = (PERCENT, PERCENT_TWICE, JSON_STRING)
 MAX_DECODED_BODY = 64 * 1024 * 1024
 MAX_RATIO = 100
 _RATIO_FREE = 1024 * 1024
-_DECODABLE = ("gzip", "x-gzip", "deflate")
+_DECODABLE = ("gzip", "x-gzip", "deflate", "br")
 
 
 _B64URL = bytes.maketrans(b"+/", b"-_")
@@ -147,7 +149,7 @@ def content_codings(values: Sequence[bytes]) -> tuple[str, ...]:
     for coding in codings:
         if coding not in _DECODABLE:
             raise UndecodableBody(f"request body in Content-Encoding {coding!r}, which the gate cannot decode to "
-                                  "scan it (it decodes gzip and deflate); send it unencoded")
+                                  "scan it (it decodes gzip, deflate and br); send it unencoded")
     return codings
 
 
@@ -158,7 +160,8 @@ class BodyDecoder:
     ``MAX_RATIO`` times the body's size as sent."""
 
     def __init__(self, codings: Sequence[str]) -> None:
-        self._layers = [_Layer(coding) for coding in reversed(codings)]  # the last applied is undone first
+        # The last applied is undone first.
+        self._layers = [_BrotliLayer() if coding == "br" else _ZlibLayer(coding) for coding in reversed(codings)]
         self._read = 0
 
     def feed(self, chunk: bytes) -> bytes:
@@ -191,14 +194,53 @@ class BodyDecoder:
 
 
 class _Layer:
-    """One coding undone: gzip (members one after another, as gzip itself writes them) or deflate (zlib as
-    the standard says, raw deflate as some clients send)."""
+    """One coding undone: ``feed`` returns the decoded bytes of ``data``, at most about ``room`` of them (it
+    may stop once past ``room``, with the body refused); ``finish`` raises UndecodableBody unless the coded
+    data ended whole. ``produced`` counts the decoded bytes, kept by the BodyDecoder."""
+
+    produced = 0
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        raise NotImplementedError
+
+
+class _BrotliLayer(_Layer):
+    """br: one Brotli stream (RFC 7932), decoded by Google's library. Its output bound (``room``) holds a bomb
+    to about ``room`` bytes (it grows its buffer in steps of some 32 KiB); bytes after the stream's end are
+    invalid data to it."""
+
+    def __init__(self) -> None:
+        self._decompressor = brotli.Decompressor()
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        out: list[bytes] = []
+        try:
+            for _ in range(1024):  # output stopped by ``room`` is resumed with no input; bounded
+                piece: bytes = self._decompressor.process(data, output_buffer_limit=room)
+                out.append(piece)
+                room, data = room - len(piece), b""
+                if room <= 0 or self._decompressor.can_accept_more_data():
+                    break
+        except brotli.error:
+            raise UndecodableBody("request body is not valid br data", 400) from None
+        return b"".join(out)
+
+    def finish(self) -> None:
+        if not self._decompressor.is_finished():
+            raise UndecodableBody("request body ends inside its br data", 400)
+
+
+class _ZlibLayer(_Layer):
+    """gzip (members one after another, as gzip itself writes them) or deflate (zlib as the standard says, raw
+    deflate as some clients send)."""
 
     def __init__(self, coding: str) -> None:
         self._coding = coding
         self._inflater: zlib._Decompress | None = None
         self._pending = b""  # deflate's first byte, until the second shows whether a zlib header starts it
-        self.produced = 0
 
     def feed(self, data: bytes, room: int) -> bytes:
         data, self._pending = self._pending + data, b""
