@@ -1,5 +1,5 @@
 """``claude-bottle logs`` as a table: time, decision, method, host, path, rule, reason, and under a request
-to an MCP server one line per JSON-RPC call in it; colours on a terminal.
+to an MCP server one line per JSON-RPC message in it (its own audit line); colours on a terminal.
 
 Plain formatting: the columns are few and the widths fixed, so no table library is needed. Colours are ANSI
 escapes, only when the output is a terminal (and ``NO_COLOR`` is unset). Audit fields come from the gate,
@@ -36,24 +36,28 @@ def header() -> str:
 
 
 def row(entry: dict[str, Any], colour: bool) -> str:
-    """One audit line as a row; the reason last, whole."""
+    """One audit line as a row; the reason last, whole. A JSON-RPC message's line (listener ``mcp``) is
+    indented under its request's row, which the gate wrote just before it."""
     verdict = decision(entry)
-    time = str(entry.get("time", ""))[11:23]
-    cells = [time, verdict, str(entry.get("method", "")), str(entry.get("target", "")), str(entry.get("path", "")),
-             str(entry.get("rule", ""))]
-    text = " ".join(f"{_cut(printable(cell), width):{width}}" for cell, (_, width) in zip(cells, COLUMNS, strict=True))
-    text += " " + printable(str(entry.get("reason", "")))
-    text += "".join(f"\n{line}" for line in calls(entry))
+    if entry.get("listener") == "mcp":
+        text = call(entry)
+    else:
+        time = str(entry.get("time", ""))[11:23]
+        cells = [time, verdict, str(entry.get("method", "")), str(entry.get("target", "")),
+                 str(entry.get("path", "")), str(entry.get("rule", ""))]
+        text = " ".join(f"{_cut(printable(cell), width):{width}}"
+                        for cell, (_, width) in zip(cells, COLUMNS, strict=True))
+        text += " " + printable(str(entry.get("reason", "")))
     code = _COLOURS.get(verdict)
     return f"\x1b[{code}m{text}\x1b[0m" if colour and code else text
 
 
-def calls(entry: dict[str, Any]) -> list[str]:
-    """One indented line per JSON-RPC call of a request to an MCP server (the ``mcp`` field)."""
-    found = entry.get("mcp")
-    return [f"  mcp {printable(str(c.get('server', '')))}: {printable(str(c.get('method', '')))}"
-            f"{' ' + printable(str(c['tool'])) if c.get('tool') else ''} {printable(str(c.get('decision', '')))}"
-            for c in (found if isinstance(found, list) else []) if isinstance(c, dict)]
+def call(entry: dict[str, Any]) -> str:
+    """A JSON-RPC message's line: server, method, the tool it calls, its decision and, if refused, why."""
+    tool = f" {printable(str(entry['tool']))}" if entry.get("tool") else ""
+    why = f": {printable(str(entry.get('reason', '')))}" if entry.get("decision") != "allow" else ""
+    return (f"  mcp {printable(str(entry.get('server', '')))}: {printable(str(entry.get('method', '')))}{tool} "
+            f"{printable(str(entry.get('decision', '')))}{why}")
 
 
 def offer(entry: dict[str, Any], agent: str) -> str | None:

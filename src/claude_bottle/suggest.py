@@ -7,17 +7,18 @@ requests (terminated TLS, plain HTTP), the entry carries the methods and paths s
 strict run passes those and nothing else; more than ``MAX_PATHS`` paths for one method on a host become one
 rule per first path segment (``GET /simple/**``). A tunnel the gate did not read gets a host entry only.
 
-A remote MCP server's calls (each line's ``mcp`` field) are counted per server and tool and shown as the
-``tools`` list to set in its ``[mcp.servers.NAME]`` table, as a comment (``--write`` does not add them: the
-table's url lives in the agent file already).
+A remote MCP server's calls (the ``mcp`` lines, one per JSON-RPC message) are counted per server and tool
+and shown as the ``tools`` list to set in its ``[mcp.servers.NAME]`` table, as a comment (``--write`` does
+not add them: the table's url lives in the agent file already); a call refused by a rule is listed as
+refused, one that was not sent for another's refusal is neither.
 
 A destination a run in ask mode was let reach by an answer (the request's line carries ``answer``
 allow-once or allow-always) is suggested in a group of its own, with the number of requests approved.
 
-It reads the lines' fields (``decision``, ``status``, ``would_deny``, ``answer``, ``tunnel``, ``method``,
-``path``, ``mcp``), never
-the words of a reason: a refused destination's reason is only shown, as a comment. A line from an earlier
-gate is first given today's fields (``records.current``).
+It reads the lines' fields (``listener``, ``decision``, ``status``, ``would_deny``, ``answer``, ``tunnel``,
+``method``, ``path``, ``server``, ``tool``, ``rule``), never the words of a reason: a refused destination's
+reason is only shown, as a comment. A line from an earlier gate is first given today's fields
+(``records.current``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class Destination:
 class Suggestion:
     destinations: dict[str, Destination] = field(default_factory=dict)  # by entry
     refused: dict[str, str] = field(default_factory=dict)  # target -> the first reason it was refused
-    # MCP servers (the audit's ``mcp`` entries): server -> tool -> calls allowed, and the tools refused
+    # MCP servers (the audit's ``mcp`` lines): server -> tool -> calls allowed, and the tools a rule refused
     mcp_tools: dict[str, dict[str, int]] = field(default_factory=dict)
     mcp_refused: dict[str, set[str]] = field(default_factory=dict)
 
@@ -102,6 +103,9 @@ def suggest(lines: Iterable[dict[str, Any]]) -> Suggestion:
     """What the proxy's audit ``lines`` (parsed JSON) say the run needed."""
     found = Suggestion()
     for line in map(current, lines):
+        if line.get("listener") == "mcp":
+            _mcp_call(found, line)
+            continue
         if line.get("listener") != "proxy" or line.get("target", "-") == "-":
             continue
         try:
@@ -109,7 +113,6 @@ def suggest(lines: Iterable[dict[str, Any]]) -> Suggestion:
         except (InvalidHost, KeyError):
             continue
         entry = allow_entry(target)
-        _mcp_calls(found, line.get("mcp"))
         if line.get("decision") == "deny":
             if entry not in found.destinations and line.get("status") == 403:
                 found.refused.setdefault(str(line["target"]), str(line.get("reason", "")))
@@ -129,17 +132,17 @@ def suggest(lines: Iterable[dict[str, Any]]) -> Suggestion:
     return found
 
 
-def _mcp_calls(found: Suggestion, calls: Any) -> None:
-    """The ``tools/call`` entries of one line's ``mcp`` field, counted per server and tool."""
-    for call in calls if isinstance(calls, list) else []:
-        if not isinstance(call, dict) or call.get("method") != "tools/call":
-            continue
-        server, tool = str(call.get("server", "")), str(call.get("tool", ""))
-        if call.get("decision") == "allow":
-            tools = found.mcp_tools.setdefault(server, {})
-            tools[tool] = tools.get(tool, 0) + 1
-        else:
-            found.mcp_refused.setdefault(server, set()).add(tool)
+def _mcp_call(found: Suggestion, line: dict[str, Any]) -> None:
+    """A ``tools/call`` line, counted per server and tool: allowed, or refused by a rule (a call not sent for
+    another's refusal names no rule, and counts as neither)."""
+    if line.get("method") != "tools/call":
+        return
+    server, tool = str(line.get("server", "")), str(line.get("tool", ""))
+    if line.get("decision") == "allow":
+        tools = found.mcp_tools.setdefault(server, {})
+        tools[tool] = tools.get(tool, 0) + 1
+    elif line.get("rule"):
+        found.mcp_refused.setdefault(server, set()).add(tool)
 
 
 def mcp_toml(found: Suggestion) -> str:

@@ -162,9 +162,10 @@ def test_claude_code_calls_an_allowed_tool_sees_no_denied_one_and_the_gate_refus
     assert code == 0 and "-32001" in reply and "claude-bottle policy" in reply and "deny_tools" in reply, reply
     assert "HTTP/1.1 400" in malformed[1] and "not well-formed JSON-RPC" in malformed[1], malformed[1]
     assert "HTTP/1.1 403" in elsewhere[1] and "DLP rule held-secret" in elsewhere[1], elsewhere[1]
-    calls = [c for r in audit for c in r.get("mcp", [])]
+    calls = [r for r in audit if r.get("listener") == "mcp"]  # a line per JSON-RPC message
     assert {"server": "tracker", "method": "tools/call", "tool": "get_issue", "decision": "allow"}.items() <= \
         next(c for c in calls if c.get("tool") == "get_issue").items()
     assert any(c.get("tool") == "delete_issue" and c["decision"] == "deny" for c in calls)
     assert mcp_server.token not in json.dumps(audit)
+
 

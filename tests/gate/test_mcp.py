@@ -140,6 +140,7 @@ async def test_an_allowed_call_reaches_the_server_with_the_real_token_and_a_refu
         denied = await exchange(gate, ca, target, post(target, call(2, "delete_issue"), sentinel))
         unlisted = await exchange(gate, ca, target, post(target, call(3, "close_issue"), sentinel))
         records = [r for r in gate.records() if r["method"] == "POST"]
+        calls = [r for r in gate.records() if r["listener"] == "mcp"]
     assert allowed[0] == 200 and allowed[2]["result"]["content"][0]["text"] == "issue 7 is open"
     assert mcp_upstream.calls() == ["get_issue"], "the refused calls never reached the server"
     assert [r["authorization"] for r in mcp_upstream.seen] == [f"Bearer {TOKEN}"]
@@ -147,10 +148,13 @@ async def test_an_allowed_call_reaches_the_server_with_the_real_token_and_a_refu
         assert status == 200 and answer["id"] == ident and answer["error"]["code"] == POLICY_ERROR
         assert "claude-bottle policy" in answer["error"]["message"] and rule in answer["error"]["message"]
     assert [r["decision"] for r in records] == ["allow", "deny", "deny"]
-    assert records[1]["mcp"] == [{"server": "tracker", "method": "tools/call", "tool": "delete_issue",
-                                  "decision": "deny", "reason": records[1]["reason"]}]
     assert records[1]["rule"] == "[mcp.servers.tracker] deny_tools delete_*"
-    assert records[0]["mcp"][0]["tool"] == "get_issue" and records[0]["mcp"][0]["decision"] == "allow"
+    assert [(c["tool"], c["decision"]) for c in calls] == [("get_issue", "allow"), ("delete_issue", "deny"),
+                                                           ("close_issue", "deny")], "one line per call"
+    assert {k: v for k, v in calls[1].items() if k not in ("time", "client")} == {
+        "version": 2, "listener": "mcp", "method": "tools/call", "target": target, "decision": "deny",
+        "reason": records[1]["reason"], "status": 200, "path": "/mcp",
+        "rule": "[mcp.servers.tracker] deny_tools delete_*", "server": "tracker", "tool": "delete_issue"}
 
 
 async def test_the_tool_list_lacks_the_tools_that_cannot_be_called(make_gate: GateFactory,
@@ -176,12 +180,18 @@ async def test_a_batch_with_a_refused_call_is_answered_by_the_gate_whole(make_ga
             {"jsonrpc": "2.0", "method": "notifications/initialized"}]))
         notified = await exchange(gate, ca, target, post(target, {"jsonrpc": "2.0", "method": "tools/call",
                                                                   "params": {"name": "delete_issue"}}))
-        records = [r for r in gate.records() if r["method"] == "POST"]
+        calls = [r for r in gate.records() if r["listener"] == "mcp"]
     assert mcp_upstream.seen == [], "nothing of a batch with a refused call reaches the server"
     assert status == 200 and [a["id"] for a in answer] == [1, 2]
     assert "not sent" in answer[0]["error"]["message"] and answer[1]["error"]["code"] == POLICY_ERROR
     assert notified[0] == 403, "a refused notification has no id to answer: refused outright"
-    assert [c["decision"] for c in records[0]["mcp"]] == ["allow", "deny", "allow"]
+    assert [(c["method"], c.get("tool"), c["decision"], c.get("rule")) for c in calls] == [
+        ("tools/call", "get_issue", "deny", None),
+        ("tools/call", "delete_issue", "deny", "[mcp.servers.tracker] deny_tools delete_*"),
+        ("notifications/initialized", None, "deny", None),
+        ("tools/call", "delete_issue", "deny", "[mcp.servers.tracker] deny_tools delete_*")], "a line per message"
+    assert calls[0]["reason"].startswith("not sent: its request was refused: MCP tool delete_issue")
+    assert [c["status"] for c in calls] == [200, 200, 200, 403]
 
 
 @pytest.mark.parametrize("mcp_upstream", ["json"], indirect=True)
@@ -222,12 +232,34 @@ async def test_a_held_secret_in_a_tool_argument_is_refused_even_escaped(make_gat
         to_other = await exchange(gate, ca, f"{OTHER}:{mcp_upstream.port}", post(
             f"{OTHER}:{mcp_upstream.port}", call(3, "get_issue"), sentinel))
         other_name = await exchange(gate, ca, target, post(target, call(4, "get_issue"), sentinel, header="X-Token:"))
+        as_name = await exchange(gate, ca, target, post(target, call(5, sentinel)))
+        in_method = await exchange(gate, ca, target, post(target, {"jsonrpc": "2.0", "id": 6, "method": sentinel}))
+        audit = gate.records()
     assert mcp_upstream.seen == [], "the sentinel reached no server: not in arguments, not to another host"
+    for status, _, answer in (as_name, in_method):
+        assert status == 200 and "DLP rule held-secret" in answer["error"]["message"]
+    assert sentinel not in json.dumps(audit), "a name the client chose is audited as [redacted] if it is a secret"
+    assert [(c["method"], c.get("tool")) for c in audit if c["listener"] == "mcp"][-2:] == [
+        ("tools/call", "[redacted]"), ("[redacted]", None)]
     for status, _, answer in (plain, hidden):
         assert status == 200 and answer["error"]["code"] == POLICY_ERROR and "DLP rule held-secret" in \
             answer["error"]["message"]
     assert to_other[0] == 403
     assert other_name[0] == 403, "the sentinel under another header name to the server itself"
+
+
+@pytest.mark.parametrize("mcp_upstream", ["json"], indirect=True)
+async def test_a_lone_surrogate_in_a_call_is_judged_not_a_fault_of_the_gate(make_gate: GateFactory,
+                                                                             mcp_upstream: McpUpstream) -> None:
+    ca = StandInCA()
+    async with gate_for(make_gate, mcp_upstream, ca) as gate:
+        target = mcp_upstream.target
+        raw = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "search_issues", ' \
+              b'"arguments": {"query": "\\ud800"}}}'
+        await exchange(gate, ca, target, post(target, None, raw=raw))
+        request = next(r for r in gate.records() if r["method"] == "POST")
+    assert request["decision"] != "error" and "gate error" not in request["reason"], request
+    assert mcp_upstream.calls() == ["search_issues"], "valid JSON, an allowed tool: judged and sent"
 
 
 @pytest.mark.parametrize("mcp_upstream", ["sse"], indirect=True)

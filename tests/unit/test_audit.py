@@ -9,7 +9,7 @@ import re
 import pytest
 
 from claude_bottle.gate.audit import REDACTED, VERSION, AuditLog, AuditRecord
-from claude_bottle.policy.decide import Decision
+from claude_bottle.policy.decide import Decision, RpcCall
 
 SECRET = "sk-ant-oat01-Qw3rTy_uIoP-aSdFgHjKl0123456789"
 FIELDS = ["version", "time", "listener", "client", "method", "target", "decision", "reason", "status", "bytes_up",
@@ -203,3 +203,36 @@ def test_a_record_takes_decisions_and_keeps_its_reasons_in_order() -> None:
     record.fail("upstream stopped responding", 504, "upstream")
     assert (record.decision, record.status, record.side) == ("error", 504, "upstream")
     assert record.reason.endswith("; then upstream stopped responding")
+
+
+def test_each_json_rpc_message_gets_a_line_after_its_request_and_one_not_sent_says_so() -> None:
+    calls = (RpcCall("tracker", "tools/call", "get_issue", "allow", "MCP tool get_issue allowed", "r-allow"),
+             RpcCall("tracker", "tools/call", "delete_issue", "deny", f"refused {SECRET}", "r-deny"),
+             RpcCall("tracker", "notifications/initialized", "", "allow", "passes"))
+    stream = io.StringIO()
+    record = _record(method="POST", target="mcp.example.com:443", path="/mcp")
+    record.decided(Decision(True, "allowed", calls=calls))
+    record.deny("MCP tool delete_issue is refused (and 0 more)", 200, rule="r-deny")
+    AuditLog(stream, secrets=(SECRET,)).write(record)
+    request, *lines = _lines(stream)
+    assert "calls" not in request and "mcp" not in request
+    call_fields = [*FIELDS[:9], "path", "rule", "server", "tool"]
+    assert [list(line) for line in lines] == [[f for f in call_fields if f != "rule"], call_fields,
+                                              [f for f in call_fields if f not in ("rule", "tool")]]
+    assert [(line["listener"], line["method"], line.get("tool"), line["decision"], line.get("rule"))
+            for line in lines] == [("mcp", "tools/call", "get_issue", "deny", None),
+                                   ("mcp", "tools/call", "delete_issue", "deny", "r-deny"),
+                                   ("mcp", "notifications/initialized", None, "deny", None)]
+    assert lines[0]["reason"] == "not sent: its request was refused: MCP tool delete_issue is refused (and 0 more)"
+    assert lines[1]["reason"] == f"refused {REDACTED}"
+    assert all(line["time"] == request["time"] and line["status"] == 200 and line["path"] == "/mcp"
+               and line["server"] == "tracker" and line["client"] == request["client"] for line in lines)
+
+
+def test_an_allowed_request_keeps_its_messages_verdicts() -> None:
+    stream = io.StringIO()
+    record = _record(method="POST", target="mcp.example.com:443")
+    record.decided(Decision(True, "allowed", calls=(RpcCall("t", "tools/call", "get_issue", "allow", "ok", "r"),)))
+    AuditLog(stream).write(record)
+    assert [(line["listener"], line["decision"], line.get("rule")) for line in _lines(stream)] == \
+        [("proxy", "allow", None), ("mcp", "allow", "r")]

@@ -141,25 +141,34 @@ def test_bad_mcp_keys_are_named(extra: str, words: str) -> None:
         parse_agent("a", tomllib.loads("version = 1\n" + extra), "a.toml")
 
 
-def _mcp_line(tool: str, decision: str, status: int = 200) -> dict[str, object]:
-    return {"version": 2, "listener": "proxy", "method": "POST", "target": "mcp.example.com:443", "path": "/mcp",
-            "decision": decision, "status": status, "reason": f"MCP tool {tool} ...", "mcp": [
-                {"server": "tracker", "method": "tools/call", "tool": tool, "decision": decision, "reason": "r"},
-                {"server": "tracker", "method": "notifications/initialized", "decision": "allow", "reason": "r"}]}
+def _mcp_lines(tool: str, decision: str, rule: str = "") -> list[dict[str, object]]:
+    """A request to an MCP server's lines as the gate writes them: the request's, then one per message."""
+    request = {"version": 2, "listener": "proxy", "method": "POST", "target": "mcp.example.com:443",
+               "path": "/mcp", "decision": decision, "status": 200, "reason": f"MCP tool {tool} ..."}
+    common = {"version": 2, "listener": "mcp", "target": "mcp.example.com:443", "path": "/mcp", "status": 200,
+              "server": "tracker"}
+    return [request, {**common, "method": "tools/call", "tool": tool, "decision": decision, "reason": "r",
+                      **({"rule": rule} if rule else {})},
+            {**common, "method": "notifications/initialized", "decision": decision,
+             "reason": "r" if decision == "allow" else "not sent: its request was refused: ..."}]
 
 
 def test_suggest_proposes_the_tools_the_run_called_and_lists_those_refused() -> None:
-    lines = [_mcp_line("get_issue", "allow"), _mcp_line("get_issue", "allow"), _mcp_line("search_issues", "allow"),
-             _mcp_line("delete_issue", "deny")]
-    found = suggest.suggest(lines)
+    lines = [*_mcp_lines("get_issue", "allow"), *_mcp_lines("get_issue", "allow"),
+             *_mcp_lines("search_issues", "allow"), *_mcp_lines("delete_issue", "deny", "[mcp.servers.tracker] tools")]
+    not_sent = _mcp_lines("search_issues", "deny")[1]  # in a batch another call of which was refused
+    found = suggest.suggest([*lines, not_sent])
     assert found.mcp_tools == {"tracker": {"get_issue": 2, "search_issues": 1}}
-    assert found.mcp_refused == {"tracker": {"delete_issue"}}
+    assert found.mcp_refused == {"tracker": {"delete_issue"}}, "a call not sent was not refused by a rule"
+    assert list(found.destinations) == ["mcp.example.com"], "a message's line is not a destination of its own"
     text = suggest.render(found, "a run")
     assert '#   tools = ["get_issue", "search_issues"]' in text and "refused, not suggested: delete_issue" in text
     tomllib.loads(text)  # still an agent file's TOML: the MCP part is comments
 
 
-def test_logs_show_each_call_of_a_request_to_an_mcp_server() -> None:
-    row = logview.row(_mcp_line("delete\x1b]issue", "deny"), colour=False)
-    assert row.splitlines()[1:] == ["  mcp tracker: tools/call delete\\x1b]issue deny",
-                                    "  mcp tracker: notifications/initialized allow"]
+def test_logs_show_each_message_to_an_mcp_server_under_its_request() -> None:
+    rows = [logview.row(line, colour=False) for line in _mcp_lines("delete\x1b]issue", "deny")]
+    assert rows[0].split()[:3] == ["deny", "POST", "mcp.example.com:443"], rows[0]
+    assert rows[1:] == ["  mcp tracker: tools/call delete\\x1b]issue deny: r",
+                        "  mcp tracker: notifications/initialized deny: not sent: its request was refused: ..."]
+    assert logview.row(_mcp_lines("get_issue", "allow")[1], colour=False) == "  mcp tracker: tools/call get_issue allow"

@@ -79,7 +79,8 @@ def logs(agent: str | None, workspace: str | None, run_id: str | None, list_reco
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     shown = 0
     for entry in entries:
-        if egress and entry.get("listener") not in ("proxy", "ask"):  # ask: the proxy's questions, answers
+        # ask: the proxy's questions and answers; mcp: the JSON-RPC messages in its requests to MCP servers
+        if egress and entry.get("listener") not in ("proxy", "ask", "mcp"):
             continue
         if as_json:
             click.echo(json.dumps(entry, ensure_ascii=False))

@@ -4,6 +4,10 @@ The record is assembled here and rendered here, from fields: what a reader needs
 rule, ``would_deny``, ``unlisted``, a tunnel's mode, a failure's side) is a field of its own, and the reason
 is words for people, built from the decisions' reasons and never parsed back (``policy suggest`` and ``logs``
 read fields only).
+
+A request to a remote MCP server is followed by one line per JSON-RPC message in it (a batch's too): listener
+``mcp``, the JSON-RPC method as ``method``, with ``server`` and ``tool``; its decision is the message's own,
+except that a message allowed in a request that was refused was not sent, and says so.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ OPAQUE: Final = "opaque"  # TLS relayed unread, its ClientHello checked
 RAW_TCP: Final = "raw_tcp"  # any bytes relayed unread: raw TCP is allowed to the target
 TERMINATED: Final = "terminated"  # TLS terminated by the gate, each request inside audited on a line of its own
 TunnelMode = Literal["opaque", "raw_tcp", "terminated"]
+
+MCP: Final = "mcp"  # the listener of a JSON-RPC message's line, written after its request's
 
 # Whose side a failure was on (the ``side`` field of an ``error`` line); none: a fault of the gate's own.
 CLIENT: Final = "client"
@@ -56,7 +62,7 @@ class AuditRecord:
     unlisted: bool = False  # the target is in no allowlist (refused for that, or let through by learn mode)
     tunnel: TunnelMode | None = None  # a CONNECT past its name and address checks: how its bytes are carried
     side: Side | None = None  # an error: whose side failed (None: the gate's own fault, or no error)
-    mcp: tuple[RpcCall, ...] = ()  # the JSON-RPC calls inside a request to an MCP server, one entry each
+    calls: tuple[RpcCall, ...] = ()  # the JSON-RPC messages in a request to an MCP server: a line each
     # Ask mode (gate/ask.py): the question a request was held for, its answer ("allow-once", ..., "deny-once"
     # for a timeout or the limit) and who gave it ("terminal", "hook", ..., "timeout", "limit", "gone").
     ask: str | None = None
@@ -74,7 +80,7 @@ class AuditRecord:
         self.rule = decision.rule or None
         self.would_deny = decision.learned
         self.unlisted = decision.unlisted
-        self.mcp = self.mcp or decision.calls
+        self.calls = self.calls or decision.calls
 
     def passed(self, decision: Decision) -> None:
         """A further check allowed the request: its reason follows the earlier ones; its rule, if it named
@@ -83,7 +89,7 @@ class AuditRecord:
         self.reason = f"{self.reason}; {decision.reason}" if self.reason else decision.reason
         if decision.rule:
             self.rule = decision.rule
-        self.mcp = self.mcp or decision.calls
+        self.calls = self.calls or decision.calls
 
     def note(self, what: str) -> None:
         """Add what came of an allowed exchange (how a tunnel was carried, how it ended) to the reason."""
@@ -115,41 +121,73 @@ class AuditLog:
         self._secrets = tuple(s for s in secrets if s)
 
     def write(self, record: AuditRecord) -> None:
+        """The request's line, then one line per JSON-RPC message in it."""
         if self._stream is None:
             return
-        started = record.started
-        # The fields in their fixed order; the optional ones only when set. (Built by hand: dataclasses.asdict
-        # deep-copies every field, and this runs for every request.)
-        fields: dict[str, object] = {
-            "version": VERSION,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)) + f".{int(started % 1 * 1000):03d}Z",
-            "listener": record.listener, "client": record.client, "method": record.method, "target": record.target,
-            "decision": record.decision, "reason": record.reason, "status": record.status,
-        }
-        if record.path is not None:
-            fields["path"] = record.path
-        if record.rule is not None:
-            fields["rule"] = record.rule
-        if record.would_deny:
-            fields["would_deny"] = True
-        if record.unlisted:
-            fields["unlisted"] = True
-        if record.tunnel is not None:
-            fields["tunnel"] = record.tunnel
-        if record.side is not None:
-            fields["side"] = record.side
-        if record.mcp:
-            fields["mcp"] = [{"server": c.server, "method": c.method, **({"tool": c.tool} if c.tool else {}),
-                              "decision": c.decision, "reason": c.reason} for c in record.mcp]
-        if record.ask is not None:
-            fields["ask"] = record.ask
-        if record.answer is not None:
-            fields["answer"], fields["by"] = record.answer, record.by
-        fields["bytes_up"], fields["bytes_down"] = record.bytes_up, record.bytes_down
-        fields["duration_ms"] = round((time.time() - started) * 1000, 1)
+        self._stream.write(self._line(_request_fields(record)))
+        for call in record.calls:
+            self._stream.write(self._line(_call_fields(record, call)))
+        self._stream.flush()
+
+    def _line(self, fields: dict[str, object]) -> str:
         line = json.dumps(fields, ensure_ascii=False)
         for secret in self._secrets:
             if secret in line:
                 line = line.replace(secret, REDACTED)
-        self._stream.write(line + "\n")
-        self._stream.flush()
+        return line + "\n"
+
+
+def _request_fields(record: AuditRecord) -> dict[str, object]:
+    started = record.started
+    # The fields in their fixed order; the optional ones only when set. (Built by hand: dataclasses.asdict
+    # deep-copies every field, and this runs for every request.)
+    fields: dict[str, object] = {
+        "version": VERSION,
+        "time": _time(started),
+        "listener": record.listener, "client": record.client, "method": record.method, "target": record.target,
+        "decision": record.decision, "reason": record.reason, "status": record.status,
+    }
+    if record.path is not None:
+        fields["path"] = record.path
+    if record.rule is not None:
+        fields["rule"] = record.rule
+    if record.would_deny:
+        fields["would_deny"] = True
+    if record.unlisted:
+        fields["unlisted"] = True
+    if record.tunnel is not None:
+        fields["tunnel"] = record.tunnel
+    if record.side is not None:
+        fields["side"] = record.side
+    if record.ask is not None:
+        fields["ask"] = record.ask
+    if record.answer is not None:
+        fields["answer"], fields["by"] = record.answer, record.by
+    fields["bytes_up"], fields["bytes_down"] = record.bytes_up, record.bytes_down
+    fields["duration_ms"] = round((time.time() - started) * 1000, 1)
+    return fields
+
+
+def _call_fields(record: AuditRecord, call: RpcCall) -> dict[str, object]:
+    """A JSON-RPC message's line: the request's time, client, target, path and status; the message's method,
+    server, tool, decision, reason and rule. Allowed, but in a request that was refused: not sent."""
+    decision, reason, rule = call.decision, call.reason, call.rule
+    if decision == "allow" and record.decision == "deny":
+        decision, reason, rule = "deny", f"not sent: its request was refused: {record.reason}", ""
+    fields: dict[str, object] = {
+        "version": VERSION, "time": _time(record.started), "listener": MCP, "client": record.client,
+        "method": call.method, "target": record.target, "decision": decision, "reason": reason,
+        "status": record.status,
+    }
+    if record.path is not None:
+        fields["path"] = record.path
+    if rule:
+        fields["rule"] = rule
+    fields["server"] = call.server
+    if call.tool:
+        fields["tool"] = call.tool
+    return fields
+
+
+def _time(started: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)) + f".{int(started % 1 * 1000):03d}Z"

@@ -15,7 +15,8 @@ method and path rules and before DLP, inside a terminated tunnel or on plain HTT
   ``tools`` list (a ``tools/list`` result, whichever request it answers and on whichever stream) is cut to
   the tools the bottle may call. Other answers pass unchanged.
 
-Each request's audit line carries its calls (the ``mcp`` field): server, method, tool, decision, reason.
+The request's decision lists its messages (``RpcCall``): the audit writes a line for each after the request's
+own (gate/audit.py), with the server, method, tool, decision, reason and rule.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+from claude_bottle.gate.audit import REDACTED
 from claude_bottle.gate.dlp import DlpMatch, DlpMatcher
 from claude_bottle.gate.failures import Refused, UpstreamSide, explanation
 from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, read_whole
@@ -62,9 +64,9 @@ def mcp_request(server: McpServerRules, matcher: DlpMatcher) -> RequestFilter:
             messages, batch = parse_messages(body)
         except MalformedJsonRpc as exc:
             raise Refused(400, f"MCP server {server.name}: not well-formed JSON-RPC: {exc}") from None
-        verdicts = [_judge(server, matcher, message) for message in messages]
-        calls = tuple(RpcCall(server.name, m.method or "(response)", m.tool, "allow" if v.allow else "deny",
-                              v.reason) for m, v in zip(messages, verdicts, strict=True))
+        judged = [_judge(server, matcher, message) for message in messages]
+        verdicts = [verdict for verdict, _ in judged]
+        calls = tuple(call for _, call in judged)
         refused = [v for v in verdicts if not v.allow]
         if not refused:
             return Decision(True, f"MCP server {server.name}: {_summary(messages)}", calls=calls)
@@ -79,18 +81,43 @@ def mcp_request(server: McpServerRules, matcher: DlpMatcher) -> RequestFilter:
     return judge
 
 
-def _judge(server: McpServerRules, matcher: DlpMatcher, message: Message) -> Decision:
+def _judge(server: McpServerRules, matcher: DlpMatcher, message: Message) -> tuple[Decision, RpcCall]:
+    """``message``'s verdict, and its audit entry. A method or tool name that DLP matches is refused and
+    audited as ``[redacted]``: the names are the client's words, and the audit holds no secret."""
+    method, tool = message.method or "(response)", message.tool
+    in_method, in_tool = _secret_in(matcher, method), _secret_in(matcher, tool)
+    for what, match in (("method", in_method), ("tool name", in_tool)):
+        if match is not None:
+            verdict = Decision(False, f"MCP server {server.name}: {match.reason} (a message's {what})",
+                               rule=match.decision.rule)
+            return verdict, _call(server, REDACTED if in_method else method, REDACTED if in_tool else tool, verdict)
+    verdict = _tool_verdict(server, matcher, message)
+    return verdict, _call(server, method, tool, verdict)
+
+
+def _tool_verdict(server: McpServerRules, matcher: DlpMatcher, message: Message) -> Decision:
     if not message.tool:
         return Decision(True, f"{message.method or 'a response'} passes")
     decision = server.decide_tool(message.tool)
     if not decision.allow:
         return decision
-    try:  # the arguments as the server will read them: JSON escapes decoded
-        matcher.scanner().finish(json.dumps(message.params, ensure_ascii=False).encode())
-    except DlpMatch as match:
+    # The arguments as the server will read them: JSON escapes decoded (a lone surrogate kept as its bytes).
+    if (match := _secret_in(matcher, json.dumps(message.params, ensure_ascii=False))) is not None:
         return Decision(False, f"MCP tool {message.tool} of server {server.name}: {match.reason} (its arguments)",
                         rule=match.decision.rule)
     return decision
+
+
+def _secret_in(matcher: DlpMatcher, text: str) -> DlpMatch | None:
+    try:
+        matcher.scanner().finish(text.encode("utf-8", "surrogatepass"))
+    except DlpMatch as match:
+        return match
+    return None
+
+
+def _call(server: McpServerRules, method: str, tool: str, verdict: Decision) -> RpcCall:
+    return RpcCall(server.name, method, tool, "allow" if verdict.allow else "deny", verdict.reason, verdict.rule)
 
 
 def _error(server: McpServerRules, message: Message, verdict: Decision) -> dict[str, Any]:

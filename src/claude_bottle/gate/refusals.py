@@ -58,7 +58,7 @@ async def answer(conn: HttpConnection, record: AuditRecord, stop: ExchangeStoppe
     serve another request."""
     if isinstance(stop, Refused):
         record.deny(stop.reason, stop.status, stop.rule, stop.unlisted)
-        record.mcp = record.mcp or stop.calls
+        record.calls = record.calls or stop.calls
     elif isinstance(stop, MalformedRequest):
         record.deny(stop.reason, stop.status)
     else:

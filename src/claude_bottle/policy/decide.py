@@ -12,14 +12,16 @@ from claude_bottle.policy.hosts import DEFAULT_PORTS, Allowlist, InvalidHost, Ta
 
 @dataclass(frozen=True)
 class RpcCall:
-    """One JSON-RPC call the gate judged inside a request to an MCP server, for the audit's ``mcp`` field:
-    the server, the method, the tool a ``tools/call`` names ("" otherwise), and its own verdict."""
+    """One JSON-RPC message the gate judged inside a request to an MCP server, audited on a line of its own:
+    the server, the method ("(response)" for the client's answer to a server's request), the tool a
+    ``tools/call`` names ("" otherwise), and its own verdict with the rule that decided ("" when none did)."""
 
     server: str
     method: str
     tool: str
     decision: str  # "allow" or "deny"
     reason: str
+    rule: str = ""
 
 
 @dataclass(frozen=True)
