@@ -22,7 +22,9 @@ What an answer says is steered by the conversation itself, so real Claude Code c
   ``fetch: <url>`` calls ``WebFetch`` the same way. A request that offers ``ToolSearch`` but not the tool
   gets a ``ToolSearch`` call selecting it, then the tool's call once it is loaded. A request without the
   tool (a session title, say) gets the usual text, as a real model could not call a tool it was not offered.
-  ``call: TOOL {"a": 1}`` calls any tool by name with that input (an MCP server's: ``mcp__SERVER__TOOL``).
+  ``call: TOOL {"a": 1}`` calls any tool by name with that input (an MCP server's: ``mcp__SERVER__TOOL``),
+  read as JSON, its escapes undone: a prompt can spell ``\u0067hp_…`` and the call carry ``ghp_…``, as a
+  model can write what its prompt only hinted at.
 - The last user message carries a ``tool_result``: the answer is ``Tool said: <first line of its output>``.
 - Anything else: the stub's text (``DEFAULT_TEXT`` unless it was started with another).
 """

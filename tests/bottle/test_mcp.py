@@ -6,6 +6,8 @@ One bottle for the module. Real Claude Code, against the stub Messages API scrip
 (``call: mcp__tracker__get_issue {...}``), reaches the server through the gate with the real token; the tool
 list Claude is offered lacks the denied tools; a denied call sent from the bottle never reaches the server and
 is answered with the policy's JSON-RPC error; the sentinel to another host and malformed JSON-RPC are refused.
+A call of an offered tool that the gate refuses (a token in its arguments) reaches Claude Code as the tool's
+error, with the policy's words, and never the server.
 """
 
 from __future__ import annotations
@@ -169,3 +171,32 @@ def test_claude_code_calls_an_allowed_tool_sees_no_denied_one_and_the_gate_refus
     assert mcp_server.token not in json.dumps(audit)
 
 
+
+def test_claude_code_receives_the_policy_error_as_the_tool_error_and_the_server_never_sees_the_call(
+        bottle: Run, mcp_server: McpServer) -> None:
+    """An offered tool whose call the gate refuses: the model writes a GitHub token into its arguments (the
+    prompt holds it JSON-escaped, which the stub's JSON reading undoes, as a model could). The gate answers
+    the call with its JSON-RPC error; Claude Code turns it into the tool's error, and its next Messages
+    request, which repeats the call's arguments, is refused by DLP too: the token reaches neither side."""
+    token = "ghp_" + secrets.token_hex(18)
+    escaped = "\\u0067" + token[1:]  # no token in the prompt, for the gate's JSON-unescaped view either
+    command = " ".join(claude_command(AgentConfig(), "--output-format", "stream-json", "--verbose"))
+    before = len(gate_audit(bottle))
+    _, output = inside(bottle, f"cd /workspace && timeout 150 {command} -p "
+                               f"'call: mcp__tracker__search_issues {{\"query\": \"{escaped}\"}}' 2>&1")
+    audit = gate_audit(bottle)[before:]
+    events = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    results = [block for event in events if event.get("type") == "user"
+               for block in event.get("message", {}).get("content", []) if isinstance(block, dict)
+               and block.get("type") == "tool_result"]
+
+    assert len(results) == 1 and results[0].get("is_error"), output[-3000:]
+    text = json.dumps(results[0].get("content"))
+    assert "claude-bottle policy" in text and "DLP rule github-token" in text and "(its arguments)" in text, text
+    assert "search_issues" not in mcp_server.calls(), "the refused call never reached the server"
+    assert any(line.get("listener") == "mcp" and line.get("tool") == "search_issues" and line["decision"] == "deny"
+               and line.get("rule") == "[dlp] github-token" for line in audit), audit
+    assert any(line.get("listener") == "api" and line["decision"] == "deny"
+               and line.get("rule") == "[dlp] github-token" for line in audit), \
+        "the next Messages request carries the call's arguments: refused too"
+    assert token not in json.dumps(audit)
