@@ -7,10 +7,11 @@ method and path rules and before DLP, inside a terminated tunnel or on plain HTT
   pass; their answers are filtered as below. Any other method but ``POST`` is refused (405).
 - A ``POST`` body is read whole (at most ``MAX_BODY`` bytes), unencoded, and must be one well-formed
   JSON-RPC 2.0 message or a batch (else 400). Each ``tools/call`` is judged by the server's tool rules, and
-  an allowed one's params by DLP, decoded (a secret hidden in JSON escapes is found too). If any call is
-  refused, none is sent: the gate answers the request itself, a JSON-RPC error (code ``POLICY_ERROR``) for
-  each refused call naming the user's policy and one for each other request of the batch saying it was not
-  sent; the server never sees any of it. A refused notification (no id, nothing to answer) is a 403.
+  an allowed one's params by DLP, decoded (a secret hidden in JSON escapes is found too); every message's
+  method and tool name by DLP too (such a name is audited as ``[redacted]``). If any call is refused, none
+  is sent: the gate answers the request itself, a JSON-RPC error (code ``POLICY_ERROR``) for each refused
+  call naming the user's policy and one for each other request of the batch saying it was not sent; the
+  server never sees any of it. A refused notification (no id, nothing to answer) is a 403.
 - Answers: the gate asks for identity encoding; a JSON body, or each event of an SSE stream, that carries a
   ``tools`` list (a ``tools/list`` result, whichever request it answers and on whichever stream) is cut to
   the tools the bottle may call. Other answers pass unchanged.
