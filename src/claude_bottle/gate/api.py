@@ -1,16 +1,24 @@
 """The API listener: what ANTHROPIC_BASE_URL points at.
 
 A request the API policy allows goes through the forward path (gate/forward.py) with this route's filters:
-the Messages body read whole and judged (policy/messages.py) before anything goes upstream; every client
-credential stripped, the request scanned by DLP (gate/inspection.py), then the real credential injected;
-identity encoding asked for. On the way back, a response that is encoded (so cannot be scanned) or that
-would carry the credential is never delivered.
-"""
+every client credential stripped, the request scanned by DLP (gate/inspection.py), then the real credential
+injected; identity encoding asked for. On the way back, a response that is encoded (so cannot be scanned) or
+that would carry the credential is never delivered.
 
+A Messages body is judged whole (policy/messages.py) before the request is complete upstream. One that
+arrived whole with its head (a small request, the common case) is judged before anything goes upstream. A
+larger one streams upstream as it arrives, so the gate keeps a streaming server's pace, but its end is held
+back until the policy and DLP have passed the whole body: at least the last ``HELD_BACK`` bytes, and
+everything from the last non-whitespace byte seen so far, so the JSON's closing byte never goes up before the
+verdict. That is safe because a provider acts on a request only once it is complete: what it has received of a
+refused body is neither complete HTTP (the framing's end never comes: a Content-Length short, no last chunk)
+nor complete JSON, and the upstream connection is reset, never pooled, so nothing else completes it. No
+answer the upstream sends early is relayed: the response is read only once the whole body went up.
+"""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from claude_bottle.gate.audit import AuditRecord
@@ -23,8 +31,8 @@ from claude_bottle.gate.forward import (
     ResponseFilter,
     forward,
     outbound,
-    read_whole,
     set_headers,
+    too_large,
 )
 from claude_bottle.gate.http1 import Request
 from claude_bottle.gate.inspection import data_loss, identity_only, reflection_scans
@@ -36,12 +44,17 @@ from claude_bottle.policy.messages import MessagesPolicy
 
 # Replaced by the gate: the upstream's own Host, and identity encoding so the reflection scan sees plain bytes.
 GATE_SET_HEADERS = frozenset({b"host", b"accept-encoding"})
+# A streamed Messages body's end, held back until the whole body is judged (and everything from its last
+# non-whitespace byte seen so far): enough that a provider never holds a complete request the gate refuses.
+HELD_BACK = 64 * 1024
+JSON_WHITESPACE = b" \t\r\n"
 
 
 @dataclass(frozen=True)
 class ApiRoute:
     """One gate's API route: its filters, made once, as they keep nothing of a request between calls.
-    ``messages_filters`` are for a Messages body (its policy first), ``filters`` for any other request."""
+    ``messages_filters`` are for a Messages body (its policy first on a whole body, last on a streamed one, so
+    its hold-back keeps the end of what DLP passed), ``filters`` for any other request."""
 
     messages_filters: tuple[RequestFilter, ...]
     filters: tuple[RequestFilter, ...]
@@ -59,7 +72,8 @@ class ApiRoute:
                    data_loss(config.dlp_matcher),
                    set_headers(frozenset(), [(b"host", upstream.authority), config.credential.header(),
                                              (b"accept-encoding", b"identity")]))
-        return cls((messages_policy(config.messages_policy, config.limits.max_body_bytes), *filters), filters,
+        policy, max_bytes = config.messages_policy, config.limits.max_body_bytes
+        return cls((messages_policy(policy, max_bytes), *filters, messages_streamed(policy, max_bytes)), filters,
                    (identity_only, *reflection_scans(config.injected_secrets)), f"{upstream.host}:{upstream.port}",
                    functools.lru_cache(maxsize=64)(config.api_policy.decide))
 
@@ -85,16 +99,62 @@ class ApiRoute:
 
 
 def messages_policy(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:
-    """Read the Messages body whole and judge it before anything goes upstream."""
+    """A Messages body that arrived whole: judged now, before anything goes upstream. One whose Content-Length
+    is over ``max_bytes``: 413 before any of it is read. A streamed one passes to ``messages_streamed``."""
 
-    async def judge(request: Outbound) -> Decision:
-        request.body = await read_whole(request, max_bytes)
-        verdict = policy.decide(request.body)
-        if not verdict.allow:
-            raise Refused(verdict.status, verdict.reason)
-        return verdict
+    async def judge(request: Outbound) -> Decision | None:
+        body = request.body
+        known = len(body) if isinstance(body, bytes) else request.length
+        if known is not None and known > max_bytes:
+            raise too_large(max_bytes)
+        return _verdict(policy, body) if isinstance(body, bytes) else None
 
     return judge
+
+
+def messages_streamed(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:
+    """A streamed Messages body goes on as it arrives (after DLP: this filter comes last) less its end, held
+    back until the policy has judged the whole body; the verdict goes to ``Outbound.decided``."""
+
+    async def hold(request: Outbound) -> None:
+        if not isinstance(request.body, bytes):
+            request.body = _judged(request.body, policy, max_bytes, request.decided)
+
+    return hold
+
+
+async def _judged(body: AsyncIterator[bytes], policy: MessagesPolicy, max_bytes: int, decided: list[Decision]
+                  ) -> AsyncIterator[bytes]:
+    """``body`` less its held end, then (``Refused`` if the policy refuses the whole, or it is over
+    ``max_bytes``: 413) the end. The body is kept to be judged, as it was when read whole before."""
+    parts: list[bytes] = []
+    size = 0
+    held = bytearray()
+    last = -1  # where in ``held`` the last non-whitespace byte is (-1: none seen yet)
+    async for chunk in body:
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large(max_bytes)
+        parts.append(chunk)
+        if stripped := len(chunk.rstrip(JSON_WHITESPACE)):  # only the new chunk: padding is never rescanned
+            last = len(held) + stripped - 1
+        held += chunk
+        release = len(held) - HELD_BACK if last < 0 else min(len(held) - HELD_BACK, last)
+        if release > 0:
+            passed = bytes(held[:release])
+            del held[:release]
+            last -= release if last >= 0 else 0
+            yield passed
+    decided.append(_verdict(policy, b"".join(parts)))
+    if held:
+        yield bytes(held)
+
+
+def _verdict(policy: MessagesPolicy, body: bytes) -> Decision:
+    verdict = policy.decide(body)
+    if not verdict.allow:
+        raise Refused(verdict.status, verdict.reason)
+    return verdict
 
 
 class Pooled:

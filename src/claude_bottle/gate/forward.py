@@ -5,10 +5,13 @@ What differs between them is only the filters and where the upstream connection 
 
 - Request filters (``RequestFilter``) run in order before anything goes upstream. Each may rewrite the
   outgoing head (strip client credentials, inject the real one, set Host), replace the body stream with a
-  filtered one (DLP, scanning as it passes) or with the whole body read (the Messages policy), or raise
-  ``Refused``. One that judged the request and let it pass returns its decision, which the forward path adds
-  to the audit record (filters never touch it). A filtered body stream may raise ``Refused`` part-way: the
-  upstream connection is then dropped, so the request never completes there.
+  filtered one (DLP, scanning as it passes; the Messages policy, holding back the body's end until it has
+  judged the whole), or with the whole body read, or raise ``Refused``. One that judged the request and let it
+  pass returns its decision, which the forward path adds to the audit record (filters never touch it); a body
+  stream that judges the whole body adds its decision to ``Outbound.decided`` instead. A filtered body stream
+  may raise ``Refused`` part-way: the upstream connection is then reset (never pooled), so the request never
+  completes there. The upstream connection is opened only once the body's first piece has passed the
+  filters, so a body refused in its first piece (any small one) never reaches the upstream at all.
 - Response filters (``ResponseFilter``) run on the response head before it is sent, and may wrap its body
   stream (the reflection scan) or raise ``UpstreamSide``.
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.connection import HttpConnection
@@ -56,6 +59,8 @@ class Outbound:
     body: AsyncIterator[bytes] | bytes
     length: int | None  # the client's Content-Length; None when it sent none
     chunked: bool  # the client sent the body chunked
+    # Verdicts a body stream reached on the whole body, once it had passed: recorded after the body went up.
+    decided: list[Decision] = field(default_factory=list)
 
     @property
     def path(self) -> str:
@@ -121,19 +126,20 @@ async def read_whole(request: Outbound, max_bytes: int) -> bytes:
     body = request.body
     known = len(body) if isinstance(body, bytes) else request.length
     if known is not None and known > max_bytes:
-        raise _too_large(max_bytes)
+        raise too_large(max_bytes)
     if isinstance(body, bytes):
         return body
     chunks, size = [], 0
     async for chunk in body:
         size += len(chunk)
         if size > max_bytes:
-            raise _too_large(max_bytes)
+            raise too_large(max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-def _too_large(max_bytes: int) -> Refused:
+def too_large(max_bytes: int) -> Refused:
+    """The refusal of a body over ``max_bytes``: 413, and the connection closed (the rest is never read)."""
     return Refused(413, f"request body larger than {max_bytes} bytes", close=True)
 
 
@@ -153,18 +159,25 @@ async def forward(
         verdict = await request_filter(request)
         if verdict is not None:
             record.passed(verdict)
+    body = request.body
+    # A streamed body's first piece, before any upstream connection: a refusal there costs the upstream nothing.
+    first = None if isinstance(body, bytes) else await anext(body, None)
     async with open_origin() as origin:
         head = Request(request.method, request.target, [*request.headers, *request.framing()])
-        body = request.body
         if isinstance(body, bytes):
             record.bytes_up += len(body)
             await origin.send_whole(head, body)
         else:
             await origin.send(head)
-            async for chunk in body:
-                record.bytes_up += len(chunk)
-                await origin.send(Data(chunk))
+            if first is not None:
+                record.bytes_up += len(first)
+                await origin.send(Data(first))
+                async for chunk in body:
+                    record.bytes_up += len(chunk)
+                    await origin.send(Data(chunk))
             await origin.send(EndOfMessage())
+        for verdict in request.decided:
+            record.passed(verdict)
         event = await origin.next_event(idle)
         while isinstance(event, InformationalResponse):  # 100 Continue and the like are hop-by-hop
             event = await origin.next_event(idle)
