@@ -18,6 +18,7 @@ answer the upstream sends early is relayed: the response is read only once the w
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -126,28 +127,30 @@ def messages_streamed(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:
 async def _judged(body: AsyncIterator[bytes], policy: MessagesPolicy, max_bytes: int, decided: list[Decision]
                   ) -> AsyncIterator[bytes]:
     """``body`` less its held end, then (``Refused`` if the policy refuses the whole, or it is over
-    ``max_bytes``: 413) the end. The body is kept to be judged, as it was when read whole before."""
+    ``max_bytes``: 413) the end. The body is kept to be judged, as it was when read whole before. Pieces go on
+    whole, as they came (no copies), once all of a piece is before the held end."""
     parts: list[bytes] = []
-    size = 0
-    held = bytearray()
-    last = -1  # where in ``held`` the last non-whitespace byte is (-1: none seen yet)
+    size = passed = 0  # bytes of the body seen, and passed on
+    last = -1  # where in the body its last non-whitespace byte seen so far is (-1: none yet)
+    held: deque[bytes] = deque()
     async for chunk in body:
-        size += len(chunk)
-        if size > max_bytes:
+        if size + len(chunk) > max_bytes:
             raise too_large(max_bytes)
         parts.append(chunk)
-        if stripped := len(chunk.rstrip(JSON_WHITESPACE)):  # only the new chunk: padding is never rescanned
-            last = len(held) + stripped - 1
-        held += chunk
-        release = len(held) - HELD_BACK if last < 0 else min(len(held) - HELD_BACK, last)
-        if release > 0:
-            passed = bytes(held[:release])
-            del held[:release]
-            last -= release if last >= 0 else 0
-            yield passed
+        held.append(chunk)
+        if chunk and chunk[-1] not in JSON_WHITESPACE:  # the common case, with no copy
+            last = size + len(chunk) - 1
+        elif stripped := len(chunk.rstrip(JSON_WHITESPACE)):  # only the new piece: padding is never rescanned
+            last = size + stripped - 1
+        size += len(chunk)
+        until = size - HELD_BACK if last < 0 else min(size - HELD_BACK, last)  # what may go: body[:until]
+        while held and passed + len(held[0]) <= until:
+            piece = held.popleft()
+            passed += len(piece)
+            yield piece
     decided.append(_verdict(policy, b"".join(parts)))
-    if held:
-        yield bytes(held)
+    for piece in held:
+        yield piece
 
 
 def _verdict(policy: MessagesPolicy, body: bytes) -> Decision:
