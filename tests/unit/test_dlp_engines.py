@@ -242,3 +242,102 @@ def test_a_body_streamed_in_pieces_is_refused_as_the_same_body_read_whole(name: 
         assert (refusal(matcher, chunks) is None) == (refusal(matcher, b"".join(chunks)) is None), chunks
     for chunks in one_token_bodies(300):
         assert refusal(matcher, chunks) == refusal(matcher, b"".join(chunks)), chunks
+
+
+# --- a request head: one first look at the whole head, the outcome of the target and headers searched apart ---
+
+# Rules that tell a head looked at whole from its views searched apart: one anchored at the view's start, one
+# that spans a line break (only the whole head has one between the target and the first header).
+HEAD_SHAPED = DlpPolicy(extra=tuple(parse_dlp_rule(name, regex) for name, regex in [
+    ("view-start", r"^x-secret: [0-9]{6}"),
+    ("across-lines", r"end\r\nx-[a-z]{4}"),
+    ("header-line", r"(?m)^x-key: [a-z]{8}\r?$"),
+]))
+HEAD_POLICIES = {**POLICIES, "head-shaped": HEAD_SHAPED}
+HEAD_SAMPLES = [b"x-secret: 123456", b"end\r\nx-abcd", b"x-key: abcdefgh", b"%41", b"%2541", b"\\u0041", b"\\/"]
+# Claude Code's headers as the API route's DLP filter sees them (benchkit/claude_code_head.http, abridged).
+CLAUDE_HEADERS = [(b"accept", b"application/json"), (b"content-type", b"application/json"),
+                  (b"user-agent", b"claude-cli/2.1.190 (external, sdk-cli)"),
+                  (b"x-claude-code-session-id", b"68b7ee0c-0a90-4933-8381-ccac57e770fb"),
+                  (b"x-stainless-retry-count", b"0"), (b"x-stainless-runtime-version", b"v24.3.0"),
+                  (b"anthropic-beta", b"claude-code-20250219,oauth-2025-04-20,interleaved-thinking-2025-05-14"),
+                  (b"anthropic-version", b"2023-06-01"), (b"x-app", b"cli")]
+
+
+def head_token() -> bytes:
+    token = RNG.choice(RNG.choice([list(SAMPLES.values()), list(HELD_FORMS.values()), CONFIGURED_SAMPLES,
+                                   HEAD_SAMPLES]))
+    kind = RNG.random()
+    if kind < 0.3:
+        return RNG.choice(near_misses(token))
+    if kind < 0.45:
+        return RNG.choice(encoded(token))
+    return b"" if kind < 0.6 else token
+
+
+def heads(count: int) -> Iterator[tuple[bytes, list[tuple[bytes, bytes]]]]:
+    """``count`` heads: Claude Code's headers, some left out, with tokens (as in ``bodies``) in the target's
+    query, in header names and values, and cut across the target and the first header or a name and its value."""
+    for _ in range(count):
+        headers = [h for h in CLAUDE_HEADERS if RNG.random() < 0.8]
+        for _ in range(RNG.randint(0, 3)):
+            filler = FILLER[: RNG.randint(0, 40)]
+            at = RNG.randint(0, len(headers))
+            if RNG.random() < 0.2:
+                headers.insert(at, (b"x-" + head_token(), filler))
+            else:
+                headers.insert(at, (RNG.choice((b"x-data", b"x-secret", b"x-key", b"cookie2")), filler + head_token()))
+        target = b"/v1/messages?beta=true" + (b"&q=" + head_token() if RNG.random() < 0.4 else b"")
+        shape = RNG.random()
+        if shape < 0.05:  # what the head-shaped rules match only at a view's start or a line's
+            headers.insert(0, RNG.choice(((b"x-secret", b"123456"), (b"x-key", b"abcdefgh"))))
+        elif shape < 0.1:  # a line break the whole head has and neither view does
+            target, headers = target + b"end", [(b"x-abcd", b"1"), *headers]
+        if headers and RNG.random() < 0.2:  # a token cut between two parts of the head
+            token = head_token()
+            cut_at = RNG.randint(0, len(token))
+            if RNG.random() < 0.5:
+                target += token[:cut_at]
+                headers[0] = (token[cut_at:] + headers[0][0], headers[0][1])
+            else:
+                i = RNG.randrange(len(headers))
+                headers[i] = (headers[i][0] + token[:cut_at], token[cut_at:] + headers[i][1])
+        yield target, headers
+
+
+def head_outcome(matcher: DlpMatcher, target: bytes, headers: list[tuple[bytes, bytes]], apart: bool = False
+                 ) -> str | None:
+    """The refusal's reason (None: allowed) of ``check_head``, or with ``apart`` of the target and the headers
+    each searched as its own view, as the head was before its first look."""
+    scanner = matcher.scanner()
+    try:
+        if apart:
+            scanner.scan_view(target, "URL")
+            scanner.scan_view(b"".join([name + b": " + value + b"\r\n" for name, value in headers]), "headers")
+        else:
+            scanner.check_head(target, headers)
+    except DlpMatch as match:
+        return match.rule + ":" + match.reason
+    return None
+
+
+@pytest.mark.parametrize("name", HEAD_POLICIES)
+def test_a_head_looked_at_whole_first_is_judged_as_its_parts_searched_apart(name: str) -> None:
+    pytest.importorskip("hyperscan")
+    from claude_bottle.gate.dlp_hyperscan import HyperscanMatcher
+
+    rules, needles = HEAD_POLICIES[name].rules, secret_needles([HELD])
+    fast, reference = HyperscanMatcher(rules, needles), ReferenceMatcher(rules, needles)
+    outcomes: dict[str | None, int] = {}
+    looked = 0
+    for target, headers in heads(2000):
+        expected = head_outcome(reference, target, headers, apart=True)
+        assert head_outcome(fast, target, headers, apart=True) == expected, (target, headers)
+        assert head_outcome(fast, target, headers) == expected, (target, headers)
+        assert head_outcome(reference, target, headers) == expected, (target, headers)
+        outcomes[expected] = outcomes.get(expected, 0) + 1
+        looked += fast.clean(b"\r\n".join([target, *map(b": ".join, headers), b""]))
+    # Both ways are taken: heads found clean at the first look (never with a rule searched apart, which the
+    # first look cannot rule out), and heads searched apart that end either way.
+    assert (looked > 200 if not fast.uncompiled else looked == 0) and outcomes[None] > looked, (looked, outcomes)
+    assert len(outcomes) > 5, outcomes

@@ -109,6 +109,18 @@ class HyperscanMatcher(DlpMatcher):
                 raise DlpMatch(rule.name, where)
         return [view for index, view in enumerate(self.views) if index in marked or not view.markers]
 
+    def clean(self, data: bytes) -> bool:
+        """No needle, anchor, prefilter or view marker anywhere in ``data``, and no rule searched apart or view
+        without markers: then ``search`` finds nothing in any run of bytes within it, as every expression
+        (literals, and prefilters and markers without assertions) that occurs in a part occurs in the whole."""
+        if self._always or self._unmarked:
+            return False
+        if self._database is None:
+            return True
+        hits: list[tuple[int, int]] = []
+        self._database.scan(data, match_event_handler=_found, context=hits, scratch=self._scratch())
+        return not hits
+
     def _scratch(self) -> hyperscan.Scratch:
         scratch: hyperscan.Scratch | None = getattr(self._local, "scratch", None)
         if scratch is None:
