@@ -68,7 +68,7 @@ from claude_bottle.gate.api import GATE_SET_HEADERS
 from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.gate.forward import FRAMING_HEADERS
 from claude_bottle.gate.http1 import MAX_HEADER_BYTES, MessageParser, Request, end_to_end
-from claude_bottle.gate.routes import CLIENT_CREDENTIAL_HEADERS
+from claude_bottle.gate.routes import CLIENT_CREDENTIAL_SPELLINGS
 
 DENIED_TARGET = "127.0.0.3:443"  # allowed by neither the gate nor squid
 # A request head as Claude Code 2.1.190 sent it (`claude -p`, OAuth placeholder token), captured on loopback.
@@ -456,7 +456,7 @@ def api_route_head(raw: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     request = parser.events[0]
     if not isinstance(request, Request):
         raise BenchError(f"{CLAUDE_CODE_HEAD}: not a request head")
-    drop = CLIENT_CREDENTIAL_HEADERS | GATE_SET_HEADERS | FRAMING_HEADERS
+    drop = CLIENT_CREDENTIAL_SPELLINGS | GATE_SET_HEADERS | FRAMING_HEADERS
     return request.target, [(n, v) for n, v in end_to_end(request.headers) if n not in drop]
 
 

@@ -22,14 +22,14 @@ import httptools
 import uvloop
 
 from claude_bottle.gate.dlp import DlpPolicy
-from claude_bottle.gate.routes import CLIENT_CREDENTIAL_HEADERS
+from claude_bottle.gate.routes import CLIENT_CREDENTIAL_SPELLINGS
 from claude_bottle.policy.messages import MessagesPolicy
 
 from .core import HERE, LOOPBACK, Child, Children
 
 # Dropped from the client's request (then set by the proxy) or from the upstream's response (then framed anew).
-DROPPED = CLIENT_CREDENTIAL_HEADERS | {b"host", b"accept-encoding", b"content-length", b"connection",
-                                      b"transfer-encoding", b"keep-alive"}
+DROPPED = CLIENT_CREDENTIAL_SPELLINGS | {b"host", b"accept-encoding", b"content-length", b"connection",
+                                        b"transfer-encoding", b"keep-alive"}
 
 
 class Upstream(asyncio.Protocol):

@@ -51,6 +51,23 @@ async def test_oauth_token_injected_as_bearer_and_every_client_credential_stripp
     assert b"attacker" not in b"".join(v for _, v in seen.headers)
 
 
+async def test_client_credential_headers_are_stripped_whatever_their_spelling(
+    make_gate: GateFactory, stub: StubUpstream
+) -> None:
+    """A server that reads '_' as '-' (CGI-style stacks) would take ``X_Api_Key`` for x-api-key: the agent's own
+    key must not reach the API under any spelling, whether or not DLP knows its format."""
+    spellings = ["X_Api_Key", "x-API_key", "Proxy_Authorization", "AUTHORIZATION", "Private_Token", "X_AUTH_TOKEN",
+                 "api_key", "cOOKIE"]
+    values = ["attacker-own-key-0123456789", "sk-ant-api03-attacker-own-key"]
+    sent = "".join(f"{name}: {values[i % 2]}\r\n" for i, name in enumerate(spellings))
+    async with make_gate() as gate:
+        response = await exchange(gate.api, messages_request({"model": "m"}, sent), timeout=2)
+    assert parse_head(response)[0] == 200
+    (seen,) = stub.requests
+    assert b"attacker" not in b"".join(n + b": " + v for n, v in seen.headers)
+    assert seen.header("authorization") == [f"Bearer {gate.token}"]
+
+
 async def test_api_key_injected_as_x_api_key(make_gate: GateFactory, stub: StubUpstream) -> None:
     key = make_token("api")
     async with make_gate(token=key) as gate:

@@ -20,7 +20,7 @@ from claude_bottle.agent.schema import AgentConfig, parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, CredentialError
 from claude_bottle.gate import settings as gc
-from claude_bottle.gate.routes import Scheme, parse_route_flag
+from claude_bottle.gate.routes import CLIENT_CREDENTIAL_HEADERS, Scheme, is_client_credential, parse_route_flag
 from claude_bottle.launch import Launch, run_spec
 from claude_bottle.runtime.files import git_credentials
 from claude_bottle.runtime.gate import gate_options
@@ -152,3 +152,16 @@ def test_a_gate_bound_to_its_stdin_reads_only_the_secrets_lines(monkeypatch: pyt
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{token}\n"))
     with pytest.raises(ConfigError, match=re.escape("expected the token, then one value per")):
         gc.read_secrets("-", (spec,), to_end=False)
+
+
+def test_a_credential_header_is_known_in_every_spelling() -> None:
+    """Any case, '_' for any '-': the names a server reading '_' as '-' takes for a credential header."""
+    spelled = [b"X_Api_Key", b"x-API_key", b"PROXY_AUTHORIZATION", b"Private_Token", b"x_gitlab-TOKEN", b"Cookie"]
+    assert all(is_client_credential(name) for name in spelled)
+    others = [b"x-api-keys", b"x--api-key", b"xapi-key", b"cookie2", b"authorization_", b"x-api\x00key", b"set-cookie"]
+    assert not any(is_client_credential(name) for name in others)
+    for name in CLIENT_CREDENTIAL_HEADERS:
+        for pattern in itertools.product((b"-", b"_"), repeat=name.count(b"-")):
+            parts = name.split(b"-")
+            variant = parts[0] + b"".join(sep + part for sep, part in zip(pattern, parts[1:], strict=True))
+            assert is_client_credential(variant.upper()) and is_client_credential(variant), variant

@@ -37,7 +37,7 @@ from claude_bottle.gate.forward import (
 )
 from claude_bottle.gate.http1 import Request
 from claude_bottle.gate.inspection import data_loss, identity_only, reflection_scans
-from claude_bottle.gate.routes import CLIENT_CREDENTIAL_HEADERS
+from claude_bottle.gate.routes import CLIENT_CREDENTIAL_SPELLINGS
 from claude_bottle.gate.settings import GateSettings
 from claude_bottle.gate.upstream import UpstreamPool
 from claude_bottle.policy.decide import Decision
@@ -67,9 +67,10 @@ class ApiRoute:
     @classmethod
     def of(cls, config: GateSettings) -> ApiRoute:
         upstream = config.upstream
-        # DLP sees the request with the client's credentials gone (the bottle's placeholder is an sk-ant-
-        # token) and before the real one is added.
-        filters = (set_headers(CLIENT_CREDENTIAL_HEADERS | GATE_SET_HEADERS, []),
+        # DLP sees the request with the client's credentials gone, in any spelling (the bottle's placeholder
+        # is an sk-ant- token; ``X_Api_Key`` is x-api-key to a server that reads '_' as '-'), and before the
+        # real one is added.
+        filters = (set_headers(CLIENT_CREDENTIAL_SPELLINGS | GATE_SET_HEADERS, []),
                    data_loss(config.dlp_matcher),
                    set_headers(frozenset(), [(b"host", upstream.authority), config.credential.header(),
                                              (b"accept-encoding", b"identity")]))

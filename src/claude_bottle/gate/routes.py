@@ -45,9 +45,22 @@ CREDENTIAL_QUERY_PARAMETERS = frozenset({"access_token", "private_token", "job_t
                                          "refresh_token", "id_token", "password"})
 
 
+def _underscored(name: bytes) -> set[bytes]:
+    """``name`` with each of its '-' written as '-' or as '_'."""
+    first, dash, rest = name.partition(b"-")
+    if not dash:
+        return {name}
+    return {first + sep + tail for sep in (b"-", b"_") for tail in _underscored(rest)}
+
+
+# Every spelling of those names in lower case, '_' for any '-': a filter compares a lower-cased name with one set
+# lookup (the API route removes them from every request).
+CLIENT_CREDENTIAL_SPELLINGS = frozenset(s for name in CLIENT_CREDENTIAL_HEADERS for s in _underscored(name))
+
+
 def is_client_credential(name: bytes) -> bool:
     """Whether header ``name`` (as received) is one a client can present a credential in, in any spelling."""
-    return name.lower().replace(b"_", b"-") in CLIENT_CREDENTIAL_HEADERS
+    return name.lower() in CLIENT_CREDENTIAL_SPELLINGS
 
 
 def query_credential(target: bytes) -> str | None:
