@@ -38,6 +38,19 @@ class ReferenceMatcher(DlpMatcher):
         folded = dict.fromkeys(a for rule in rules if rule.fold_case for a in rule.anchors)
         self._any_folded = re.compile(b"|".join(map(re.escape, folded))) if folded else None
         self._unanchored = tuple(rule for rule in rules if not rule.anchors)
+        markers = [marker for view in self.views for marker in view.markers]
+        self._any_marker = re.compile(b"|".join(markers)) if markers else None
+        self._unmarked = any(not view.markers for view in self.views)
+
+    def clean(self, data: bytes) -> bool:
+        """No literal (needle or anchor) and no view's marker anywhere in ``data``, and every rule anchored, every
+        view marked: then no part of it holds a needle, a rule's match (a rule matches only at an anchor) or
+        anything a view decodes."""
+        if self._unanchored or self._unmarked:
+            return False
+        return not ((self._any_literal is not None and self._any_literal.search(data))
+                    or (self._any_folded is not None and self._any_folded.search(data.lower()))
+                    or (self._any_marker is not None and self._any_marker.search(data)))
 
     def search(self, view: bytes, where: str, start: int, final: bool) -> Sequence[View]:
         if (len(view) > _SMALL_VIEW or (self._any_literal is not None and self._any_literal.search(view))
