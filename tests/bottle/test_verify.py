@@ -27,8 +27,9 @@ from claude_bottle.policy.rules import HostRules
 from claude_bottle.runtime import run as run_module
 from claude_bottle.runtime.files import Protection
 from claude_bottle.runtime.spec import HOME
-from claude_bottle.verify import inspected, standins, suite
+from claude_bottle.verify import inspected, mcp_attacks, standins, suite
 from claude_bottle.verify.attack import Outcome
+from claude_bottle.verify.sentinels import SENTINELS
 from claude_bottle.verify.standins import Verification, verification
 from claude_bottle.verify.suite import attack
 from tests.bottle.conftest import bottle_runtime, leftovers
@@ -36,7 +37,7 @@ from tests.bottle.conftest import bottle_runtime, leftovers
 pytestmark = pytest.mark.docker
 CLI = [sys.executable, "-m", "claude_bottle"]
 GROUPS = {"direct egress", "egress proxy", "API route", "credential discovery", "privilege and persistence",
-          persistence.GROUP, inspected.INSPECTION}
+          persistence.GROUP, inspected.INSPECTION, mcp_attacks.MCP, SENTINELS}
 
 
 def quiet(line: str) -> None:

@@ -41,7 +41,8 @@ def test_a_credential_route_passes_verify(client: docker.DockerClient, built_ima
         outcomes = attack(target)
     assert leaked(outcomes) == set()
     assert {o.attack for o in outcomes if o.group == SENTINELS} == {
-        "route tracker's sentinel in a Messages body", "route tracker's sentinel in a request header"}
+        f"route {name}'s sentinel in a {where}" for name in ("tracker", "verify-tracker")
+        for where in ("Messages body", "request header")}, "the agent's route, and that of verify's MCP server"
     assert leftovers(client, "routed") == []
 
 
@@ -61,5 +62,6 @@ def test_a_route_value_in_the_bottle_or_a_gate_without_the_route_fails_verify(
     with verification(AgentConfig(name="leaky-route", credentials=(ROUTE,)), quiet) as target:
         outcomes = attack(target)
     sentinel_attacks = {o.attack for o in outcomes if o.group == SENTINELS}
-    assert leaked(outcomes) >= VALUE_CHECKS | sentinel_attacks and len(sentinel_attacks) == 2
+    assert leaked(outcomes) >= VALUE_CHECKS | sentinel_attacks and len(sentinel_attacks) == 4
+    assert "an allowed call (get_issue) (the control)" in leaked(outcomes), "the MCP server got no route's value"
     assert leftovers(client, "leaky-route") == []

@@ -22,6 +22,7 @@ from claude_bottle.runtime.docker_engine import DockerEngine, PodmanEngine, crea
 from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.seam import ContainerSpec, NetworkSpec
 from claude_bottle.verify.standins import (
+    MCP_STAND_IN,
     StandIn,
     Verification,
     engine_view,
@@ -71,6 +72,10 @@ def test_a_stand_in_is_started_from_the_gate_image_known_by_its_alias(engine: St
     tls = engine.specs["verify-inspected"]
     assert tls.entrypoint[4:] == ("--listen", "inspected:8443", "--log", "--tls", "/opt/stub/tls.pem")
     assert tls.binds == ((str(chain), "/opt/stub/tls.pem", True),)
+    stub_container(engine, "gate:1", "outside", "tracker", "verify-tracker", {}, chain, MCP_STAND_IN)
+    assert engine.specs["verify-tracker"].entrypoint == (
+        "/opt/gate/bin/python", "-m", "claude_bottle.verify.mcp_server", "--listen", "tracker:8443", "--log", "--tls",
+        "/opt/stub/tls.pem")
 
 
 def test_a_stand_in_that_exits_before_it_listens_says_what_it_wrote(engine: StubEngine) -> None:

@@ -3,7 +3,8 @@
 The bottle is the agent's own (its allowlist, mounts, limits and images) with three stand-ins: a throwaway
 credential, a stub Messages API as the upstream, and a scratch workspace. A second stub plays a host outside
 the bottle, on a private address: the gate could reach it, the bottle must not; HTTPS stand-ins the gate
-inspects, and a listener on the host, complete them. This is the one module of ``verify`` that speaks to the
+inspects, a remote MCP server (``verify.mcp_server``) added to the agent with tool rules and a credential
+route of its own, and a listener on the host, complete them. This is the one module of ``verify`` that speaks to the
 container engine, and only through its seam (``runtime.seam``): the attacks reach the bottle, the stand-ins
 and the probe through the functions and values here.
 """
@@ -22,17 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from claude_bottle.agent.schema import AgentConfig
+from claude_bottle.agent.credential_config import CredentialConfig
+from claude_bottle.agent.schema import AgentConfig, McpServer
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.gate.ca import RunCA
-from claude_bottle.gate.routes import CredentialRoute, new_sentinel
+from claude_bottle.gate.routes import CredentialRoute, Scheme, new_sentinel
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import Launch, Progress, build_images, interrupt, on_stop_signals, started
 from claude_bottle.persistence import make_repository, share
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
+from claude_bottle.policy.mcp import McpServerRules
 from claude_bottle.policy.rules import HostRules, make_host_rules
 from claude_bottle.runtime.docker_engine import open_engine
 from claude_bottle.runtime.names import RunNames, state_volume
@@ -47,6 +50,10 @@ FRONT = "front"  # an allowed host the bottle may reach (its address too), to at
 # the read-only rules of the -read presets. Their CA is verify's own, trusted by the gate toward them only.
 INSPECTED, READ_ONLY = "inspected", "registry"
 TLS_PORT = 8443
+# The remote MCP server added to the agent under test: its host (an HTTPS stand-in under verify's CA), its tool
+# rules, and the credential route bound to it (``mcp_server_of``).
+TRACKER, MCP_PATH = "tracker", "/mcp"
+MCP_TOOLS, MCP_DENY_TOOLS = ("search_*", "get_issue"), ("delete_*",)
 PROBE_SECONDS = 120
 # The host-side name of the stand-ins' bridge: unlike a bottle's (runtime/pool.py BRIDGE_PREFIX), the host
 # serves the gate there (Podman's resolver answers on the bridge's address).
@@ -117,6 +124,8 @@ class Verification:
     host: HostCanary
     host_addresses: tuple[str, ...]
     https: dict[str, StandIn]  # the HTTPS stand-ins the gate inspects, by name
+    mcp: StandIn  # the remote MCP server
+    mcp_server: str  # its name in the agent, which is also its credential route's
     attacker_key: str = dataclasses.field(default_factory=lambda: "sk-ant-api03-attacker-" + secrets.token_hex(16))
 
 
@@ -154,18 +163,24 @@ def _wait_for_log(engine: Engine, name: str, line: str, what: str, seconds: floa
         time.sleep(0.1)
 
 
+# What a stand-in runs (``python -m`` these), each with the same options: --listen, --log, --tls.
+STUB = ("claude_bottle", "stub-upstream")  # the stub Messages API
+MCP_STAND_IN = ("claude_bottle.verify.mcp_server",)  # the remote MCP server
+
+
 def stub_container(engine: Engine, image: str, network: str, alias: str, name: str,
-                   labels: dict[str, str], tls: Path | None = None) -> StandIn:
-    """A stub Messages API from the gate image, known on ``network`` as ``alias``, logging each request; with
-    ``tls`` (a PEM file of a chain and key, mounted read-only), on HTTPS port ``TLS_PORT``."""
+                   labels: dict[str, str], tls: Path | None = None, program: tuple[str, ...] = STUB) -> StandIn:
+    """A stand-in from the gate image (``program``: the stub Messages API, or ``MCP_STAND_IN``), known on
+    ``network`` as ``alias``, logging each request; with ``tls`` (a PEM file of a chain and key, mounted
+    read-only), on HTTPS port ``TLS_PORT``."""
     port, served = (STUB_PORT, ()) if tls is None else (TLS_PORT, ("--tls", "/opt/stub/tls.pem"))
     engine.create_container(ContainerSpec(
-        image, name, labels, entrypoint=("/opt/gate/bin/python", "-m", "claude_bottle", "stub-upstream", "--listen",
-                                         f"{alias}:{port}", "--log", *served),
+        image, name, labels, entrypoint=("/opt/gate/bin/python", "-m", *program, "--listen", f"{alias}:{port}",
+                                         "--log", *served),
         network=network, aliases=(alias,), binds=((str(tls), "/opt/stub/tls.pem", True),) if tls else (),
         read_only=True))
     engine.start(name)
-    _wait_for_log(engine, name, "stub upstream on", f"the {alias} container")
+    _wait_for_log(engine, name, " on http", f"the {alias} container")
     return StandIn(engine, name, engine.address(name, network))
 
 
@@ -192,7 +207,9 @@ class StandIns:
     host: HostCanary
     progress: Progress
     https: dict[str, StandIn]  # the HTTPS stand-ins by name (INSPECTED, READ_ONLY)
-    https_ca: Path  # their CA, trusted by the gate toward them
+    https_ca: Path  # their CA (and the MCP server's), trusted by the gate toward them
+    mcp: StandIn  # the remote MCP server
+    mcp_server: str  # its name in the agent, and its credential route's
     workspaces: list[Path] = dataclasses.field(default_factory=list)  # scratch projects bottles were started on
 
 
@@ -221,19 +238,23 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
                                        for alias in ("stub", "canary", FRONT))
                 https = {name: stub_container(engine, gate_image, outside.name, name, names.container(name),
                                               labels, files[name]) for name in (INSPECTED, READ_ONLY)}
+                mcp = stub_container(engine, gate_image, outside.name, TRACKER, names.container(TRACKER), labels,
+                                     files[TRACKER], MCP_STAND_IN)
             # The stand-ins speak plain HTTP, and these attacks are on what an opaque tunnel carries: tunnels to
             # them stay opaque (still under the first-flight check), else the gate's own TLS to them would fail
             # before any attack reached them.
             opaque = tuple(HostRules(parse_pattern(p), inspect=False) for p in (PRIVATE_NAME, f"{FRONT}:{STUB_PORT}",
                                                                                FRONT))
+            server, route = mcp_server_of(agent)
             tested = dataclasses.replace(
                 agent, allow=Allowlist((*agent.allow.patterns, *(parse_pattern(p) for p in (
                     PRIVATE_NAME, f"{FRONT}:{STUB_PORT}", FRONT, f"{INSPECTED}:{TLS_PORT}")))),
                 egress=dataclasses.replace(agent.egress, hosts=(*agent.egress.hosts, *opaque, *inspected_rules())),
                 allow_private=(*agent.allow_private,
-                               *(parse_network(f"{c.address}/32") for c in (front, *https.values()))))
+                               *(parse_network(f"{c.address}/32") for c in (front, *https.values(), mcp))),
+                mcp_servers=(*agent.mcp_servers, server), credentials=(*agent.credentials, route))
             yield StandIns(engine, tested, credential, stub, canary, gate_image, outside.name, host, progress,
-                           https, ca, workspaces)
+                           https, ca, mcp, server.name, workspaces)
         finally:
             with on_stop_signals(lambda signum, frame: None):
                 remove_run(engine, verify_id)
@@ -249,11 +270,23 @@ def inspected_rules() -> tuple[HostRules, ...]:
     return (make_host_rules(f"{READ_ONLY}:{TLS_PORT}", allow=["GET /**", "HEAD /**"]),)
 
 
+def mcp_server_of(agent: AgentConfig) -> tuple[McpServer, CredentialConfig]:
+    """The remote MCP server verify adds to ``agent`` (``https://tracker:8443/mcp`` with ``MCP_TOOLS`` and
+    ``MCP_DENY_TOOLS``) and the credential route bound to it, both under one name the agent does not use."""
+    taken = {s.name for s in agent.mcp_servers} | {c.name for c in agent.credentials}
+    name = next(n for n in (f"verify-{TRACKER}{f'-{i}' if i else ''}" for i in range(len(taken) + 1))
+                if n not in taken)
+    rules = McpServerRules(name, TRACKER, TLS_PORT, MCP_TOOLS, MCP_DENY_TOOLS)
+    server = McpServer(name, url=f"https://{TRACKER}:{TLS_PORT}{MCP_PATH}", allow_entry=rules.allow_entry,
+                       rules=rules, credential=name)
+    return server, CredentialConfig(name, ((TRACKER, TLS_PORT),), Scheme.BEARER, origin="verify's MCP server")
+
+
 def _https_files(folder: Path) -> tuple[Path, dict[str, Path]]:
     """A CA for the HTTPS stand-ins' names only, and a leaf for each: (the CA's certificate, the leaves
     with their keys), as files in ``folder`` (readable by the stand-ins' and the gate's users)."""
-    ca = RunCA.generate(Allowlist.parse([INSPECTED, READ_ONLY]).patterns)
-    files = {"ca": ca.certificate_pem, **{name: ca.issue(name) for name in (INSPECTED, READ_ONLY)}}
+    ca = RunCA.generate(Allowlist.parse([INSPECTED, READ_ONLY, TRACKER]).patterns)
+    files = {"ca": ca.certificate_pem, **{name: ca.issue(name) for name in (INSPECTED, READ_ONLY, TRACKER)}}
     paths = {}
     for name, data in files.items():
         paths[name] = folder / f"{name}.pem"
@@ -278,7 +311,7 @@ def bottle_on(env: StandIns, workspace: Path) -> Iterator[Verification]:
         run.start_bottle(["sleep", "infinity"])
         yield Verification(run, env.credential, env.stub, env.canary, env.gate_image, env.host,
                            _gateways(env.engine, ["bridge", run.internal.name, run.egress.name, env.outside]),
-                           env.https)
+                           env.https, env.mcp, env.mcp_server)
 
 
 @contextlib.contextmanager

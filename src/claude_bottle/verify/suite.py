@@ -14,6 +14,7 @@ from claude_bottle.persistence import Plants
 from claude_bottle.verify.attack import Outcome
 from claude_bottle.verify.checks import ENGINE_VIEW, bottle_attacks
 from claude_bottle.verify.inspected import inspection_attacks
+from claude_bottle.verify.mcp_attacks import mcp_attacks
 from claude_bottle.verify.network import network_attacks
 from claude_bottle.verify.sentinels import sentinel_attacks
 from claude_bottle.verify.standins import Verification, bottle_on, in_bottle, scratch_workspace, stand_ins
@@ -21,7 +22,7 @@ from claude_bottle.verify.standins import Verification, bottle_on, in_bottle, sc
 
 def attack(target: Verification) -> list[Outcome]:
     """Every attack on one bottle; those that carry the credential into it (in a pipe) after the file search."""
-    return [*network_attacks(target), *bottle_attacks(target), *sentinel_attacks(target),
+    return [*network_attacks(target), *bottle_attacks(target), *sentinel_attacks(target), *mcp_attacks(target),
             *inspection_attacks(target), ENGINE_VIEW.outcome(target)]
 
 
