@@ -205,6 +205,10 @@ async def test_anything_but_well_formed_json_rpc_is_refused(make_gate: GateFacto
         "an empty batch": post("", []),
         "params that are a string": post("", {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": "x"}),
         "a PUT": post("", call(1, "get_issue"), method="PUT"),
+        # Read strictly: Python keeps the last of two keys, a server may keep the first and run delete_issue.
+        "a duplicate tool name": post("", None, raw=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", '
+                                      b'"params": {"name": "delete_issue", "name": "get_issue"}}'),
+        "NaN": post("", None, raw=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"n": NaN}}'),
     }
     async with gate_for(make_gate, mcp_upstream, ca) as gate:
         target = mcp_upstream.target

@@ -47,6 +47,16 @@ def test_without_a_tools_list_every_tool_but_the_denied_is_allowed() -> None:
     assert rules.decide_tool("anything").allow and not rules.decide_tool("delete_repo").allow
 
 
+@pytest.mark.parametrize("respelled", [
+    "DELETE_REPO", "Delete_Repo", "\uff44\uff45\uff4c\uff45\uff54\uff45_repo", "dele\u200bte_repo", "delete\u00ad_repo",
+])
+def test_a_deny_rule_holds_against_the_spellings_a_lenient_server_would_run(respelled: str) -> None:
+    rules = McpServerRules("t", "h", 443, (), ("delete_*",))
+    decision = rules.decide_tool(respelled)
+    assert not decision.allow and decision.rule == "[mcp.servers.t] deny_tools delete_*"
+    assert rules.decide_tool("undelete_repo").allow, "folding does not widen the glob itself"
+
+
 def test_the_flag_round_trips_and_bad_ones_say_how_to_write_them() -> None:
     assert parse_mcp_flag(RULES.flag()) == RULES
     assert parse_mcp_flag("t [2001:db8::1]:8443").flag() == "t [2001:db8::1]:8443"
@@ -67,6 +77,12 @@ def test_the_flag_round_trips_and_bad_ones_say_how_to_write_them() -> None:
     (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": ""}}', "tool name"),
     (b'{"jsonrpc": "2.0", "id": 1, "method": "x", "extra": 1}', "members"),
     (b"[" + b"[" * 100_000 + b"]" * 100_000 + b"]", "not JSON"),
+    # Read strictly: a key the gate judges must be the key every server reads.
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "delete_issue", "name": "get_issue"}}',
+     "duplicate keys"),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"n": NaN}}', "NaN"),
+    ('{"jsonrpc": "2.0", "id": 1, "method": "x"}'.encode("utf-16"), "UTF-8"),
+    (b'\xef\xbb\xbf{"jsonrpc": "2.0", "id": 1, "method": "x"}', "UTF-8"),
     (b"[" + b",".join([b'{"jsonrpc": "2.0", "method": "x"}'] * 101) + b"]", "batch"),
 ])
 def test_anything_but_json_rpc_is_malformed(body: bytes, problem: str) -> None:

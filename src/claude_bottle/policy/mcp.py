@@ -14,19 +14,26 @@ or a non-empty batch of them. Anything else is not well-formed JSON-RPC and is r
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import HostPattern, InvalidHost, Target, normalize_host, parse_port, split_host_port
+from claude_bottle.policy.strict_json import loads_strict
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # What MCP allows in a tool name (letters, digits, '_', '-', '.', '/'), with the glob's '*' and '?'.
 _TOOL_GLOB = re.compile(r"[A-Za-z0-9_.\-/*?]{1,128}")
 MAX_BATCH = 100  # messages in one POST: more is not a client's batch
 POLICY_ERROR = -32001  # the JSON-RPC error code of a call the gate refused (server-defined range)
+
+
+def fold_tool_name(name: str) -> str:
+    """``name`` as a lenient server might match it: compatibility forms folded (fullwidth letters), invisible
+    format characters (zero-width spaces) dropped, letter case folded."""
+    return "".join(c for c in unicodedata.normalize("NFKC", name) if unicodedata.category(c) != "Cf").casefold()
 
 
 class InvalidMcpServer(ValueError):
@@ -62,8 +69,11 @@ class McpServerRules:
 
     def decide_tool(self, tool: str) -> Decision:
         """May the bottle call ``tool``? The reason names the server and the rule, for the audit and Claude."""
+        folded = fold_tool_name(tool)
         for glob in self.deny_tools:
-            if fnmatch.fnmatchcase(tool, glob):
+            # A lenient server may run DELETE_ISSUE or a fullwidth spelling as delete_issue: deny any of
+            # them. A tools list stays exact, so a respelling it does not name is refused by it.
+            if fnmatch.fnmatchcase(tool, glob) or fnmatch.fnmatchcase(folded, fold_tool_name(glob)):
                 return Decision(False, f"MCP tool {tool} of server {self.name} is refused by deny_tools {glob!r}",
                                 rule=f"[mcp.servers.{self.name}] deny_tools {glob}")
         if not self.tools:
@@ -164,9 +174,10 @@ class Message:
 def parse_messages(body: bytes) -> tuple[list[Message], bool]:
     """The messages of a POST body and whether it was a batch. Raises MalformedJsonRpc."""
     try:
-        data = json.loads(body)
+        data = loads_strict(body)
     except (ValueError, RecursionError):
-        raise MalformedJsonRpc("the body is not JSON") from None
+        # Never the parser's words: they may quote the data (a duplicate key's name).
+        raise MalformedJsonRpc("the body is not JSON read strictly (UTF-8, no duplicate keys, no NaN)") from None
     batch = isinstance(data, list)
     items = data if batch else [data]
     if not items:

@@ -17,13 +17,13 @@ field the gate did not see. See docs/api-policy.md for the measurement behind th
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from claude_bottle.policy.decide import Decision
+from claude_bottle.policy.strict_json import loads_strict
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # Anthropic's own limit for a Messages request
 MESSAGES_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
@@ -69,28 +69,9 @@ def _refuse(reason: str, status: int = 403) -> Decision:
     return Decision(False, reason, status)
 
 
-def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    value = dict(pairs)
-    if len(value) != len(pairs):
-        keys = [k for k, _ in pairs]
-        raise ValueError(f"duplicate key {next(k for k in keys if keys.count(k) > 1)!r}")
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-# Made once: json.loads with these hooks would build a decoder (and its scanner) for every body.
-_DECODER = json.JSONDecoder(object_pairs_hook=_strict_object, parse_constant=_no_constant)
-
-
 def parse_body(body: bytes) -> dict[str, Any]:
     """The request body as the provider will read it; ValueError for anything ambiguous or not an object."""
-    text = body.decode("utf-8")
-    if text.startswith("\ufeff"):  # as json.loads refuses it: the decoder itself does not look
-        raise ValueError("Unexpected UTF-8 BOM (decode using utf-8-sig)")
-    value = _DECODER.decode(text)
+    value = loads_strict(body)
     if not isinstance(value, dict):
         raise ValueError("the body is not a JSON object")
     return value

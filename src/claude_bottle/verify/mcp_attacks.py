@@ -247,6 +247,8 @@ ROUND: tuple[McpRequest, ...] = tuple(
                    as_text({**call(DENIED), "jsonrpc": "1.0"})),
         McpRequest(MCP, "malformed: a tool name that is not a string", "refused (400)",
                    as_text({**call(DENIED), "params": {"name": [DENIED], "arguments": {}}})),
+        McpRequest(MCP, f"malformed: two tool names, {DENIED} first (a server may keep the first)", "refused (400)",
+                   as_text(call(ALLOWED)).replace(f'"name": "{ALLOWED}"', f'"name": "{DENIED}", "name": "{ALLOWED}"')),
         McpRequest(MCP, f"{DENIED} in a gzip-encoded body", "refused (415)", as_text(call(DENIED)), encoded=True),
         McpRequest(MCP, "the route's sentinel in a tool argument", POLICY_REFUSAL,
                    as_text(call(ALLOWED, {"number": 1, "note": SENTINEL}))),
