@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import tracemalloc
 import zlib
 from collections.abc import Callable
+from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 import brotli
 import pytest
@@ -20,6 +22,7 @@ from claude_bottle.gate.decode import (
     content_codings,
     json_unescaped,
     percent_decoded_twice,
+    unquoted,
 )
 from claude_bottle.gate.dlp import BUILTIN_NAMES, DlpMatch, DlpPolicy
 
@@ -47,6 +50,15 @@ def percent_twice(value: bytes) -> bytes:
 def extra_views(window: bytes) -> list[bytes]:
     """The views of ``window`` beyond the single percent-decoding."""
     return [view for view in (percent_decoded_twice(window), json_unescaped(window)) if view is not None]
+
+
+def test_percent_decoding_in_c_equals_the_standard_librarys_on_any_bytes() -> None:
+    rng = random.Random(5)
+    alphabet = b"%0123456789abcdefABCDEFgxX\\\n'\"\x00\xff"
+    windows = [bytes(rng.choice(alphabet) for _ in range(rng.randrange(12))) for _ in range(20000)]
+    windows += [b"\\x41%41", b"%%41", b"%4", b"100%", b"%41\\", quote_from_bytes(rng.randbytes(3000)).encode()]
+    for window in windows:
+        assert unquoted(window) == unquote_to_bytes(window), window
 
 
 def test_a_window_without_escapes_has_no_extra_view() -> None:

@@ -24,11 +24,12 @@ tarball uploaded as such).
 from __future__ import annotations
 
 import base64
+import codecs
 import re
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from urllib.parse import quote_from_bytes, quote_plus, unquote_to_bytes
+from urllib.parse import quote_from_bytes, quote_plus
 
 import brotli
 
@@ -48,6 +49,7 @@ class View:
 
 _ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
 _ESCAPED_ESCAPE = re.compile(rb"%25[0-9A-Fa-f]{2}")
+_LONE_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 
 
 def percent_decoded(window: bytes) -> bytes | None:
@@ -55,14 +57,27 @@ def percent_decoded(window: bytes) -> bytes | None:
     ``%`` not followed by two hex digits decodes to itself, and searching the same bytes twice finds nothing new."""
     if b"%" not in window or _ESCAPE.search(window) is None:
         return None
-    return unquote_to_bytes(window)
+    return unquoted(window)
 
 
 def percent_decoded_twice(window: bytes) -> bytes | None:
     """The window percent-decoded twice, or None without an escaped escape (``%25`` and two hex digits)."""
     if b"%25" not in window or _ESCAPED_ESCAPE.search(window) is None:
         return None
-    return unquote_to_bytes(unquote_to_bytes(window))
+    return unquoted(unquoted(window))
+
+
+def unquoted(data: bytes) -> bytes:
+    """``unquote_to_bytes(data)`` in C calls: each ``%XX`` spelled ``\\xXX`` (and each backslash doubled) is
+    what ``codecs.escape_decode`` decodes, some 20 times faster than ``unquote_to_bytes``'s loop over escapes
+    on a body made of them. A ``%`` without two hex digits after it (a window cut inside an escape, a stray
+    ``%`` in bytes decoded once) is an invalid ``\\x`` escape there (ValueError): it decodes to itself, so it
+    is spelled ``%25`` first."""
+    escaped = data.replace(b"\\", b"\\\\") if b"\\" in data else data
+    try:
+        return codecs.escape_decode(escaped.replace(b"%", b"\\x"))[0]
+    except ValueError:
+        return codecs.escape_decode(_LONE_PERCENT.sub(b"%25", escaped).replace(b"%", b"\\x"))[0]
 
 
 _JSON_ESCAPE = re.compile(rb'\\(?:u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})'
