@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from claude_bottle.gate.scan import SecretReflected, SecretScanner
+from claude_bottle.gate.scan import SecretForms, SecretReflected, SecretScanner
 
 SECRET = b"sk-ant-oat01-Qw3rTy_uIoP-aSdFgHjKl0123456789"
 PRE = b'data: {"type":"ping"}\n\n'
@@ -39,7 +39,7 @@ def _check_leak(out: bytes) -> None:
 @pytest.mark.parametrize("cut", range(len(PRE) + 1, len(PRE) + len(SECRET)), ids=lambda c: f"at{c - len(PRE)}")
 def test_secret_split_in_two_at_every_offset(cut: int) -> None:
     data = PRE + SECRET + POST
-    out, raised = _feed_all(SecretScanner(SECRET), _split(data, (cut,)))
+    out, raised = _feed_all(SecretForms([SECRET]).scanner(), _split(data, (cut,)))
     assert raised
     _check_leak(out)
     assert out == PRE  # the bytes before the secret were released, the prefix was held
@@ -55,7 +55,7 @@ def test_secret_split_in_three_at_every_offset_pair() -> None:
     cuts = _three_way_cuts()
     assert len(cuts) == (len(SECRET) - 1) * (len(SECRET) - 2) // 2
     for cut in cuts:
-        out, raised = _feed_all(SecretScanner(SECRET), _split(data, cut))
+        out, raised = _feed_all(SecretForms([SECRET]).scanner(), _split(data, cut))
         assert raised, cut
         assert out == PRE, cut
 
@@ -64,7 +64,7 @@ def test_secret_split_in_three_at_every_offset_pair() -> None:
 def test_secret_dribbled_in_small_chunks(size: int) -> None:
     data = PRE + SECRET + POST
     chunks = [data[i : i + size] for i in range(0, len(data), size)]
-    out, raised = _feed_all(SecretScanner(SECRET), chunks)
+    out, raised = _feed_all(SecretForms([SECRET]).scanner(), chunks)
     assert raised
     _check_leak(out)
 
@@ -76,7 +76,7 @@ def test_secret_dribbled_in_small_chunks(size: int) -> None:
 )
 def test_secret_anywhere_every_split(data: bytes) -> None:
     for cut in range(len(data) + 1):
-        out, raised = _feed_all(SecretScanner(SECRET), _split(data, (cut,)))
+        out, raised = _feed_all(SecretForms([SECRET]).scanner(), _split(data, (cut,)))
         assert raised, cut
         # only bytes before the secret's first occurrence may have left, never a byte of the secret itself
         assert data.startswith(out), cut
@@ -85,7 +85,7 @@ def test_secret_anywhere_every_split(data: bytes) -> None:
 
 def test_self_overlapping_secret_byte_by_byte() -> None:
     secret = b"aaab"
-    scanner = SecretScanner(secret)
+    scanner = SecretForms([secret]).scanner()
     out = b""
     with pytest.raises(SecretReflected):
         for byte in b"xaaaaaaab":
@@ -98,7 +98,7 @@ def test_secret_split_at_every_offset_for_self_overlapping_secret() -> None:
     secret = b"abcabd"
     data = b"abcabcabd!"
     for i, j in itertools.combinations(range(1, len(data)), 2):
-        out, raised = _feed_all(SecretScanner(secret), _split(data, (i, j)))
+        out, raised = _feed_all(SecretForms([secret]).scanner(), _split(data, (i, j)))
         assert raised, (i, j)
         assert out in (b"", b"abc"), (i, j, out)
 
@@ -114,13 +114,13 @@ SAFE_CHUNKS = [
 
 @pytest.mark.parametrize("chunk", SAFE_CHUNKS, ids=["start", "mentions-prefix", "almost-secret", "blank", "empty"])
 def test_sse_chunks_are_returned_whole(chunk: bytes) -> None:
-    scanner = SecretScanner(SECRET)
+    scanner = SecretForms([SECRET]).scanner()
     assert scanner.feed(chunk) == chunk
     assert scanner.finish() == b""
 
 
 def test_stream_of_sse_events_holds_nothing() -> None:
-    scanner = SecretScanner(SECRET)
+    scanner = SecretForms([SECRET]).scanner()
     for chunk in SAFE_CHUNKS * 3:
         assert scanner.feed(chunk) == chunk
     assert scanner.finish() == b""
@@ -139,14 +139,14 @@ HOLD_CASES = [
 
 @pytest.mark.parametrize(("first", "held", "second"), HOLD_CASES, ids=[c[1].decode()[:20] for c in HOLD_CASES])
 def test_proper_prefix_is_held_then_released(first: bytes, held: bytes, second: bytes) -> None:
-    scanner = SecretScanner(SECRET)
+    scanner = SecretForms([SECRET]).scanner()
     assert scanner.feed(first) == first[: len(first) - len(held)]
     assert scanner.feed(second) == held + second  # the next chunk proves it harmless: all of it goes
     assert scanner.finish() == b""
 
 
 def test_held_prefix_extends_across_chunks_and_finish_returns_it() -> None:
-    scanner = SecretScanner(SECRET)
+    scanner = SecretForms([SECRET]).scanner()
     assert scanner.feed(b"x sk-") == b"x "
     assert scanner.feed(b"ant-oat01") == b""
     assert scanner.feed(b"-Qw3") == b""
@@ -155,17 +155,18 @@ def test_held_prefix_extends_across_chunks_and_finish_returns_it() -> None:
 
 
 def test_finish_without_data() -> None:
-    assert SecretScanner(SECRET).finish() == b""
+    assert SecretForms([SECRET]).scanner().finish() == b""
 
 
 def test_empty_secret_refused() -> None:
-    with pytest.raises(ValueError, match="must not be empty"):
-        SecretScanner(b"")
+    for forms in ([b""], [], [SECRET, b""]):
+        with pytest.raises(ValueError, match="non-empty"):
+            SecretForms(forms)
 
 
 def test_output_plus_finish_reproduces_harmless_input_at_every_split() -> None:
     data = PRE + SECRET[:-1] + b"?" + SECRET[:10]
     for i, j in itertools.combinations(range(len(data) + 1), 2):
-        out, raised = _feed_all(SecretScanner(SECRET), _split(data, (i, j)))
+        out, raised = _feed_all(SecretForms([SECRET]).scanner(), _split(data, (i, j)))
         assert not raised
         assert out == data, (i, j)

@@ -36,7 +36,7 @@ from claude_bottle.gate.forward import (
     too_large,
 )
 from claude_bottle.gate.http1 import Request
-from claude_bottle.gate.inspection import data_loss, identity_only, reflection_scans
+from claude_bottle.gate.inspection import data_loss, identity_only, reflection_scan
 from claude_bottle.gate.routes import CLIENT_CREDENTIAL_SPELLINGS
 from claude_bottle.gate.settings import GateSettings
 from claude_bottle.gate.upstream import UpstreamPool
@@ -76,7 +76,7 @@ class ApiRoute:
                                              (b"accept-encoding", b"identity")]))
         policy, max_bytes = config.messages_policy, config.limits.max_body_bytes
         return cls((messages_policy(policy, max_bytes), *filters, messages_streamed(policy, max_bytes)), filters,
-                   (identity_only, *reflection_scans(config.injected_secrets)), f"{upstream.host}:{upstream.port}",
+                   (identity_only, reflection_scan(config.reflected_forms)), f"{upstream.host}:{upstream.port}",
                    functools.lru_cache(maxsize=64)(config.api_policy.decide))
 
     async def exchange(self, conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext

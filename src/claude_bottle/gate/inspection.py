@@ -15,7 +15,7 @@ cannot have while the request is still being sent) and the audit line names the 
 A request to a host a credential route binds (gate/routes.py) is read the same way with two more steps:
 every credential the client sent is removed first (so DLP sees no client header and the agent cannot
 authenticate as anyone else there), and the route's own is added last, after DLP. Its response must come
-back unencoded and without any secret the gate injects (``reflection_scans``).
+back unencoded and without any secret the gate injects (``reflection_scan``).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from claude_bottle.gate.context import GateContext
-from claude_bottle.gate.decode import BodyDecoder, UndecodableBody, content_codings, reflected_forms
+from claude_bottle.gate.decode import BodyDecoder, UndecodableBody, content_codings
 from claude_bottle.gate.dlp import DlpMatch, DlpMatcher, DlpScanner
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, set_headers
 from claude_bottle.gate.http1 import header_values
 from claude_bottle.gate.mcp import mcp_request, mcp_response
 from claude_bottle.gate.routes import CredentialRoute, is_client_credential, query_credential, route_for
-from claude_bottle.gate.scan import SecretReflected, SecretScanner
+from claude_bottle.gate.scan import SecretForms, SecretReflected, SecretScanner
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import Target
 from claude_bottle.policy.mcp import server_for
@@ -78,7 +78,7 @@ def answered(target: Target, ctx: GateContext) -> list[ResponseFilter]:
     cut = [mcp_response(mcp)] if mcp is not None else []
     if route_for(ctx.config.routes, target) is None:
         return cut
-    return [identity_only, *reflection_scans(ctx.config.injected_secrets), *cut]
+    return [identity_only, reflection_scan(ctx.config.reflected_forms), *cut]
 
 
 def own_credential(route: CredentialRoute) -> RequestFilter:
@@ -102,24 +102,20 @@ def identity_only(response: Inbound) -> None:
         raise UpstreamSide(502, "upstream sent an encoded body although the gate asked for identity")
 
 
-def reflection_scans(secrets: Sequence[str]) -> list[ResponseFilter]:
-    """One reflection scan per form of each secret the gate injects a server may send back (gate/decode.py:
-    as is, percent-encoded, base64 with or without padding, ...)."""
-    return [reflection_scan(form) for secret in secrets for form in reflected_forms(secret.encode())]
-
-
-def reflection_scan(secret: bytes) -> ResponseFilter:
-    """Never deliver the credential back: not in a header, not in the body, not even a prefix of it."""
+def reflection_scan(forms: SecretForms) -> ResponseFilter:
+    """Never deliver a credential the gate injects back, in any of ``forms`` (every form of every such
+    credential a server may send back, gate/decode.py's ``reflected_forms``): not in a header, not in the
+    body, not even a prefix of one. One filter and, for a streamed body, one scanner whatever the forms."""
     refused = "upstream response carried a credential the gate injects; not delivered"
 
     def scan(response: Inbound) -> None:
-        if any(secret in value for _, value in response.headers):
+        if forms.in_headers(response.headers):
             raise UpstreamSide(502, refused)
         if isinstance(response.body, bytes):
-            if secret in response.body:
+            if forms.found_in(response.body):
                 raise UpstreamSide(502, refused)
         else:
-            response.body = _unreflected(response.body, SecretScanner(secret), refused)
+            response.body = _unreflected(response.body, forms.scanner(), refused)
 
     return scan
 

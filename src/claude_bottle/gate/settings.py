@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from claude_bottle.credentials import Credential, read_token_file
 from claude_bottle.errors import ConfigError
+from claude_bottle.gate.decode import reflected_forms
 from claude_bottle.gate.dlp import DlpMatcher, DlpPolicy, InvalidDlpRule
 from claude_bottle.gate.dlp import policy_from_flags as dlp_from_flags
 from claude_bottle.gate.routes import (
@@ -22,6 +23,7 @@ from claude_bottle.gate.routes import (
     check_secret,
     parse_route_flag,
 )
+from claude_bottle.gate.scan import SecretForms
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.policy.addresses import AddressGuard, IPNetwork, parse_network
 from claude_bottle.policy.decide import CLAUDE_CODE_API_PATHS, ApiPolicy
@@ -129,6 +131,11 @@ class GateSettings:
     def injected_secrets(self) -> tuple[str, ...]:
         """The real values the gate sends upstream: the audit redacts them, responses must not carry them."""
         return (self.credential.secret, *(value for route in self.routes for value in route.sent()))
+
+    @functools.cached_property
+    def reflected_forms(self) -> SecretForms:
+        """Every form in which a server may send back a value of ``injected_secrets``, prepared once."""
+        return SecretForms([form for secret in self.injected_secrets for form in reflected_forms(secret.encode())])
 
     @functools.cached_property
     def dlp_matcher(self) -> DlpMatcher:
