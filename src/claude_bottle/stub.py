@@ -45,7 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from claude_bottle.gate.connection import HttpConnection, serve_http
+from claude_bottle.gate.connection import HttpConnection
+from claude_bottle.gate.endpoints import serve_http
 from claude_bottle.gate.failures import ClientSide
 from claude_bottle.gate.http1 import Data, EndOfMessage, Headers, LocalProtocolError, Response
 from claude_bottle.gate.refusals import answer_or_reset

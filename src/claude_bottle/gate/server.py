@@ -28,10 +28,11 @@ from claude_bottle.gate.api import ApiRoute
 from claude_bottle.gate.ask import BY_GONE, BY_TIMEOUT, Answer, Asks, Question
 from claude_bottle.gate.audit import AuditLog, AuditRecord
 from claude_bottle.gate.ca import RunCA
-from claude_bottle.gate.connection import HttpConnection, serve_http
+from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext, LeafIssuer
 from claude_bottle.gate.control import ControlRequest, Events
 from claude_bottle.gate.dlp import engine_note
+from claude_bottle.gate.endpoints import serve_http
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.http1 import State
 from claude_bottle.gate.lifeline import watch

@@ -10,7 +10,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from claude_bottle.gate.connection import HttpConnection, open_http, open_http_on
+from claude_bottle.gate.connection import HttpConnection
+from claude_bottle.gate.endpoints import open_http, open_http_on
 from claude_bottle.gate.failures import UpstreamSide, upstream_failure
 from claude_bottle.gate.resolver import ResolveError, Resolver
 from claude_bottle.gate.upstream_proxy import UpstreamProxy, open_tunnel, unreachable
