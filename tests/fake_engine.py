@@ -154,7 +154,7 @@ class FakeEngine(Engine):
                 members.discard(name)
             self.events.append(("remove", name))
 
-    def exec(self, name: str, argv: list[str]) -> tuple[int, bytes]:
+    def exec(self, name: str, argv: list[str], timeout: float | None = None) -> tuple[int, bytes]:
         self._check("exec")
         if name not in self.containers_by_name:
             raise DockerError(f"No such container: {name}")

@@ -10,6 +10,7 @@ import ipaddress
 import shutil
 import socket
 import tarfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -275,7 +276,28 @@ class DockerEngine(Engine):
         except docker.errors.APIError as exc:
             raise _failed(exc) from None
 
-    def exec(self, name: str, argv: list[str]) -> tuple[int, bytes]:
+    def exec(self, name: str, argv: list[str], timeout: float | None = None) -> tuple[int, bytes]:
+        if timeout is None:
+            return self._exec(name, argv)
+        # The SDK's read has no deadline of its own: a daemon thread, left blocked if the stream never ends.
+        outcome: list[tuple[int, bytes] | BaseException] = []
+
+        def run() -> None:
+            try:
+                outcome.append(self._exec(name, argv))
+            except BaseException as exc:  # handed to the caller's thread
+                outcome.append(exc)
+
+        worker = threading.Thread(target=run, name=f"exec in {name}", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if not outcome:
+            raise DockerError(f"{argv[0]} in {name} did not finish within {timeout:g} s")
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    def _exec(self, name: str, argv: list[str]) -> tuple[int, bytes]:
         try:
             result = self.client.containers.get(name).exec_run(argv, stdout=True, stderr=True)
         except docker.errors.APIError as exc:

@@ -200,8 +200,10 @@ class Engine(ABC):
         """Remove it whatever its state; nothing when it is gone already."""
 
     @abstractmethod
-    def exec(self, name: str, argv: list[str]) -> tuple[int, bytes]:
-        """Run ``argv`` in the running container as its own user: its exit code and output (both streams)."""
+    def exec(self, name: str, argv: list[str], timeout: float | None = None) -> tuple[int, bytes]:
+        """Run ``argv`` in the running container as its own user: its exit code and output (both streams).
+        With ``timeout``, a DockerError when it has not finished within that many seconds: a runtime whose
+        sandbox dies under an exec may never end its stream (measured: runsc 2022 on the ptrace platform)."""
 
     @abstractmethod
     def wait(self, name: str, timeout: float | None = None) -> int:

@@ -55,6 +55,7 @@ TLS_PORT = 8443
 TRACKER, MCP_PATH = "tracker", "/mcp"
 MCP_TOOLS, MCP_DENY_TOOLS = ("search_*", "get_issue"), ("delete_*",)
 PROBE_SECONDS = 120
+IN_BOTTLE_SECONDS = 300  # a script run in the bottle (in_bottle): a bound for a bottle that died under it
 # The host-side name of the stand-ins' bridge: unlike a bottle's (runtime/pool.py BRIDGE_PREFIX), the host
 # serves the gate there (Podman's resolver answers on the bridge's address).
 STAND_IN_BRIDGE = "stand-"
@@ -326,10 +327,11 @@ def verification(agent: AgentConfig, progress: Progress,
 
 def in_bottle(run: Run, script: str, stdin: str | None = None) -> tuple[int, str]:
     """``script`` in bash in the bottle, as the agent user (the bottle's own); ``stdin`` goes in as a
-    here-document (a pipe, never a file or argv)."""
+    here-document (a pipe, never a file or argv). A DockerError after ``IN_BOTTLE_SECONDS``: every script
+    bounds its own steps far below that, so only a bottle that died under it gets there."""
     if stdin is not None:
         script = f"{script} <<'__CLAUDE_BOTTLE_END__'\n{stdin}\n__CLAUDE_BOTTLE_END__"
-    code, output = run.engine.exec(run.names.bottle, ["bash", "-c", script])
+    code, output = run.engine.exec(run.names.bottle, ["bash", "-c", script], timeout=IN_BOTTLE_SECONDS)
     return code, output.decode("utf-8", "replace")
 
 
