@@ -18,6 +18,7 @@ import pytest
 
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
+from claude_bottle.errors import DockerError
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime.gate import CONTROL_SOCKET, GATE_PYTHON
@@ -83,3 +84,11 @@ def test_only_the_host_answers_a_held_request(client: docker.DockerClient, upstr
         while in_bottle(run, "test -e /tmp/held.done")[0] != 0 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert in_bottle(run, "cat /tmp/held")[1].strip() == "200"
+
+        # The engine's exec with a deadline gives up on a command that outlives it (verify bounds its
+        # scripts this way: a bottle that died under an exec never ends the stream on every runtime).
+        started_at = time.monotonic()
+        with pytest.raises(DockerError, match="did not finish within 1 s"):
+            run.engine.exec(run.names.bottle, ["sleep", "20"], timeout=1)
+        assert time.monotonic() - started_at < 5
+        assert run.engine.exec(run.names.bottle, ["true"], timeout=30)[0] == 0

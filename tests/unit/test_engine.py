@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import tarfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +222,24 @@ def test_read_file_joins_the_engines_chunks_and_reads_only_a_regular_file() -> N
     with pytest.raises(DockerError, match="the engine refused"):
         seam.read_file("bottle", "/refused")
     assert api.asked[0] == ("bottle", "/etc/ssl/certs/ca-certificates.crt")
+
+
+def test_an_exec_with_a_deadline_gives_up_on_a_stream_that_never_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What verify's scripts rely on: an exec whose container died under it may never end its stream."""
+    release = threading.Event()
+    seam = DockerEngine(docker_client())
+    monkeypatch.setattr(seam, "_exec", lambda name, argv: (release.wait(10), (0, b""))[1])
+    started = time.monotonic()
+    with pytest.raises(DockerError, match=r"bash in bottle did not finish within 0\.2 s"):
+        seam.exec("bottle", ["bash", "-c", "x"], timeout=0.2)
+    assert time.monotonic() - started < 2
+    release.set()
+
+    def failing(name: str, argv: list[str]) -> tuple[int, bytes]:
+        raise DockerError("no such container")
+
+    monkeypatch.setattr(seam, "_exec", failing)
+    with pytest.raises(DockerError, match="no such container"):
+        seam.exec("bottle", ["true"], timeout=5)
+    monkeypatch.setattr(seam, "_exec", lambda name, argv: (3, b"out"))
+    assert seam.exec("bottle", ["true"], timeout=5) == (3, b"out")
