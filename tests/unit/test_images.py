@@ -53,11 +53,12 @@ def test_gate_context_holds_this_package_and_pinned_requirements() -> None:
     assert not any("__pycache__" in f for f in files)
     pins = files["requirements.txt"].decode().split()
     engine = {"hyperscan"} if importlib.util.find_spec("hyperscan") else set()  # where installed here
-    assert {p.split("==")[0] for p in pins} == {"brotli", "click", "httptools", "idna", "publicsuffixlist", "uvloop",
-                                                "cryptography", "cffi", "pycparser"} | engine
+    assert {p.split("==")[0] for p in pins} == {"brotli", "click", "httptools", "idna", "jiter", "publicsuffixlist",
+                                                "uvloop", "cryptography", "cffi", "pycparser"} | engine
     assert all("==" in p for p in pins)
     assert b"Vectorscan" in files["claude_bottle/gate/licenses/hyperscan.txt"], "the engine's license notices"
     assert b"Brotli Authors" in files["claude_bottle/gate/licenses/brotli.txt"], "the br decoder's license notice"
+    assert b"Samuel Colvin" in files["claude_bottle/gate/licenses/jiter.txt"], "the JSON parser's license notice"
 
 
 @pytest.mark.parametrize(("inputs", "words"), [

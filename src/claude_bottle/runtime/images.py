@@ -38,8 +38,8 @@ HOST_CA_DIRS = ("/usr/local/share/ca-certificates", "/etc/pki/ca-trust/source/an
                 "/etc/ca-certificates/trust-source/anchors", "/usr/share/pki/trust/anchors")
 PEM_MARK = b"-----BEGIN CERTIFICATE-----"
 # What the gate imports, pinned with what cryptography needs, so the image tag follows every version.
-GATE_REQUIREMENTS = ("brotli", "click", "httptools", "idna", "publicsuffixlist", "uvloop", "cryptography", "cffi",
-                     "pycparser")
+GATE_REQUIREMENTS = ("brotli", "click", "httptools", "idna", "jiter", "publicsuffixlist", "uvloop", "cryptography",
+                     "cffi", "pycparser")
 # Pinned too where installed here (no wheel for every machine): DLP's multi-pattern engine. Without it the gate
 # uses the standard library's matcher, and says so (gate/dlp.py).
 GATE_OPTIONAL = ("hyperscan",)
