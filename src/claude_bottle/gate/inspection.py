@@ -20,6 +20,7 @@ back unencoded and without any secret the gate injects (``reflection_scan``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from claude_bottle.gate.context import GateContext
@@ -102,10 +103,12 @@ def identity_only(response: Inbound) -> None:
         raise UpstreamSide(502, "upstream sent an encoded body although the gate asked for identity")
 
 
+@functools.lru_cache(maxsize=16)  # a gate has one set of forms: its filter is made once, not per request
 def reflection_scan(forms: SecretForms) -> ResponseFilter:
     """Never deliver a credential the gate injects back, in any of ``forms`` (every form of every such
     credential a server may send back, gate/decode.py's ``reflected_forms``): not in a header, not in the
-    body, not even a prefix of one. One filter and, for a streamed body, one scanner whatever the forms."""
+    body, not even a prefix of one. One filter and, for a streamed body, one scanner whatever the forms.
+    The same ``forms`` give the same filter (it keeps nothing of a response between calls)."""
     refused = "upstream response carried a credential the gate injects; not delivered"
 
     def scan(response: Inbound) -> None:

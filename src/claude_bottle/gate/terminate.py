@@ -126,7 +126,7 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
             inner.close()
             return
         tls_conn.peer = conn.peer
-        exchange = _exchange(target, origin, record.would_deny, record.unlisted)
+        exchange = _exchange(target, origin, ctx, record.would_deny, record.unlisted)
         try:
             await serve_requests(tls_conn, "proxy", exchange, ctx)
         finally:
@@ -173,10 +173,15 @@ async def terminate(conn: HttpConnection, early: bytes, target: Target, origin: 
         raise handshake_failed
 
 
-def _exchange(target: Target, origin: KeptOrigin, learned: bool = False, unlisted: bool = False) -> Exchange:
+def _exchange(target: Target, origin: KeptOrigin, ctx: GateContext, learned: bool = False, unlisted: bool = False
+              ) -> Exchange:
     """The exchange for each request inside the tunnel: the Host check, then the forward path. ``learned``:
     the tunnel passed by learn mode only, and so does each request in it (audited as would_deny);
-    ``unlisted``: its target is in no allowlist, and so is each request's (audited as unlisted)."""
+    ``unlisted``: its target is in no allowlist, and so is each request's (audited as unlisted). The filters
+    are the tunnel's, made once (they keep nothing of a request between calls)."""
+    request_filters = [set_headers(frozenset({b"host"}), [(b"host", authority(target, 443).encode())]),
+                       *inspected(target, ctx)]
+    response_filters = answered(target, ctx)
 
     async def exchange(conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext) -> None:
         idle = ctx.config.limits.idle_timeout
@@ -189,8 +194,7 @@ def _exchange(target: Target, origin: KeptOrigin, learned: bool = False, unliste
                                       f"{' (learn mode: would deny)' if learned else ''}", learned=learned,
                                  unlisted=unlisted))
         await forward(conn, outbound(conn, request, request.target, idle), origin.use, record, idle,
-                      [set_headers(frozenset({b"host"}), [(b"host", authority(target, 443).encode())]),
-                       *inspected(target, ctx)], answered(target, ctx))
+                      request_filters, response_filters)
 
     return exchange
 
