@@ -10,7 +10,7 @@ import pytest
 
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError
-from claude_bottle.gate.http1 import HOP_BY_HOP, end_to_end
+from claude_bottle.gate.http1 import HOP_BY_HOP, end_to_end, hop_free
 from claude_bottle.gate.settings import (
     Endpoint,
     GateSettings,
@@ -230,6 +230,15 @@ END_TO_END_CASES = [
 def test_end_to_end(headers: list[tuple[bytes, bytes]], expected: list[tuple[bytes, bytes]]) -> None:
     assert end_to_end(headers) == expected
     assert end_to_end(iter(headers)) == expected  # any iterable, consumed once
+    # The parser's headers have their names in lower case: hop_free drops the same ones without lowering them.
+    lowered = [(n.lower(), v) for n, v in headers]
+    assert hop_free(lowered) == [(n.lower(), v) for n, v in expected]
+
+
+def test_hop_free_drops_more_names_when_asked() -> None:
+    headers = [(b"content-length", b"2"), (b"connection", b"x-one"), (b"x-one", b"1"), (b"expect", b"100-continue"),
+               (b"x-two", b"2")]
+    assert hop_free(headers, HOP_BY_HOP | {b"content-length", b"expect"}) == [(b"x-two", b"2")]
 
 
 def test_hop_by_hop_set() -> None:

@@ -299,9 +299,15 @@ class HttpConnection(asyncio.Protocol):
             chunks.append(event.data)
         else:
             return None
+        # Taken as ``_take`` would take them, without its checks per event: only Data, then the end.
         for _ in range(len(chunks) + 1):
-            self._take()
-        return b"".join(chunks)
+            events.popleft()
+        if not events:
+            self._unread = 0
+        if chunks:
+            self.they_are_waiting_for_100_continue = False
+        self.their_state = State.DONE if self._keep_alive else State.MUST_CLOSE
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def body(self, timeout: float | None) -> AsyncIterator[bytes]:
         """The current message's body chunks as they arrive."""
@@ -356,7 +362,9 @@ class HttpConnection(asyncio.Protocol):
         if data := self._framed(body):
             self._pending.append(data)
         self._end()
-        await self._flush()
+        self.write_pending()
+        if self._lost or self._writing_paused:  # else ``_drain`` would return at once: no coroutine for it
+            await self._drain()
 
     def _framed(self, data: bytes) -> bytes:
         """Body ``data`` as it goes on the wire, held to the message's framing."""

@@ -34,18 +34,20 @@ from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.http1 import (
+    HOP_BY_HOP,
     Data,
     EndOfMessage,
     Headers,
     InformationalResponse,
     Request,
     Response,
-    end_to_end,
+    hop_free,
 )
 from claude_bottle.policy.decide import Decision
 
 # Set by the gate on every forwarded request: the body's framing, and Expect, which the gate answers.
 FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding", b"expect"})
+_NOT_FORWARDED = HOP_BY_HOP | FRAMING_HEADERS
 
 
 @dataclass
@@ -101,7 +103,7 @@ def outbound(conn: HttpConnection, request: Request, target: bytes, idle: float)
     return Outbound(
         method=request.method,
         target=target,
-        headers=[(n, v) for n, v in end_to_end(request.headers) if n not in FRAMING_HEADERS],
+        headers=hop_free(request.headers, _NOT_FORWARDED),
         body=client_body(conn, idle) if arrived is None else arrived,
         length=request.content_length,
         chunked=request.chunked,
@@ -184,7 +186,7 @@ async def forward(
         if not isinstance(event, Response):  # the connection's end, the only other event before a response
             raise origin.side.gone("without a response")
         arrived = origin.arrived_body()
-        response = Inbound(event.status_code, end_to_end(event.headers),
+        response = Inbound(event.status_code, hop_free(event.headers),
                            origin.body(idle) if arrived is None else arrived)
         for response_filter in response_filters:
             response_filter(response)

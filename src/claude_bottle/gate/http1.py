@@ -396,6 +396,16 @@ def end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
     return [(n, v) for n, v in headers if n.lower() not in drop]
 
 
+def hop_free(headers: Headers, drop: frozenset[bytes] = HOP_BY_HOP) -> Headers:
+    """``end_to_end`` for headers whose names are in lower case, as ``MessageParser`` gives them (no name is
+    lowered again: this runs on both heads of every exchange), less the names in ``drop`` too (which must hold
+    ``HOP_BY_HOP``)."""
+    listed = [value for name, value in headers if name == b"connection"]
+    if listed:
+        drop = drop | {token.strip().lower() for value in listed for token in value.split(b",")}
+    return [item for item in headers if item[0] not in drop]
+
+
 def connection_problem(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     """Why a head's Connection header makes it unusable, or None."""
     listed = {token.strip().lower() for value in header_values(headers, b"connection") for token in value.split(b",")}
