@@ -43,6 +43,7 @@ _OBS_FOLD = re.compile(rb"\r\n[ \t]")
 _NEEDED = frozenset({b"content-length", b"transfer-encoding", b"host"})
 # The headers the parser looks at itself, as they arrive.
 _FRAMING = frozenset({b"connection", b"content-length", b"transfer-encoding", b"expect", b"host"})
+_VERSIONS = {"1.1": b"1.1", "1.0": b"1.0"}  # the versions a head may have, as its event holds them
 
 
 
@@ -341,7 +342,7 @@ class MessageParser:
         if (chunked or length) and method != b"CONNECT" and parser.should_upgrade():
             # llhttp would leave such a body unread: to one reader a body, to another the next request.
             raise ProtocolError("a request asking for a protocol upgrade must not carry a body")
-        self.events.append(Request(method, self._url, headers, version.encode(), length, chunked, keep_alive,
+        self.events.append(Request(method, self._url, headers, _VERSIONS[version], length, chunked, keep_alive,
                                    expect and version == "1.1"))
 
     def _response_head(self, parser: httptools.HttpResponseParser, headers: Headers, version: str,
@@ -353,7 +354,7 @@ class MessageParser:
             self._informational = True
             self.events.append(InformationalResponse(status, headers))
             return
-        self.events.append(Response(status, headers, b"", version.encode()))
+        self.events.append(Response(status, headers, b"", _VERSIONS[version]))
         if self.head_request:
             # No body, whatever the head says. llhttp cannot be told so, and would read the next response as
             # this one's body: nothing more is read, and the connection is not reused (a HEAD is rare: the
@@ -421,7 +422,7 @@ def header_values(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> list[b
 
 def message_head(start: bytes, headers: Headers) -> bytes:
     """A message head; ``LocalProtocolError`` for a header that would break its lines."""
-    data = b"".join([start, *[n + b": " + v + b"\r\n" for n, v in headers], b"\r\n"])
+    data = start + b"\r\n".join([*map(b": ".join, headers), b"", b""])  # C-level joins: no Python per header
     lines = len(headers) + 2
     if data.count(b"\n") != lines or data.count(b"\r") != lines:
         raise LocalProtocolError("a header or the start line holds a line break")
