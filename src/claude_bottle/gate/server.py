@@ -36,6 +36,7 @@ from claude_bottle.gate.endpoints import serve_http
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.http1 import State
 from claude_bottle.gate.lifeline import watch
+from claude_bottle.gate.memory import keep_large_buffers
 from claude_bottle.gate.proxy import proxy_exchange
 from claude_bottle.gate.ready import Ready
 from claude_bottle.gate.refusals import answer
@@ -304,6 +305,7 @@ async def run(config: GateSettings, audit: AuditLog, announce: Callable[[str], N
     Once it listens it announces that, with its CA's certificate, in one line (gate/ready.py); with
     ``ca_cert_out`` it first writes the certificate there (a ConfigError if it cannot)."""
     raise_open_files_limit()
+    keep_large_buffers()  # a large body's buffers reused, not faulted in afresh per request (gate/memory.py)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
