@@ -37,7 +37,7 @@ from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.errors import BottleError
 from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist
-from claude_bottle.runtime.docker_engine import open_engine
+from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.names import RunNames
 from claude_bottle.runtime.seam import ContainerSpec
 from claude_bottle.verify.standins import StandIns, bottle_on, in_bottle, scratch_workspace, stand_ins

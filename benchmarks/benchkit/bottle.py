@@ -112,7 +112,7 @@ class Bottle:
         # The stub where users' upstream is, for the gate: behind the egress network every gate joins anyway
         # (its two network endpoints, as in use); and a second one on a network of its own, which the gate
         # joins with --upstream-network (a third endpoint) and where `docker run` reaches it.
-        from claude_bottle.runtime.docker_engine import open_engine
+        from claude_bottle.runtime.engines import open_engine
         from claude_bottle.runtime.pool import egress_network
 
         egress = egress_network(open_engine()).name
@@ -298,7 +298,7 @@ class Bottle:
         from claude_bottle.agent.load import load_agent
         from claude_bottle.gate.settings import parse_upstream
         from claude_bottle.launch import Launch, claude_command, started
-        from claude_bottle.runtime.docker_engine import connect
+        from claude_bottle.runtime.docker_api import connect
         from claude_bottle.runtime.run import Run
 
         credential, _ = tokens.find()
@@ -376,7 +376,7 @@ class Bottle:
         from claude_bottle.agent.load import load_agent
         from claude_bottle.gate.settings import parse_upstream
         from claude_bottle.launch import Launch, started
-        from claude_bottle.runtime.docker_engine import connect
+        from claude_bottle.runtime.docker_api import connect
 
         credential, _ = tokens.find()
         launch = Launch(load_agent(self.agent, self.workspace), self.workspace, credential,

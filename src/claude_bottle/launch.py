@@ -26,7 +26,7 @@ from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import Upstream
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.runtime import engine, images
-from claude_bottle.runtime.docker_engine import open_engine
+from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.files import protective_mounts
 from claude_bottle.runtime.leftovers import mark_kept, remove_left_behind
 from claude_bottle.runtime.reaper import watch as watch_over

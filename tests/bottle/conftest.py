@@ -26,7 +26,8 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, build_images, started
-from claude_bottle.runtime.docker_engine import connect, open_engine
+from claude_bottle.runtime.docker_api import connect
+from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.names import WORKSPACE_LABEL
 from claude_bottle.runtime.run import Run
 from claude_bottle.stub import DEFAULT_TEXT

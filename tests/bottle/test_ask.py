@@ -28,7 +28,7 @@ from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.paths import agents_dir
 from claude_bottle.runtime.ask_watch import GateChannel
-from claude_bottle.runtime.docker_engine import open_engine
+from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.seam import ContainerSpec
 from claude_bottle.stub import DEFAULT_TEXT

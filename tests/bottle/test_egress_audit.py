@@ -33,7 +33,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, claude_command, started
 from claude_bottle.runtime import run as run_module
-from claude_bottle.runtime.docker_engine import docker_cli
+from claude_bottle.runtime.docker_api import docker_cli
 from claude_bottle.runtime.names import AGENT_LABEL
 from claude_bottle.stub import DEFAULT_TEXT
 from tests.bottle.conftest import Upstream, gate_audit, leftovers, on_screen, write_agent

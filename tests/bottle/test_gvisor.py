@@ -15,7 +15,7 @@ from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime.docker_engine import open_engine
+from claude_bottle.runtime.engines import open_engine
 from claude_bottle.stub import DEFAULT_TEXT
 from claude_bottle.verify.standins import in_bottle, verification
 from claude_bottle.verify.suite import attack

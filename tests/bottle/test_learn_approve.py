@@ -27,7 +27,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.paths import agents_dir
-from claude_bottle.runtime.docker_engine import open_engine
+from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.gate import CONTROL_SOCKET, control_gate
 from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.spec import API_PORT, PROXY_PORT

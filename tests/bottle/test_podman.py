@@ -19,7 +19,7 @@ from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime import docker_engine
+from claude_bottle.runtime import podman_engine
 from claude_bottle.runtime import run as run_module
 from tests.bottle.conftest import PODMAN_SOCKET as SOCKET
 from tests.bottle.conftest import write_agent
@@ -65,12 +65,12 @@ def test_start_is_refused_while_the_host_answers_on_the_bottles_bridge(
     nothing."""
     monkeypatch.setenv("DOCKER_HOST", SOCKET)
     monkeypatch.setattr(run_module, "BRIDGE_PREFIX", "exposd-")
-    made = docker_engine.libpod
+    made = podman_engine.libpod
 
     def with_a_resolver(client: docker.DockerClient, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         return made(client, method, path, {**body, "dns_enabled": True} if path == "/networks/create" and body else body)
 
-    monkeypatch.setattr(docker_engine, "libpod", with_a_resolver)
+    monkeypatch.setattr(podman_engine, "libpod", with_a_resolver)
     write_agent("exposed", "")
     launch = Launch(load_agent("exposed", workspace), workspace, Credential.parse(token, "test"),
                     parse_upstream("http://stub.invalid:8000"))

@@ -19,7 +19,7 @@ import pytest
 
 from claude_bottle import records
 from claude_bottle.errors import EXIT_GATE
-from claude_bottle.runtime.docker_engine import open_engine
+from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.names import WORKSPACE_LABEL
 from claude_bottle.verify.standins import stub_container
 from tests.bottle.conftest import PODMAN_SOCKET as SOCKET

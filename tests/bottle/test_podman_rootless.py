@@ -31,7 +31,7 @@ from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
-from claude_bottle.runtime.docker_engine import open_engine
+from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.names import WORKSPACE_LABEL
 from claude_bottle.runtime.pool import BRIDGE_PREFIX
 from claude_bottle.runtime.run import Run

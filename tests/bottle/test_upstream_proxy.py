@@ -39,7 +39,7 @@ from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import Launch, started
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime import images
-from claude_bottle.runtime.docker_engine import open_engine
+from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.images import ImageSpec
 from claude_bottle.runtime.run import Run
 from claude_bottle.stub import DEFAULT_TEXT

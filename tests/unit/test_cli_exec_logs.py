@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from claude_bottle import records
 from claude_bottle.cli import cli
 from claude_bottle.errors import DockerError
-from claude_bottle.runtime import docker_engine
+from claude_bottle.runtime import engines
 from claude_bottle.runtime import gate as runtime_gate
 from claude_bottle.runtime.names import RunNames
 from tests.fake_engine import FakeEngine
@@ -27,7 +27,7 @@ def docker_exec(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
     for run in (RunNames("dev-1", "dev", str(tmp_path)), RunNames("ops-2", "ops", "/elsewhere")):
         engine.add_container(run.gate, run.labels)
         engine.add_container(run.bottle, run.labels)
-    monkeypatch.setattr(docker_engine, "open_engine", lambda: engine)
+    monkeypatch.setattr(engines, "open_engine", lambda: engine)
     monkeypatch.setattr("subprocess.call", lambda argv: calls.append(argv) or 0)
     return calls
 
@@ -65,7 +65,7 @@ def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     def no_engine() -> None:
         raise DockerError("no engine")
 
-    monkeypatch.setattr(docker_engine, "connect", no_engine)
+    monkeypatch.setattr(engines, "connect", no_engine)
     workspace = tmp_path / "project"
     for n, agent in enumerate(("dev", "ops")):
         line = {"time": "t", "listener": "proxy" if n else "api", "decision": "deny", "status": 403,
@@ -122,7 +122,7 @@ def gate_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
         return 0, json.dumps({"ok": True, "message": message, "policy": {}}).encode()
 
     engine.on_exec = control
-    monkeypatch.setattr(docker_engine, "open_engine", lambda: engine)
+    monkeypatch.setattr(engines, "open_engine", lambda: engine)
     monkeypatch.setattr(runtime_gate, "write_policy", lambda run_id, view: None)
     return asked
 

@@ -15,7 +15,7 @@ from claude_bottle.commands.doctor import dlp_engine_line
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError
 from claude_bottle.launch import build_inputs
-from claude_bottle.runtime import docker_engine, images
+from claude_bottle.runtime import engines, images
 from claude_bottle.runtime.engine import EngineInfo
 from tests.fake_engine import FakeEngine
 from tests.helpers import make_token
@@ -35,7 +35,7 @@ def doctor_on(engine: FakeEngine | None, monkeypatch: pytest.MonkeyPatch) -> tup
             raise DockerError("cannot reach the container engine (fake)")
         return engine
 
-    monkeypatch.setattr(docker_engine, "open_engine", opened)
+    monkeypatch.setattr(engines, "open_engine", opened)
     monkeypatch.setattr(tokens, "find", lambda: (Credential.parse(make_token(), "test"), "the keyring"))
     result = CliRunner().invoke(cli, ["doctor"])
     return result.exit_code, result.output.splitlines()
@@ -84,7 +84,7 @@ def test_doctor_without_an_engine_says_so_and_checks_the_token_still(monkeypatch
 def test_build_builds_both_images_on_the_engine_and_prints_their_tags(monkeypatch: pytest.MonkeyPatch,
                                                                       no_host_cas: None, tmp_path: Path) -> None:
     engine = FakeEngine()
-    monkeypatch.setattr(docker_engine, "open_engine", lambda: engine)
+    monkeypatch.setattr(engines, "open_engine", lambda: engine)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     (tmp_path / "project").mkdir()
     result = CliRunner().invoke(cli, ["build", "--workspace", str(tmp_path / "project")])
@@ -97,7 +97,7 @@ def test_build_builds_both_images_on_the_engine_and_prints_their_tags(monkeypatc
 def test_build_goes_through_the_proxy_a_run_would_use(monkeypatch: pytest.MonkeyPatch, no_host_cas: None,
                                                      tmp_path: Path) -> None:
     engine = FakeEngine()
-    monkeypatch.setattr(docker_engine, "open_engine", lambda: engine)
+    monkeypatch.setattr(engines, "open_engine", lambda: engine)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("HTTPS_PROXY", "http://me:secret@proxy.corp:3128")
     (tmp_path / "project").mkdir()

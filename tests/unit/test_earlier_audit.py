@@ -15,7 +15,7 @@ from claude_bottle import logview, records, suggest
 from claude_bottle.cli import cli
 from claude_bottle.errors import DockerError
 from claude_bottle.gate.audit import VERSION
-from claude_bottle.runtime import docker_engine
+from claude_bottle.runtime import engines
 
 # As the gate wrote them before the audit had those fields (one learning run, then a strict one).
 EARLIER: list[dict[str, Any]] = [
@@ -46,7 +46,7 @@ def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     def no_engine() -> None:
         raise DockerError("no engine")
 
-    monkeypatch.setattr(docker_engine, "connect", no_engine)
+    monkeypatch.setattr(engines, "connect", no_engine)
     records.save("dev-old", "dev", str(tmp_path / "project"), "t", [json.dumps(line).encode() + b"\n"
                                                                        for line in EARLIER])
     return "dev-old"

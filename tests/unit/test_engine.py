@@ -14,15 +14,10 @@ import docker
 import pytest
 
 from claude_bottle.errors import DockerError
-from claude_bottle.runtime import docker_engine, engine
-from claude_bottle.runtime.docker_engine import (
-    LOG_CONFIG,
-    DockerEngine,
-    create_options,
-    file_in_archive,
-    libpod_answer,
-    network_info,
-)
+from claude_bottle.runtime import docker_api, docker_engine, engine, engines, podman_engine
+from claude_bottle.runtime.docker_api import libpod_answer
+from claude_bottle.runtime.docker_engine import DockerEngine
+from claude_bottle.runtime.docker_values import LOG_CONFIG, create_options, file_in_archive, network_info
 from claude_bottle.runtime.seam import ContainerSpec
 
 PODMAN_VERSION = {"Version": "4.3.1", "Components": [{"Name": "Podman Engine", "Version": "4.3.1"}]}
@@ -149,7 +144,7 @@ def test_the_terminal_commands_attach_the_engines_own_client(monkeypatch: pytest
 
 
 def test_without_the_docker_command_a_terminal_cannot_be_attached(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker_engine.shutil, "which", lambda name: None)
+    monkeypatch.setattr(docker_api.shutil, "which", lambda name: None)
     with pytest.raises(DockerError, match="the docker command is needed to attach a terminal"):
         DockerEngine(docker_client()).exec_command("b", ["id"], tty=False)
 
@@ -180,12 +175,12 @@ def test_the_engine_is_asked_its_version_and_info_and_podman_its_own_info(monkey
         asked.append((method, path))
         return podman_info(True, "v2", ("memory", "pids", "cpu"))
 
-    monkeypatch.setattr(docker_engine, "libpod", libpod)
+    monkeypatch.setattr(docker_api, "libpod", libpod)
     info = {"Runtimes": {"runc": {}}, "SecurityOptions": []}
     docker_seam = DockerEngine(AnsweringClient({"Version": "27.1"}, info))
     assert docker_seam.describe().describe() == "Docker 27.1" and asked == []
-    podman = docker_engine.open_engine(AnsweringClient(PODMAN_VERSION, info))
-    assert isinstance(podman, docker_engine.PodmanEngine) and podman.rootless
+    podman = engines.open_engine(AnsweringClient(PODMAN_VERSION, info))
+    assert isinstance(podman, podman_engine.PodmanEngine) and podman.rootless
     assert podman.describe().describe() == "Podman 4.3.1, rootless" and asked == [("GET", "/info")]
 
 

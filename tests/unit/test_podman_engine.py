@@ -9,7 +9,8 @@ from typing import Any
 import docker
 import pytest
 
-from claude_bottle.runtime.docker_engine import PODMAN_SYSCTLS, DockerEngine, PodmanEngine
+from claude_bottle.runtime.docker_engine import DockerEngine
+from claude_bottle.runtime.podman_engine import PODMAN_SYSCTLS, PodmanEngine
 from claude_bottle.runtime.seam import ContainerSpec
 
 

@@ -17,8 +17,10 @@ from claude_bottle.agent.schema import parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
 from claude_bottle.launch import Launch, run_spec
-from claude_bottle.runtime import docker_engine
-from claude_bottle.runtime.docker_engine import DockerEngine, PodmanEngine, create_options
+from claude_bottle.runtime import podman_engine
+from claude_bottle.runtime.docker_engine import DockerEngine
+from claude_bottle.runtime.docker_values import create_options
+from claude_bottle.runtime.podman_engine import PodmanEngine
 from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.seam import ContainerSpec, NetworkSpec
 from claude_bottle.verify.standins import (
@@ -182,7 +184,7 @@ def test_on_rootless_podman_the_probe_joins_the_bottles_user_namespace_too(
         modes.append(mode)
         return Made()
 
-    monkeypatch.setattr(docker_engine, "create_in_userns", in_userns)
+    monkeypatch.setattr(podman_engine, "create_in_userns", in_userns)
     def create(self: ContainerCollection, image: str, **options: Any) -> Made:
         modes.append("")
         return Made()

@@ -13,7 +13,7 @@ import pytest
 from claude_bottle import trust
 from claude_bottle import workspace as ws
 from claude_bottle.errors import ConfigError
-from claude_bottle.runtime.docker_engine import docker_mount
+from claude_bottle.runtime.docker_values import docker_mount
 from claude_bottle.runtime.files import Protection, protective_mounts
 
 

@@ -19,7 +19,7 @@ def gate_for(agent: str | None, workspace: str | None) -> tuple[Engine, Containe
     running."""
     from pathlib import Path
 
-    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.listing import gate_of
 
     engine = open_engine()

@@ -15,7 +15,7 @@ def build(agent: str | None, workspace: str | None) -> None:
     from claude_bottle.agent.load import load_agent
     from claude_bottle.agent.upstream_proxy import choose_upstream_proxy
     from claude_bottle.launch import build_images, workspace_of
-    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.engines import open_engine
 
     config = load_agent(agent, workspace_of(workspace))
     proxy = choose_upstream_proxy(None, config.upstream_proxy, os.environ)

@@ -51,7 +51,7 @@ def doctor() -> int:
     from claude_bottle.agent.schema import AgentConfig
     from claude_bottle.launch import build_inputs
     from claude_bottle.runtime import engine, images
-    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.seam import Engine
 
     problems = 0

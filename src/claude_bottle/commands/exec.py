@@ -12,7 +12,7 @@ def exec_in(agent: str | None, workspace: str | None, command: list[str]) -> int
     this terminal; its exit code."""
     from pathlib import Path
 
-    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.listing import bottle_of
 
     place = Path(workspace or os.getcwd()).expanduser().resolve()

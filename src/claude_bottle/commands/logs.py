@@ -38,7 +38,7 @@ def read_audit(agent: str | None, workspace: str | None, run_id: str | None, fol
 
     from claude_bottle import records
     from claude_bottle.errors import DockerError
-    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.listing import running_run, runs
     from claude_bottle.runtime.names import RunNames
 

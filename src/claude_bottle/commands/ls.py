@@ -9,7 +9,7 @@ import click
 
 def list_runs(as_json: bool) -> None:
     """Print the running bottles as a table, or as JSON."""
-    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.listing import runs
 
     found = runs(open_engine())

@@ -9,7 +9,7 @@ from claude_bottle.errors import ConfigError
 
 def stop(agent: str | None, stop_all: bool) -> None:
     """Stop the bottles of ``agent``, or every bottle and the kept internal networks with ``stop_all``."""
-    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.listing import runs
     from claude_bottle.runtime.names import image_repository
     from claude_bottle.runtime.pool import trim_pool

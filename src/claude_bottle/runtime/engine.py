@@ -1,6 +1,6 @@
 """What a container engine says about itself (Docker, or Podman through its Docker-compatible API), read from
 its answers, and the errors that say what to do about it. No I/O: the engine seam's implementations
-(``runtime.docker_engine``) ask the engine and hand its answers here."""
+(``runtime.docker_api``) ask the engine and hand its answers here."""
 
 from __future__ import annotations
 

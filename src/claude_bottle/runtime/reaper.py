@@ -50,7 +50,7 @@ def watch(run_id: str) -> Reaper:
 
 def reap(run_id: str) -> None:
     """Remove run ``run_id`` as ``stop`` does, twice, ``SECOND_PASS_SECONDS`` apart."""
-    from claude_bottle.runtime.docker_engine import open_engine
+    from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.removal import remove_run
 
     engine = open_engine()

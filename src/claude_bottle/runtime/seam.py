@@ -1,9 +1,9 @@
 """The engine seam: what the runtime, the commands and ``verify`` ask of a container engine, in their own terms.
 
-``Engine`` is the one interface; ``runtime.docker_engine`` implements it on Docker and on Podman (through
-its Docker-compatible API, and its own where that cannot say or do something), and the tests' fake engine
-in memory. Containers and networks are named by their names (``runtime.names``); what the engine says about
-them comes back as plain values, never as the SDK's objects. Every failure is a DockerError with the
+``Engine`` is the one interface; ``runtime.docker_engine`` implements it on Docker and ``runtime.podman_engine``
+on Podman (through its Docker-compatible API, and its own where that cannot say or do something), and the
+tests' fake engine in memory. Containers and networks are named by their names (``runtime.names``); what the
+engine says about them comes back as plain values, never as the SDK's objects. Every failure is a DockerError with the
 engine's own explanation (its callers say what they were doing), but for the few an answer to expect: a
 name taken (``NameTaken``), a build that stopped (``BuildFailed``), a thing already gone (a no-op, or None).
 """

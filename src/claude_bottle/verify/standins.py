@@ -37,7 +37,7 @@ from claude_bottle.policy.addresses import parse_network
 from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.mcp import McpServerRules
 from claude_bottle.policy.rules import HostRules, make_host_rules
-from claude_bottle.runtime.docker_engine import open_engine
+from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.names import RunNames, state_volume
 from claude_bottle.runtime.removal import remove_run
 from claude_bottle.runtime.run import Run
