@@ -21,6 +21,7 @@ import argparse
 import json
 import ssl
 import sys
+import threading
 import unicodedata
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -82,6 +83,9 @@ def answers(body: bytes) -> tuple[int, Any]:
 
 class Server(ThreadingHTTPServer):
     log = False  # print each request as a JSON line (``--log``)
+    # Requests are handled on threads at once, and print() writes a line and its newline apart: one locked
+    # write per line, so two lines never run into one.
+    log_lock = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -93,9 +97,12 @@ class Handler(BaseHTTPRequestHandler):
     def _record(self, body: bytes) -> None:
         if not isinstance(self.server, Server) or not self.server.log:
             return
-        print(json.dumps({"method": self.command, "target": self.path, "headers": [[n, v] for n, v in
-                                                                                   self.headers.items()],
-                          "body": body.decode("utf-8", "replace")}), flush=True)
+        line = json.dumps({"method": self.command, "target": self.path,
+                           "headers": [[n, v] for n, v in self.headers.items()],
+                           "body": body.decode("utf-8", "replace")})
+        with self.server.log_lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
