@@ -327,9 +327,8 @@ class HttpConnection(asyncio.Protocol):
     async def send(self, event: Request | Response | InformationalResponse | Data | EndOfMessage) -> None:
         """Frame ``event`` and send it (see the class's note on coalescing). Header names in lower case."""
         if isinstance(event, Data):
-            if data := self._framed(event.data):
-                self._keep(data)
-            await self._drain()  # backpressure: the transport holds what went before
+            if self.send_data(event.data):
+                await self.drain()  # backpressure: the transport holds what went before
         elif isinstance(event, EndOfMessage):
             self._end()
             await self._flush()
@@ -353,6 +352,14 @@ class HttpConnection(asyncio.Protocol):
             self._pending.append(self._informational_head(event))
             await self._flush()
 
+    def send_data(self, data: bytes) -> bool:
+        """Body ``data`` of the message being sent, kept back as ``send(Data(data))`` keeps it, without an event
+        or a coroutine per piece (a streamed response's every SSE event comes here). True when the caller must
+        ``await drain()`` before the next piece: the transport holds too much, or the peer is gone."""
+        if data := self._framed(data):
+            self._keep(data)
+        return self._lost or self._writing_paused
+
     async def send_whole(self, head: Request | Response, body: bytes) -> None:
         """A message whose body is all here: ``head``, ``body`` and its end, in one write."""
         data = self._request_head(head) if isinstance(head, Request) else self._response_head(head)
@@ -363,8 +370,8 @@ class HttpConnection(asyncio.Protocol):
             self._pending.append(data)
         self._end()
         self.write_pending()
-        if self._lost or self._writing_paused:  # else ``_drain`` would return at once: no coroutine for it
-            await self._drain()
+        if self._lost or self._writing_paused:  # else ``drain`` would return at once: no coroutine for it
+            await self.drain()
 
     def _framed(self, data: bytes) -> bytes:
         """Body ``data`` as it goes on the wire, held to the message's framing."""
@@ -421,9 +428,9 @@ class HttpConnection(asyncio.Protocol):
 
     async def _flush(self) -> None:
         self.write_pending()
-        await self._drain()
+        await self.drain()
 
-    async def _drain(self) -> None:
+    async def drain(self) -> None:
         """Wait while the transport holds more than its high-water mark; the side's failure once the peer is
         gone."""
         if self._lost:

@@ -199,7 +199,8 @@ async def forward(
         record.status = response.status
         async for chunk in down:
             record.bytes_down += len(chunk)
-            await conn.send(Data(chunk))
+            if conn.send_data(chunk):
+                await conn.drain()
         await conn.send(EndOfMessage())
 
 
