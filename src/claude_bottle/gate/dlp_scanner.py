@@ -2,11 +2,14 @@
 gate (``DlpMatcher``): which engine finds the matches is the matcher's business, where a match may be and what
 leaves before it is seen is the scanner's.
 
-Streaming: ``feed`` scans ``tail + chunk`` and keeps only the last ``DlpMatcher.tail`` bytes (the longest
-match, as long as the most expansive decoded view makes it, plus margins) for the next window: a body is
-never held whole. Those bytes are also held back from the upstream until the next chunk (or ``finish``)
-shows they end no match, so no prefix of a match leaves before the match is seen. Each window is searched as
-sent, then in each decoded view (gate/decode.py) that has something to decode.
+Streaming: ``feed`` keeps the last ``DlpMatcher.tail`` bytes seen (the longest match, as long as the most
+expansive decoded view makes it, plus margins) for the next chunk: a body is never held whole. Those bytes
+are also held back from the upstream until the next chunk (or ``finish``) shows they end no match, so no
+prefix of a match leaves before the match is seen. Each chunk is searched as sent with only the last
+``DlpMatcher.raw_tail`` of them before it (the longest match as sent, plus margins: a match that begins
+earlier was seen whole with the chunk before), and each decoded view (gate/decode.py) that has something to
+decode is made of the whole window, the tail and the chunk: a view is tried only while one of its markers
+may be in that window, and it decides itself whether there is anything to decode.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class DlpMatcher(ABC):
         longest = max([len(n) for n, _ in needles] + [rule.width for rule in rules] + [1])
         # An encoded byte takes up to ``expansion`` bytes; the margins keep look-behind and look-ahead context.
         self.tail = max([1] + [view.expansion for view in views]) * longest + 2 * MARGIN
+        self.raw_tail = longest + 2 * MARGIN  # what the bytes as sent need: no encoded byte is longer there
 
     def scanner(self) -> DlpScanner:
         return DlpScanner(self)
@@ -65,6 +69,10 @@ class DlpScanner:
         self.tail = matcher.tail
         self._held = b""
         self._offset = 0  # where in the body the held bytes begin
+        # Per view of the matcher: where in the body the last window whose bytes as sent held a marker of it
+        # ended; the view may have something to decode while that is past ``_offset``.
+        self._marked = [0] * len(matcher.views)
+        self._marked_until = 0  # the latest of them
 
     def check_head(self, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> None:
         """The request target (origin or absolute form, with its query) and every header, names included:
@@ -82,19 +90,26 @@ class DlpScanner:
     def feed(self, chunk: bytes) -> bytes:
         if not chunk:
             return b""
-        window = self._held + chunk
-        self._scan(window, "body", self._start(), final=False)
-        keep = min(len(window), self.tail)
-        self._held, self._offset = window[len(window) - keep :], self._offset + len(window) - keep
-        return window[: len(window) - keep]
+        held = self._held
+        self._scan_body(held, chunk, final=False)
+        over = len(held) + len(chunk) - self.tail  # how many bytes may leave now
+        if over <= 0:
+            self._held = held + chunk
+            return b""
+        self._offset += over
+        if over < len(held):
+            self._held = held[over:] + chunk
+            return held[:over]
+        self._held = chunk[over - len(held) :]
+        return held + chunk[: over - len(held)]
 
     def finish(self, last: bytes = b"") -> bytes:
         """The body's end, with its ``last`` bytes if they were not fed (a body read whole: its last piece is
         then scanned once, not fed and scanned again here). Returns what was held back, and ``last``."""
-        window, self._held = self._held + last, b""
-        if window:
-            self._scan(window, "body", self._start(), final=True)
-        return window
+        held, self._held = self._held, b""
+        if held or last:
+            self._scan_body(held, last, final=True)
+        return held + last
 
     def scan_view(self, data: bytes, where: str) -> None:
         """Scan ``data`` whole (and its decoded views), as a part of the request named ``where`` ("URL",
@@ -115,3 +130,33 @@ class DlpScanner:
             if decoded is not None:
                 # Encoded bytes take up to ``expansion`` bytes each: in the decoded view the margin shrinks so.
                 search(decoded, where, start // view.expansion, final)
+
+    def _scan_body(self, held: bytes, chunk: bytes, final: bool) -> None:
+        """``_scan`` of the window ``held + chunk`` with the same outcome, for less: the bytes as sent are
+        searched with only the last ``raw_tail`` held bytes before the chunk, and the window is made and
+        decoded only for a view whose marker may be in it.
+
+        Why the outcome is the same: a match as sent that begins before the raw tail's first ``MARGIN`` bytes
+        ends at least a margin before the held bytes do (the raw tail is the longest match and two margins),
+        so the window before saw it whole, with the context its look-arounds need, and refused the body
+        then; the searched bytes begin past a margin, as ``_start`` says, since the bytes before them are
+        cut. A marker (a few bytes) lies whole in the bytes as searched with the chunk holding its end, so a
+        view marked in no window since the held bytes began has nothing to decode in this one."""
+        matcher, start = self._matcher, self._start()
+        cut = len(held) - matcher.raw_tail
+        if cut > 0:
+            views = matcher.search(held[cut:] + chunk, "body", MARGIN, final)
+        else:
+            views = matcher.search(held + chunk, "body", start, final)
+        end = self._offset + len(held) + len(chunk)
+        if not views and self._marked_until <= self._offset:
+            return  # the common case: nothing to decode in the whole window
+        window = held + chunk
+        for index, view in enumerate(matcher.views):
+            if view in views:
+                self._marked[index] = end
+            elif self._marked[index] <= self._offset:
+                continue
+            if (decoded := view.decode(window)) is not None:
+                matcher.search(decoded, "body", start // view.expansion, final)
+        self._marked_until = max(self._marked)
