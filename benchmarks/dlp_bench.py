@@ -125,10 +125,12 @@ def main() -> int:
          "hyperscan": lambda: [fast.scanner().check_head(head_target, head) for _ in range(100)]}, 200).items()}
     head_us = {name: us / 100 for name, us in head_us.items()}
     doc = {"date": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "command": command_line(), "machine": machine_info(),
-           "body_bytes": size, "runs": reps, "tail_bytes": fast.tail, "head_check_us": head_us,
+           "body_bytes": size, "runs": reps, "tail_bytes": fast.tail,
+           "raw_tail_bytes": fast.raw_tail, "head_check_us": head_us,
            "prepare_ms": {"reference": reference_ms, "hyperscan": fast_ms}, "rows": rows}
     print(f"head check (prepared matcher, new scanner, URL + 5 headers): standard library "
-          f"{head_us['reference']:.1f} us, Hyperscan {head_us['hyperscan']:.1f} us; tail held: {fast.tail} bytes; "
+          f"{head_us['reference']:.1f} us, Hyperscan {head_us['hyperscan']:.1f} us; tail held: {fast.tail} bytes "
+          f"(searched again as sent: {fast.raw_tail}); "
           f"prepared in {reference_ms:.1f} / {fast_ms:.1f} ms")
     if not args.no_write:
         write_results("dlp", rounded(doc), render(doc))
@@ -163,17 +165,19 @@ def render(doc: dict[str, Any]) -> list[str]:
               f"{head['reference']:.1f} µs with the standard library's matcher, {head['hyperscan']:.1f} µs with "
               f"Hyperscan's. Preparing the matcher (once, at gate start): {prepare['reference']:.1f} ms and "
               f"{prepare['hyperscan']:.1f} ms (the compile). Bytes held back per request body (the tail): "
-              f"{doc['tail_bytes']}.", "",
+              f"{doc['tail_bytes']}, of which each piece is searched as sent with the last "
+              f"{doc['raw_tail_bytes']} (the longest match and two margins).", "",
               "Where the time goes: with the standard library, one pass per literal (`anchor in window`) over each",
               "window (the chunk plus the tail) and each decoded view of it; with Hyperscan, one pass for all of them,",
               "then a rule's regex only around the anchors it found (a word such as `secret` in Claude Code's text",
               "costs a short regex search there). The decoded views' markers (`%XX`, `%25XX`, `\\/`, `\\u00XX`: what",
               "each view decodes) are found in that same pass, so a window with nothing to decode costs no further",
-              "test. What is left: the window copies and the tail each window scans again (smaller chunks pay more",
-              "of it). For %-escaped bodies every piece is decoded twice (once, and again for the twice-decoded",
-              "view) and each decoded view scanned: the decoding is C calls (`codecs.escape_decode` on `%XX`",
-              "spelled `\\xXX`), some 20 times faster than `unquote_to_bytes`' loop, so the views' scans and the",
-              "copies dominate now.", ""]
+              "test, and the window with the whole tail is made only for a view whose marker may be in it. What is",
+              "left: the short tail each piece is searched with again (smaller chunks pay more of it) and the copies",
+              "of the held bytes. For %-escaped bodies every piece is decoded twice (once, and again for the",
+              "twice-decoded view) from the whole window and each decoded view scanned: the decoding is C calls",
+              "(`codecs.escape_decode` on `%XX` spelled `\\xXX`), some 20 times faster than `unquote_to_bytes`' loop,",
+              "so the views' scans and the copies dominate now.", ""]
     return lines
 
 
