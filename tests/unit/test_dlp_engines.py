@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Iterator
+from typing import Protocol
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 import pytest
@@ -43,9 +44,19 @@ FILLER = (b'{"role":"user","content":[{"type":"text","text":"def main():\\n    r
           b"lorem ipsum 100% sure, secret: none; AKIA is a prefix; eyJ alone; ghp_ short; npm_x ")
 
 
+class Scanner(Protocol):
+    def feed(self, chunk: bytes) -> bytes: ...
+    def finish(self) -> bytes: ...
+
+
 def outcome(matcher: DlpMatcher, chunks: list[bytes]) -> tuple[bytes, str | None]:
     """The bytes passed on before a refusal, and the refusing rule (None: all passed on)."""
-    scanner, out = matcher.scanner(), b""
+    return scanned(matcher.scanner(), chunks)
+
+
+def scanned(scanner: Scanner, chunks: list[bytes]) -> tuple[bytes, str | None]:
+    """``outcome`` for a scanner made by the caller."""
+    out = b""
     try:
         for chunk in chunks:
             out += scanner.feed(chunk)

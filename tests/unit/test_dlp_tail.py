@@ -14,11 +14,20 @@ from collections.abc import Iterator
 import pytest
 
 from claude_bottle.gate.decode import VIEWS
-from claude_bottle.gate.dlp import BUILTIN_NAMES, DlpMatch, DlpMatcher, DlpPolicy, parse_dlp_rule, secret_needles
+from claude_bottle.gate.dlp import BUILTIN_NAMES, DlpMatcher, DlpPolicy, parse_dlp_rule, secret_needles
 from claude_bottle.gate.dlp_reference import ReferenceMatcher
 from claude_bottle.gate.dlp_rules import MARGIN
 from tests.unit.test_dlp import HELD, HELD_FORMS, SAMPLES
-from tests.unit.test_dlp_engines import CONFIGURED_SAMPLES, FILLER, POLICIES, bodies, encoded, near_misses, outcome
+from tests.unit.test_dlp_engines import (
+    CONFIGURED_SAMPLES,
+    FILLER,
+    POLICIES,
+    bodies,
+    encoded,
+    near_misses,
+    outcome,
+    scanned,
+)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -56,14 +65,7 @@ class WholeWindowScanner:
 
 
 def whole_window_outcome(matcher: DlpMatcher, chunks: list[bytes]) -> tuple[bytes, str | None]:
-    scanner, out = WholeWindowScanner(matcher), b""
-    try:
-        for chunk in chunks:
-            out += scanner.feed(chunk)
-        out += scanner.finish()
-    except DlpMatch as match:
-        return out, match.rule + ":" + match.reason
-    return out, None
+    return scanned(WholeWindowScanner(matcher), chunks)
 
 
 def matchers(name: str) -> list[DlpMatcher]:

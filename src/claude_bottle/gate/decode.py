@@ -27,6 +27,7 @@ import base64
 import codecs
 import re
 import zlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote_from_bytes, quote_plus
@@ -208,18 +209,18 @@ class BodyDecoder:
         return decoded
 
 
-class _Layer:
+class _Layer(ABC):
     """One coding undone: ``feed`` returns the decoded bytes of ``data``, at most about ``room`` of them (it
     may stop once past ``room``, with the body refused); ``finish`` raises UndecodableBody unless the coded
     data ended whole. ``produced`` counts the decoded bytes, kept by the BodyDecoder."""
 
     produced = 0
 
-    def feed(self, data: bytes, room: int) -> bytes:
-        raise NotImplementedError
+    @abstractmethod
+    def feed(self, data: bytes, room: int) -> bytes: ...
 
-    def finish(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def finish(self) -> None: ...
 
 
 class _BrotliLayer(_Layer):
