@@ -74,6 +74,12 @@ async def stub() -> AsyncIterator[StubUpstream]:
 @pytest.fixture
 def make_gate(stub: StubUpstream) -> GateFactory:
     """Start a gate in this event loop, in front of the stub unless ``upstream`` says otherwise."""
+    return gate_factory(stub.url)
+
+
+def gate_factory(default_upstream: str) -> GateFactory:
+    """``make_gate`` for fixtures of any scope: start a gate in the running event loop, in front of
+    ``default_upstream`` unless ``upstream`` says otherwise."""
 
     @contextlib.asynccontextmanager
     async def factory(
@@ -108,7 +114,7 @@ def make_gate(stub: StubUpstream) -> GateFactory:
             api_listen=gc.parse_listen(f"127.0.0.1:{api_port}", "--api-listen"),
             proxy_listen=gc.parse_listen(f"127.0.0.1:{proxy_port}", "--proxy-listen"),
             credential=Credential.parse(token, "test token"),
-            upstream=gc.parse_upstream(upstream or stub.url),
+            upstream=gc.parse_upstream(upstream or default_upstream),
             allow=gc.parse_allowlist(allow),
             allow_tcp=gc.parse_allowlist(allow_tcp, "--allow-tcp"),
             allow_private=gc.parse_networks(allow_private),
