@@ -48,7 +48,7 @@ from typing import Any, Self
 from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.endpoints import serve_http
 from claude_bottle.gate.failures import ClientSide
-from claude_bottle.gate.http1 import Data, EndOfMessage, Headers, LocalProtocolError, Response
+from claude_bottle.gate.http1 import Data, EndOfMessage, Headers, LocalProtocolError, Request, Response
 from claude_bottle.gate.refusals import answer_or_reset
 
 DEFAULT_TEXT = "Hello from the stub upstream."
@@ -244,6 +244,7 @@ class StubUpstream:
         self._tasks.add(task)
         try:
             while (request := await conn.read_request(None)) is not None:
+                assert isinstance(request, Request)  # no express path here: nothing resumes
                 body = b"".join([chunk async for chunk in conn.body(None)])
                 recorded = RecordedRequest(request.method.decode(), request.target.decode(),
                                            list(request.headers), body, conn.peer)

@@ -25,18 +25,21 @@ from dataclasses import dataclass
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext
+from claude_bottle.gate.express import ExpressExchange
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import (
+    FRAMING_HEADERS,
     Outbound,
     RequestFilter,
     ResponseFilter,
     forward,
     outbound,
+    relay,
     set_headers,
     too_large,
 )
-from claude_bottle.gate.http1 import Request
-from claude_bottle.gate.inspection import data_loss, identity_only, reflection_scan
+from claude_bottle.gate.http1 import HOP_BY_HOP, Request, hop_free
+from claude_bottle.gate.inspection import data_loss, identity_only, reflection_scan, scan_whole_request
 from claude_bottle.gate.routes import CLIENT_CREDENTIAL_SPELLINGS
 from claude_bottle.gate.settings import GateSettings
 from claude_bottle.gate.upstream import UpstreamPool
@@ -45,6 +48,10 @@ from claude_bottle.policy.messages import MessagesPolicy
 
 # Replaced by the gate: the upstream's own Host, and identity encoding so the reflection scan sees plain bytes.
 GATE_SET_HEADERS = frozenset({b"host", b"accept-encoding"})
+# Never forwarded from the client's head: hop-by-hop and framing headers, the client's credentials in any
+# spelling, and what the gate sets itself.
+NOT_FORWARDED = HOP_BY_HOP | FRAMING_HEADERS | CLIENT_CREDENTIAL_SPELLINGS | GATE_SET_HEADERS
+LISTENER = "api"
 # A streamed Messages body's end, held back until the whole body is judged (and everything from its last
 # non-whitespace byte seen so far): enough that a provider never holds a complete request the gate refuses.
 HELD_BACK = 64 * 1024
@@ -83,21 +90,73 @@ class ApiRoute:
                        ) -> None:
         """One request on the API listener (the listener's ``Exchange``, gate/request_loop.py)."""
         config = ctx.config
+        target, messages = self._admitted(request, record, config)
+        idle = config.limits.idle_timeout
+        body = None if conn.they_are_waiting_for_100_continue else conn.arrived_body()
+        if body is None:
+            await forward(conn, outbound(conn, request, target, idle), lambda: Pooled(ctx.api_pool), record, idle,
+                          self.messages_filters if messages else self.filters, self.response_filters)
+            return
+        head = self._checked(request, target, body, messages, record, config)
+        async with Pooled(ctx.api_pool) as origin:
+            record.bytes_up += len(body)
+            await origin.send_whole(head, body)
+            await relay(conn, origin, record, idle, self.response_filters)
+
+    def express(self, conn: HttpConnection, ctx: GateContext, busy: set[HttpConnection]) -> bool:
+        """The listener's ``Express`` (gate/express.py): a whole request that queued on ``conn``, checked as
+        ``exchange`` checks it and sent on an idle pooled upstream connection from the socket callback. False,
+        with nothing taken, for anything else: the coroutine path serves it, refusals included."""
+        whole = conn.queued_whole()
+        if whole is None or not conn.ready_for_express:
+            return False
+        request, body = whole
+        assert isinstance(request, Request)  # a server connection parses requests
+        config = ctx.config
+        record = AuditRecord(LISTENER, conn.peer, request.method.decode("ascii", "replace"), "-")
+        try:
+            target, messages = self._admitted(request, record, config)
+            head = self._checked(request, target, body, messages, record, config)
+        except Exception:  # a refusal, or anything else out of the ordinary: exchange answers it as always
+            return False
+        origin = ctx.api_pool.idle()
+        if origin is None:
+            return False
+        conn.take_whole()
+        ExpressExchange(conn, origin, record, ctx, busy, self.response_filters).send(head, body)
+        return True
+
+    def _admitted(self, request: Request, record: AuditRecord, config: GateSettings) -> tuple[bytes, bool]:
+        """The API policy's verdict on ``request`` (``Refused``), recorded: the upstream's target for it, and
+        whether it is a Messages request."""
         method = request.method.decode("ascii")
         target = request.target.decode("ascii")
         record.target = self.target
         record.path = target.split("?", 1)[0]
-
         decision = self.decide(method, target)
         if not decision.allow:
             raise Refused.by(decision)
         record.decided(decision)
-
         messages = method == "POST" and record.path in config.messages_policy.paths
-        idle = config.limits.idle_timeout
-        await forward(conn, outbound(conn, request, (config.upstream.base_path + target).encode(), idle),
-                      lambda: Pooled(ctx.api_pool), record, idle,
-                      self.messages_filters if messages else self.filters, self.response_filters)
+        return (config.upstream.base_path + target).encode(), messages
+
+    def _checked(self, request: Request, target: bytes, body: bytes, messages: bool, record: AuditRecord,
+                 config: GateSettings) -> Request:
+        """The request whose body arrived whole, through the route's filters (``Refused``) as the upstream will
+        get it: the Messages policy's verdict recorded, the client's credentials gone, DLP passed, the real
+        credential added, framed by its length."""
+        if messages:
+            max_bytes = config.limits.max_body_bytes
+            if len(body) > max_bytes:
+                raise too_large(max_bytes)
+            record.passed(_verdict(config.messages_policy, body))
+        headers = hop_free(request.headers, NOT_FORWARDED)
+        scan_whole_request(config.dlp_matcher, target, headers, body)
+        headers = [(b"host", config.upstream.authority), *headers, config.credential.header(),
+                   (b"accept-encoding", b"identity")]
+        if body or request.content_length is not None or request.chunked:
+            headers.append((b"content-length", b"%d" % len(body)))
+        return Request(request.method, target, headers)
 
 
 def messages_policy(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:

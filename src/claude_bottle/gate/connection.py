@@ -17,8 +17,9 @@ import asyncio
 import contextlib
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.failures import BLAME_CLIENT, BLAME_UPSTREAM
 from claude_bottle.gate.http1 import (
     CONNECTION_CLOSED,
@@ -55,6 +56,17 @@ READ_HIGH_WATER = 256 * 1024
 JOIN_BELOW = 64 * 1024
 
 
+class Resume:
+    """What a server connection's reader gets in place of a request when an exchange taken from the socket
+    callback (``HttpConnection.express``) needs the coroutine path to finish it: ``finish()`` is awaited as an
+    exchange is, and ``record`` is the exchange's audit record."""
+
+    __slots__ = ("finish", "record")
+
+    def __init__(self, finish: Callable[[], Awaitable[None]], record: AuditRecord) -> None:
+        self.finish, self.record = finish, record
+
+
 class HttpConnection(asyncio.Protocol):
     """One HTTP/1.1 connection, as a server (the default: the peer is the client) or, with ``client``, as a
     client (the peer is the upstream): read messages and body chunks, send messages. ``side`` is the peer's
@@ -66,7 +78,12 @@ class HttpConnection(asyncio.Protocol):
     scheduled with the first piece), so a streamed body is never held back. Anything else goes at once.
 
     After a CONNECT is answered 2xx, what the client sends is no longer HTTP: ``trailing_data`` holds what came
-    before the answer, and ``tunnel_reader`` what comes after, for the tunnel's first-flight check and relay."""
+    before the answer, and ``tunnel_reader`` what comes after, for the tunnel's first-flight check and relay.
+
+    An exchange may also run without a reader (gate/express.py): on a server connection, ``express`` is offered
+    each arrival while the reader waits between requests and may take a whole request there and then; until
+    that exchange ends (``exchange_done``) or is handed to the reader (``resume``), the reader is not woken. On
+    a client connection, ``on_event`` is called in place of waking a reader."""
 
     def __init__(self, *, client: bool = False, max_header_bytes: int = MAX_HEADER_BYTES) -> None:
         self.client = client
@@ -96,6 +113,13 @@ class HttpConnection(asyncio.Protocol):
         self._eof = False  # the peer closed its side
         self._closed: asyncio.Future[None] | None = None
         self._tunnel: asyncio.StreamReader | None = None
+        # (server) offered each arrival while the reader waits between requests; True: it took the request
+        self.express: Callable[[HttpConnection], bool] | None = None
+        self.in_flight: Callable[[], None] | None = None  # an exchange express took, running: how to abandon it
+        self._resume: Resume | None = None  # what the reader gets next, before any request
+        self._between_requests = False  # the reader waits in read_request
+        self._exchanged_at = 0.0  # when an exchange express took last ended (the loop's clock)
+        self.on_event: Callable[[], None] | None = None  # (client) called in place of waking a reader
 
     # -- the transport's protocol
 
@@ -115,6 +139,9 @@ class HttpConnection(asyncio.Protocol):
         if self._unread > READ_HIGH_WATER and not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
+        if (self._between_requests and self.express is not None and self.in_flight is None and self._resume is None
+                and self.express(self)):
+            return
         self._wake()
 
     def eof_received(self) -> bool:
@@ -155,8 +182,11 @@ class HttpConnection(asyncio.Protocol):
         self._drain_waiters.clear()
 
     def _wake(self) -> None:
+        if self.on_event is not None:
+            self.on_event()
+            return
         waiter = self._waiter
-        if waiter is not None and not waiter.done() and self._incoming.events:
+        if waiter is not None and not waiter.done() and self._incoming.events and self.in_flight is None:
             waiter.set_result(None)
 
     # -- receiving
@@ -262,22 +292,37 @@ class HttpConnection(asyncio.Protocol):
         """Neither side has closed the connection (a kept-alive one may be used again)."""
         return not self._eof and not self.transport.is_closing()
 
-    async def read_request(self, timeout: float | None) -> Request | None:
+    async def read_request(self, timeout: float | None) -> Request | Resume | None:
         """The next request head, or None when the client closed, or stayed idle for ``timeout``, between
         requests (before a byte of the next head). ``timeout`` bounds the whole head, however its bytes
-        trickle in: past it, a head begun is the client's 408."""
-        deadline = None if timeout is None else self._loop.time() + timeout
-        events, incoming = self._incoming.events, self._incoming
+        trickle in: past it, a head begun is the client's 408. While it waits, ``express`` may serve requests:
+        the client is not idle then, and the wait starts again when the last of them ends; one it hands back
+        comes here as a ``Resume``."""
+        loop, events, incoming = self._loop, self._incoming.events, self._incoming
+        deadline = None if timeout is None else loop.time() + timeout
         event: Event | None = None
-        while event is None:
-            while not events:
-                try:
-                    await self._wait(deadline)
-                except TimeoutError:
-                    if not incoming.head_started:
-                        return None
-                    raise self.side.silent(f"request head not complete within {timeout:g}s") from None
-            event = self._take()
+        self._between_requests = True
+        try:
+            while event is None:
+                while self._resume is None and (not events or self.in_flight is not None):
+                    try:
+                        await self._wait(deadline)
+                    except TimeoutError:
+                        assert deadline is not None and timeout is not None
+                        if self.in_flight is not None:
+                            deadline = loop.time() + timeout
+                        elif self._exchanged_at > deadline - timeout:  # the wait began before that exchange ended
+                            deadline = self._exchanged_at + timeout
+                        elif not incoming.head_started:
+                            return None
+                        else:
+                            raise self.side.silent(f"request head not complete within {timeout:g}s") from None
+                if self._resume is not None:
+                    resume, self._resume, self.in_flight = self._resume, None, None
+                    return resume
+                event = self._take()
+        finally:
+            self._between_requests = False
         if isinstance(event, ConnectionClosed):
             if incoming.head_started:
                 raise self.side.gone("in the middle of a request head")
@@ -285,6 +330,65 @@ class HttpConnection(asyncio.Protocol):
         if not isinstance(event, Request):
             raise self.side.broke(ProtocolError(f"unexpected {type(event).__name__} before a request"))
         return event
+
+    def queued_whole(self) -> tuple[Request | Response, bytes] | None:
+        """The message first in the queue if all of it has arrived and it is plain: a request that does not
+        wait for ``100 Continue``, or a final response; then only its body and its end. None otherwise. Nothing
+        is taken: ``take_whole`` takes it."""
+        events = self._incoming.events
+        if not events:
+            return None
+        head = events[0]
+        if type(head) is Request:
+            if head.expects_continue:
+                return None
+        elif type(head) is not Response:
+            return None
+        chunks: list[bytes] = []
+        for index in range(1, len(events)):
+            event = events[index]
+            if event is END_OF_MESSAGE:
+                return head, chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if type(event) is Data:
+                chunks.append(event.data)
+            elif event is not NO_REUSE:
+                return None
+        return None
+
+    def take_whole(self) -> None:
+        """Take the message ``queued_whole`` found, the connection's state moved past it as reading it would."""
+        while self._take() is not END_OF_MESSAGE:
+            pass
+
+    def resume(self, resume: Resume) -> None:
+        """The exchange ``express`` took goes back to the reader, which gets ``resume`` next (until then it is
+        still in flight: abandoned if the reader ends first)."""
+        self._resume = resume
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def exchange_done(self) -> None:
+        """The exchange ``express`` took has ended, the connection ready for the next: the reader's wait for it
+        starts now, and what arrived meanwhile (a pipelined request, the client's close) wakes it."""
+        self.in_flight, self._exchanged_at = None, self._loop.time()
+        self._wake()
+
+    def await_events(self, callback: Callable[[], None] | None) -> None:
+        """(client) Call ``callback`` whenever something arrives, or the peer closes, in place of waking a
+        reader (None: a reader again)."""
+        self.on_event = callback
+        if callback is not None and self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    @property
+    def has_events(self) -> bool:
+        return bool(self._incoming.events)
+
+    @property
+    def ready_for_express(self) -> bool:
+        """Nothing holds back a write now: what the connection sends goes at once."""
+        return not (self._lost or self._writing_paused or self._reading_paused)
 
     def arrived_body(self) -> bytes | None:
         """The current message's whole body if all of it has arrived (taken, as ``body`` would deliver it),
@@ -362,6 +466,12 @@ class HttpConnection(asyncio.Protocol):
 
     async def send_whole(self, head: Request | Response, body: bytes) -> None:
         """A message whose body is all here: ``head``, ``body`` and its end, in one write."""
+        if self.write_whole(head, body):
+            await self.drain()  # else ``drain`` would return at once: no coroutine for it
+
+    def write_whole(self, head: Request | Response, body: bytes) -> bool:
+        """``send_whole`` from a callback: True when the caller must ``drain`` before sending more (the
+        transport holds too much, or the peer is gone)."""
         data = self._request_head(head) if isinstance(head, Request) else self._response_head(head)
         if self.our_state is State.SWITCHED:
             raise LocalProtocolError("a tunnel's answer has no body to send")
@@ -370,8 +480,7 @@ class HttpConnection(asyncio.Protocol):
             self._pending.append(data)
         self._end()
         self.write_pending()
-        if self._lost or self._writing_paused:  # else ``drain`` would return at once: no coroutine for it
-            await self.drain()
+        return self._lost or self._writing_paused
 
     def _framed(self, data: bytes) -> bytes:
         """Body ``data`` as it goes on the wire, held to the message's framing."""

@@ -180,28 +180,46 @@ async def forward(
             await origin.send(EndOfMessage())
         for verdict in request.decided:
             record.passed(verdict)
+        await relay(conn, origin, record, idle, response_filters)
+
+
+async def relay(conn: HttpConnection, origin: HttpConnection, record: AuditRecord, idle: float,
+                response_filters: Sequence[ResponseFilter], deadline: float | None = None) -> None:
+    """The response to the request sent on ``origin``, through the filters to ``conn``. ``deadline`` (the
+    loop's clock) bounds the wait for its head as well."""
+    event = await origin.next_event(idle, deadline)
+    while isinstance(event, InformationalResponse):  # 100 Continue and the like are hop-by-hop
         event = await origin.next_event(idle)
-        while isinstance(event, InformationalResponse):  # 100 Continue and the like are hop-by-hop
-            event = await origin.next_event(idle)
-        if not isinstance(event, Response):  # the connection's end, the only other event before a response
-            raise origin.side.gone("without a response")
-        arrived = origin.arrived_body()
-        response = Inbound(event.status_code, hop_free(event.headers),
-                           origin.body(idle) if arrived is None else arrived)
-        for response_filter in response_filters:
-            response_filter(response)
-        answer, down = Response(response.status, response.headers), response.body
-        if isinstance(down, bytes):
-            await conn.send_whole(answer, down)
-            record.status, record.bytes_down = response.status, len(down)
-            return
-        await conn.send(answer)
-        record.status = response.status
-        async for chunk in down:
-            record.bytes_down += len(chunk)
-            if conn.send_data(chunk):
-                await conn.drain()
-        await conn.send(EndOfMessage())
+    if not isinstance(event, Response):  # the connection's end, the only other event before a response
+        raise origin.side.gone("without a response")
+    arrived = origin.arrived_body()
+    await deliver(conn, answered(event, origin.body(idle) if arrived is None else arrived, response_filters), record)
+
+
+def answered(response: Response, body: AsyncIterator[bytes] | bytes, response_filters: Sequence[ResponseFilter]
+             ) -> Inbound:
+    """``response`` as it goes to the client: its hop-by-hop headers gone, through the filters (which raise
+    ``UpstreamSide`` to refuse it, and may rewrite it or wrap its body)."""
+    inbound = Inbound(response.status_code, hop_free(response.headers), body)
+    for response_filter in response_filters:
+        response_filter(inbound)
+    return inbound
+
+
+async def deliver(conn: HttpConnection, response: Inbound, record: AuditRecord) -> None:
+    """``response`` to the client: chunk by chunk, or in one write when its body is all here."""
+    answer, down = Response(response.status, response.headers), response.body
+    if isinstance(down, bytes):
+        await conn.send_whole(answer, down)
+        record.status, record.bytes_down = response.status, len(down)
+        return
+    await conn.send(answer)
+    record.status = response.status
+    async for chunk in down:
+        record.bytes_down += len(chunk)
+        if conn.send_data(chunk):
+            await conn.drain()
+    await conn.send(EndOfMessage())
 
 
 def set_headers(drop: frozenset[bytes], add: Headers) -> RequestFilter:

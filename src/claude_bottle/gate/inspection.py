@@ -28,7 +28,7 @@ from claude_bottle.gate.decode import BodyDecoder, UndecodableBody, content_codi
 from claude_bottle.gate.dlp import DlpMatch, DlpMatcher, DlpScanner
 from claude_bottle.gate.failures import Refused, UpstreamSide
 from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, set_headers
-from claude_bottle.gate.http1 import header_values
+from claude_bottle.gate.http1 import Headers, header_values
 from claude_bottle.gate.mcp import mcp_request, mcp_response
 from claude_bottle.gate.routes import CredentialRoute, is_client_credential, query_credential, route_for
 from claude_bottle.gate.scan import SecretForms, SecretReflected, SecretScanner
@@ -154,23 +154,37 @@ def data_loss(matcher: DlpMatcher) -> RequestFilter:
     ``Content-Encoding`` is scanned decoded too (gate/decode.py), and refused if the gate cannot decode it."""
 
     async def scan(request: Outbound) -> None:
+        if isinstance(request.body, bytes):
+            scan_whole_request(matcher, request.target, request.headers, request.body)
+            return
         scanner = matcher.scanner()
         try:
             scanner.check_head(request.target, request.headers)
             codings = content_codings(header_values(request.headers, b"content-encoding"))
             decoded = _DecodedScan(matcher, codings) if codings else None
-            if isinstance(request.body, bytes):
-                _scan_whole(scanner, request.body)
-                if decoded is not None:
-                    decoded.whole(request.body)
         except DlpMatch as match:
             raise Refused.by(match.decision) from None
         except UndecodableBody as exc:
             raise Refused(exc.status, str(exc)) from None
-        if not isinstance(request.body, bytes):
-            request.body = _scanned(request.body, scanner, decoded)
+        request.body = _scanned(request.body, scanner, decoded)
 
     return scan
+
+
+def scan_whole_request(matcher: DlpMatcher, target: bytes, headers: Headers, body: bytes) -> None:
+    """``data_loss`` for a request whose body is all here: ``Refused`` for what DLP finds in it."""
+    scanner = matcher.scanner()
+    try:
+        scanner.check_head(target, headers)
+        codings = content_codings(header_values(headers, b"content-encoding"))
+        decoded = _DecodedScan(matcher, codings) if codings else None
+        _scan_whole(scanner, body)
+        if decoded is not None:
+            decoded.whole(body)
+    except DlpMatch as match:
+        raise Refused.by(match.decision) from None
+    except UndecodableBody as exc:
+        raise Refused(exc.status, str(exc)) from None
 
 
 def _scan_whole(scanner: DlpScanner, body: bytes) -> None:

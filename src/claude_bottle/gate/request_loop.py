@@ -1,5 +1,6 @@
 """The request loop of one client connection: each request gets exactly one audit record, written when its
-exchange ends, whatever way it ends. Used by both listeners and by terminated TLS tunnels."""
+exchange ends, whatever way it ends. Used by both listeners and by terminated TLS tunnels; the API listener's
+loop also lets its express path serve whole requests from the socket callback (gate/express.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from claude_bottle.gate.audit import AuditRecord
-from claude_bottle.gate.connection import HttpConnection
+from claude_bottle.gate.connection import HttpConnection, Resume
 from claude_bottle.gate.context import GateContext
+from claude_bottle.gate.express import Express
 from claude_bottle.gate.failures import ClientSide, ExchangeStopped, GateFault
 from claude_bottle.gate.http1 import Request
 from claude_bottle.gate.refusals import answer
@@ -17,10 +19,22 @@ Exchange = Callable[[HttpConnection, Request, AuditRecord, GateContext], Awaitab
 
 
 async def serve_requests(conn: HttpConnection, listener: str, exchange: Exchange, ctx: GateContext,
-                         busy: set[HttpConnection] | None = None) -> None:
+                         busy: set[HttpConnection] | None = None, express: Express | None = None) -> None:
     """Serve requests on ``conn`` until it closes or one ends it. ``conn`` is in ``busy`` during an exchange
-    (a draining gate lets those finish)."""
+    (a draining gate lets those finish). ``express`` serves what it can between requests."""
     busy = busy if busy is not None else set()
+    if express is not None:
+        conn.express = lambda connection: express(connection, ctx, busy)
+    try:
+        await _serve(conn, listener, exchange, ctx, busy)
+    finally:
+        conn.express = None
+        if conn.in_flight is not None:  # ended (the gate stops) while express served a request
+            conn.in_flight()
+
+
+async def _serve(conn: HttpConnection, listener: str, exchange: Exchange, ctx: GateContext,
+                 busy: set[HttpConnection]) -> None:
     limits = ctx.config.limits
     while True:
         try:
@@ -32,10 +46,14 @@ async def serve_requests(conn: HttpConnection, listener: str, exchange: Exchange
             return
         if request is None:
             return  # the client closed, or stayed idle, between requests: nothing was asked, nothing to audit
-        record = AuditRecord(listener, conn.peer, request.method.decode("ascii", "replace"), "-")
+        if isinstance(request, Resume):  # an exchange express began, to finish here
+            record, work = request.record, request.finish()
+        else:
+            record = AuditRecord(listener, conn.peer, request.method.decode("ascii", "replace"), "-")
+            work = exchange(conn, request, record, ctx)
         busy.add(conn)
         try:
-            await exchange(conn, request, record, ctx)  # each connection raises its own side's failures
+            await work  # each connection raises its own side's failures
         except ExchangeStopped as stop:
             if not await answer(conn, record, stop, limits.idle_timeout):
                 return

@@ -241,8 +241,11 @@ class Gate:
         try:
             if listener == "proxy":
                 await self._refresh_protected()
-            exchange = self._api_route.exchange if listener == "api" else proxy_exchange
-            await serve_requests(conn, listener, exchange, self._ctx, self._busy)
+            if listener == "api":
+                await serve_requests(conn, listener, self._api_route.exchange, self._ctx, self._busy,
+                                     self._api_route.express)
+            else:
+                await serve_requests(conn, listener, proxy_exchange, self._ctx, self._busy)
         except asyncio.CancelledError:
             pass  # shutdown: the connection closes below
         finally:

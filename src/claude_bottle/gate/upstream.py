@@ -141,12 +141,19 @@ class UpstreamPool:
         self._dialer = dialer
         self._idle: list[tuple[HttpConnection, float]] = []
 
-    async def acquire(self) -> HttpConnection:
+    def idle(self) -> HttpConnection | None:
+        """A kept-alive connection ready for the next exchange, if the pool holds one (stale ones are closed)."""
         while self._idle:
             conn, since = self._idle.pop()
             if time.monotonic() - since < KEEPALIVE_SECONDS and conn.usable:
                 return conn
             conn.transport.close()
+        return None
+
+    async def acquire(self) -> HttpConnection:
+        """``idle``, else a new connection."""
+        if (conn := self.idle()) is not None:
+            return conn
         host, port = self._address
         # Through an upstream proxy by CONNECT, even to a plain-HTTP upstream (a test's stub): the credential
         # goes inside the tunnel, not in a request the proxy reads.

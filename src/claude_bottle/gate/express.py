@@ -1,0 +1,142 @@
+"""The express path: an API exchange served from the socket callbacks, with no task switch.
+
+Most API requests are small and whole: the head and body arrive in one read, go to a kept-alive upstream
+connection, and the whole response comes back in one read. For those, the coroutine path's layers (the
+request loop woken, the exchange, its filters, the pooled upstream, the waits) cost more than the checks
+themselves. So while a client connection's request loop waits between requests, the route's ``Express`` is
+offered each arrival (``HttpConnection.express``): it takes a whole request only when it is checked and
+allowed as the coroutine path would (the same functions run: gate/api.py) and the pool holds an idle upstream
+connection, and sends it from the callback. The response is answered from the upstream connection's callback
+(``ExpressExchange.arrived``) when it arrived whole and the client can take it at once.
+
+Anything else is the coroutine path's, which stays the contract: a request that is not whole or is refused is
+left queued for the request loop, which serves it as before; once a request went up, an exchange that cannot
+end in that one callback (a streamed or interim response, a response filter's refusal, a peer gone, the
+upstream's silence past the idle timeout, a fault) is handed to the request loop as a ``Resume``, which
+finishes it with the same functions. Either way each request gets exactly one audit line, written when its
+exchange ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+
+from claude_bottle.gate.audit import AuditRecord
+from claude_bottle.gate.connection import HttpConnection, Resume
+from claude_bottle.gate.context import GateContext
+from claude_bottle.gate.forward import ResponseFilter, answered, deliver, relay
+from claude_bottle.gate.http1 import Request, Response
+
+# A route's express: True when it took the request queued on the connection (see the module's note).
+Express = Callable[[HttpConnection, GateContext, set[HttpConnection]], bool]
+
+
+class ExpressExchange:
+    """One exchange express took from ``conn``, its request to go up on ``origin`` (an idle pooled
+    connection): its response is awaited from ``origin``'s callback, and its audit record written when it
+    ends."""
+
+    def __init__(self, conn: HttpConnection, origin: HttpConnection, record: AuditRecord, ctx: GateContext,
+                 busy: set[HttpConnection], response_filters: Sequence[ResponseFilter]) -> None:
+        self.conn, self.origin, self.record, self.ctx, self.busy = conn, origin, record, ctx, busy
+        self.response_filters = response_filters
+        self.deadline = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+
+    def send(self, head: Request, body: bytes) -> None:
+        """The request up, then the wait for its response: as long as the coroutine path waits for its head."""
+        conn, origin = self.conn, self.origin
+        self.busy.add(conn)  # a draining gate lets the exchange finish
+        conn.in_flight = self.abandon
+        self.record.bytes_up += len(body)
+        try:
+            origin.write_whole(head, body)
+        except Exception as exc:  # a fault: answered as the coroutine path answers one
+            origin.abort()
+            self._resume(functools.partial(_raise, exc))
+            return
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + self.ctx.config.limits.idle_timeout
+        self.timer = loop.call_at(self.deadline, self.hand_over)
+        origin.await_events(self.arrived)
+
+    def arrived(self) -> None:
+        """Something arrived on ``origin``: a whole response is answered now; anything else goes back to the
+        request loop."""
+        conn, origin = self.conn, self.origin
+        whole = origin.queued_whole()
+        if whole is None:
+            if origin.has_events:  # else only part of a head so far: wait for the rest
+                self.hand_over()
+            return
+        if not conn.ready_for_express:  # the client is gone, or not reading: the coroutine path tells
+            self.hand_over()
+            return
+        self._settle()
+        try:
+            response, body = whole
+            assert isinstance(response, Response)  # a client connection parses responses
+            origin.take_whole()
+            self.ctx.api_pool.release(origin)
+            inbound = answered(response, body, self.response_filters)
+            if not isinstance(inbound.body, bytes):  # a filter streams it: the coroutine path relays the stream
+                self._resume(functools.partial(deliver, conn, inbound, self.record))
+                return
+            must_drain = conn.write_whole(Response(inbound.status, inbound.headers), inbound.body)
+        except Exception as exc:  # a response filter's refusal (UpstreamSide), or a fault: answered as always
+            self._resume(functools.partial(_raise, exc))
+            return
+        if must_drain:  # the client takes the answer slowly, or is gone: the coroutine path waits and tells
+            self._resume(functools.partial(self._drained, inbound.status, len(inbound.body)))
+            return
+        record = self.record
+        record.status, record.bytes_down = inbound.status, len(inbound.body)
+        if not conn.can_reuse():  # the client asked to close: the request loop ends the connection
+            self._resume(_done)
+            return
+        conn.in_flight = None
+        self.busy.discard(conn)
+        self.ctx.audit.write(record)
+        conn.exchange_done()
+
+    def hand_over(self) -> None:
+        """The request loop finishes the exchange: the response as the coroutine path relays it."""
+        self._settle()
+        self._resume(self._relayed)
+
+    def abandon(self) -> None:
+        """The request loop ended first (the gate stops): the upstream connection is reset, the line written."""
+        self._settle()
+        self.conn.in_flight = None
+        self.origin.abort()
+        self.busy.discard(self.conn)
+        self.ctx.audit.write(self.record)
+
+    def _settle(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.origin.await_events(None)
+
+    def _resume(self, finish: Callable[[], Awaitable[None]]) -> None:
+        self.conn.resume(Resume(finish, self.record))
+
+    async def _relayed(self) -> None:
+        try:
+            await relay(self.conn, self.origin, self.record, self.ctx.config.limits.idle_timeout,
+                        self.response_filters, self.deadline)
+        finally:
+            self.ctx.api_pool.release(self.origin)
+
+    async def _drained(self, status: int, size: int) -> None:
+        await self.conn.drain()
+        self.record.status, self.record.bytes_down = status, size
+
+
+async def _raise(exc: Exception) -> None:
+    raise exc
+
+
+async def _done() -> None:
+    pass
