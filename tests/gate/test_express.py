@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from claude_bottle.gate.express import ExpressExchange
-from claude_bottle.gate.settings import Endpoint
 from claude_bottle.stub import StubUpstream
 from tests.conftest import GateFactory, RunningGate
 from tests.helpers import eventually, messages_request, raw_server

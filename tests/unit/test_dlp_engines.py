@@ -179,6 +179,35 @@ def test_the_multi_pattern_matcher_judges_heads_as_the_reference(name: str) -> N
             assert results[0] == results[1], (target, headers)
 
 
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_small_request_found_clean_whole_holds_nothing_in_its_head_or_body(name: str) -> None:
+    """``clean_request`` (the first look at a small request read whole, gate/inspection.py) says clean only
+    where ``check_head`` and the body's own scan find nothing; and it does say so for most clean requests."""
+    pytest.importorskip("hyperscan")
+    fast, reference = engines(name)
+    looked = clean = 0
+    for chunks in bodies(600):
+        body = b"".join(chunks)[:2000]
+        for target, headers in [(b"/v1/messages", [(b"content-type", b"application/json")]),
+                                (b"/v1/x?q=" + body[:80], [(b"x-data", body[80:160])])]:
+            found = []
+            for matcher in (fast, reference):
+                scanner = matcher.scanner()
+                try:
+                    scanner.check_head(target, headers)
+                    scanner.finish(body)
+                    found.append(False)
+                except DlpMatch:
+                    found.append(True)
+            assert found[0] == found[1]
+            for matcher in (fast, reference):
+                if matcher.scanner().clean_request(target, headers, body):
+                    looked += matcher is fast
+                    assert not found[0], (target, headers, body)
+            clean += not found[0]
+    assert looked > clean // 4 if not fast.uncompiled else looked == 0, (looked, clean)
+
+
 def test_rules_the_engine_cannot_compile_are_named_and_searched_apart() -> None:
     pytest.importorskip("hyperscan")
     fast, _ = engines("configured")

@@ -118,10 +118,22 @@ def test_large_windows_and_headers_searched_alike(hyperscan: bool) -> None:
         assert not forms.in_headers([(b"x-a", form[:half]), (b"x-b", form[half:])])
 
 
+@pytest.mark.parametrize("hyperscan", [True, False], ids=["hyperscan", "standard"])
+def test_a_whole_message_is_searched_as_its_headers_and_body_apart(hyperscan: bool) -> None:
+    forms = SecretForms(FORMS, hyperscan=hyperscan)
+    for form in dict.fromkeys(FORMS):
+        half = len(form) // 2
+        for headers, body in [([(b"x-a", b"1")], b"{" + form + b"}"), ([(b"x-echo", form)], b""),
+                              ([(b"x-a", form[:half])], form[half:]), ([(b"x-a", b"1")], form[:-1] + b"\n"),
+                              ([(b"x-a", form[:half]), (b"x-b", form[half:])], b"")]:
+            assert forms.in_message(headers, body) == (forms.in_headers(headers) or forms.found_in(body))
+
+
 def test_a_form_with_a_newline_is_searched_header_by_header() -> None:
     forms = SecretForms([b"ab\ncd"])
     assert not forms.in_headers([(b"x-a", b"ab"), (b"x-b", b"cd")])
     assert forms.in_headers([(b"x-a", b"zab\ncd")])
+    assert not forms.in_message([(b"x-a", b"ab")], b"cd") and forms.in_message([(b"x-a", b"1")], b"ab\ncd")
 
 
 def test_nothing_is_held_after_a_byte_no_form_has() -> None:

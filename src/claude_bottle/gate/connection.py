@@ -120,6 +120,7 @@ class HttpConnection(asyncio.Protocol):
         self._between_requests = False  # the reader waits in read_request
         self._exchanged_at = 0.0  # when an exchange express took last ended (the loop's clock)
         self.on_event: Callable[[], None] | None = None  # (client) called in place of waking a reader
+        self._on_silence: Callable[[], None] | None = None  # (client) and if nothing came by the deadline
 
     # -- the transport's protocol
 
@@ -207,25 +208,33 @@ class HttpConnection(asyncio.Protocol):
             self.transport.resume_reading()
         self._waiter = waiter = loop.create_future()
         self._deadline = deadline
-        if deadline is not None and (self._timer is None or deadline < self._timer.when()):
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = loop.call_at(deadline, self._expire)
+        if deadline is not None:
+            self._arm(deadline)
         try:
             await waiter
         finally:
             self._waiter = self._deadline = None
 
+    def _arm(self, deadline: float) -> None:
+        if self._timer is None or deadline < self._timer.when():
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(deadline, self._expire)
+
     def _expire(self) -> None:
         self._timer = None
-        waiter, deadline = self._waiter, self._deadline
-        if waiter is None or deadline is None or waiter.done():
+        deadline = self._deadline
+        if deadline is None:
             return
         loop = self._loop
-        if loop.time() >= deadline:
-            waiter.set_exception(TimeoutError())
-        else:
+        if loop.time() < deadline:
             self._timer = loop.call_at(deadline, self._expire)
+        elif self.on_event is not None:
+            silence, self._deadline = self._on_silence, None
+            if silence is not None:
+                silence()
+        elif self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(TimeoutError())
 
     async def next_event(self, timeout: float | None = None, deadline: float | None = None) -> Event:
         """The next event, waiting for it if none has arrived: ``timeout`` bounds each wait, ``deadline`` (the
@@ -373,10 +382,14 @@ class HttpConnection(asyncio.Protocol):
         self.in_flight, self._exchanged_at = None, self._loop.time()
         self._wake()
 
-    def await_events(self, callback: Callable[[], None] | None) -> None:
+    def await_events(self, callback: Callable[[], None] | None, deadline: float | None = None,
+                     on_silence: Callable[[], None] | None = None) -> None:
         """(client) Call ``callback`` whenever something arrives, or the peer closes, in place of waking a
-        reader (None: a reader again)."""
-        self.on_event = callback
+        reader, and ``on_silence`` if nothing has by ``deadline`` (the loop's clock); None: a reader again. The
+        one timer of ``_wait`` serves it: a kept-alive connection arms a timer once per timeout, not per wait."""
+        self.on_event, self._on_silence, self._deadline = callback, on_silence, deadline
+        if deadline is not None:
+            self._arm(deadline)
         if callback is not None and self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()

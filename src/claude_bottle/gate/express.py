@@ -43,7 +43,6 @@ class ExpressExchange:
         self.conn, self.origin, self.record, self.ctx, self.busy = conn, origin, record, ctx, busy
         self.response_filters = response_filters
         self.deadline = 0.0
-        self.timer: asyncio.TimerHandle | None = None
 
     def send(self, head: Request, body: bytes) -> None:
         """The request up, then the wait for its response: as long as the coroutine path waits for its head."""
@@ -57,10 +56,8 @@ class ExpressExchange:
             origin.abort()
             self._resume(functools.partial(_raise, exc))
             return
-        loop = asyncio.get_running_loop()
-        self.deadline = loop.time() + self.ctx.config.limits.idle_timeout
-        self.timer = loop.call_at(self.deadline, self.hand_over)
-        origin.await_events(self.arrived)
+        self.deadline = asyncio.get_running_loop().time() + self.ctx.config.limits.idle_timeout
+        origin.await_events(self.arrived, self.deadline, self.hand_over)
 
     def arrived(self) -> None:
         """Something arrived on ``origin``: a whole response is answered now; anything else goes back to the
@@ -115,8 +112,6 @@ class ExpressExchange:
         self.ctx.audit.write(self.record)
 
     def _settle(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
         self.origin.await_events(None)
 
     def _resume(self, finish: Callable[[], Awaitable[None]]) -> None:

@@ -112,11 +112,11 @@ def reflection_scan(forms: SecretForms) -> ResponseFilter:
     refused = "upstream response carried a credential the gate injects; not delivered"
 
     def scan(response: Inbound) -> None:
-        if forms.in_headers(response.headers):
-            raise UpstreamSide(502, refused)
         if isinstance(response.body, bytes):
-            if forms.found_in(response.body):
+            if forms.in_message(response.headers, response.body):
                 raise UpstreamSide(502, refused)
+        elif forms.in_headers(response.headers):
+            raise UpstreamSide(502, refused)
         else:
             response.body = _unreflected(response.body, forms.scanner(), refused)
 
@@ -175,10 +175,13 @@ def scan_whole_request(matcher: DlpMatcher, target: bytes, headers: Headers, bod
     """``data_loss`` for a request whose body is all here: ``Refused`` for what DLP finds in it."""
     scanner = matcher.scanner()
     try:
-        scanner.check_head(target, headers)
+        clean = len(body) <= SCAN_PIECE and scanner.clean_request(target, headers, body)
+        if not clean:
+            scanner.check_head(target, headers)
         codings = content_codings(header_values(headers, b"content-encoding"))
         decoded = _DecodedScan(matcher, codings) if codings else None
-        _scan_whole(scanner, body)
+        if not clean:
+            _scan_whole(scanner, body)
         if decoded is not None:
             decoded.whole(body)
     except DlpMatch as match:

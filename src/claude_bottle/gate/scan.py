@@ -66,6 +66,13 @@ class SecretForms:
             return self.found_in(b"\n".join([value for _, value in headers]))
         return any(self.found_in(value) for _, value in headers)
 
+    def in_message(self, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> bool:
+        """One of the forms occurs in a header value or in ``body``: ``in_headers`` and the body searched in
+        one pass where no form has a newline (so none spans the newline that joins them)."""
+        if self._newline_free:
+            return self.found_in(b"\n".join([*[value for _, value in headers], body]))
+        return self.in_headers(headers) or self.found_in(body)
+
     def held(self, window: bytes) -> int:
         if not window or window[-1] not in self._alphabet:
             return 0  # the common case: a response or an SSE event ends in a byte no form has
