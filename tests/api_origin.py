@@ -17,6 +17,7 @@ SMALL = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content"
 FIRST_EVENTS, LAST_EVENTS = 3, 3  # an ``sse`` answer's events before and after its release
 # A large whole response: numbered lines, so a lost, repeated or reordered piece shows.
 BIG = b"".join(b"%08d\n" % n for n in range(33_334))  # 300,006 bytes
+INTERIM = b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
 HOLD_LIMIT = 5.0  # the longest the origin waits for a test's release before it goes on anyway
 
 
@@ -65,7 +66,8 @@ class Origin:
     (``half``); it answers as the request's ``x-origin`` says:
 
     - ``ok`` (or none): 200, a small JSON body naming the request's ``x-seq``; ``big``: 200, ``BIG``.
-    - ``close``: 200 with ``Connection: close``, then closes. ``hangup``: closes without an answer.
+    - ``close``: 200 with ``Connection: close``, then closes; ``then-close``: ``ok``, then closes it idle. ``hangup``: closes without an answer.
+    - ``interim``: ``INTERIM`` (a 103) before its ``ok``; ``split``: ``ok`` in two writes, apart, its body cut.
     - ``silent``: never answers. ``hold``: answers ``ok`` once ``release`` is set (or ``HOLD_LIMIT`` passed).
     - ``sse``: a chunked event stream, ``FIRST_EVENTS`` events, then once released the ``LAST_EVENTS``
       others; ``sent_last`` says whether those went.
@@ -122,9 +124,21 @@ class Origin:
         body = BIG if script == "big" else json.dumps(
             {"type": "message", "seq": header_fields(seen.head).get("x-seq", ""), "content": []}).encode()
         close = b"connection: close\r\n" if script == "close" else b""
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + close
-                     + b"content-length: %d\r\n\r\n" % len(body) + body)
+        whole = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + close
+                 + b"content-length: %d\r\n\r\n" % len(body) + body)
+        if script == "interim":
+            writer.write(INTERIM)
+        if script == "split":  # the head and half the body now, the rest once that has gone
+            middle = len(whole) - len(body) // 2
+            writer.write(whole[:middle])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            whole = whole[middle:]
+        writer.write(whole)
         await writer.drain()
+        if script == "then-close":  # once the connection is idle again, as a server ends a kept-alive one
+            await asyncio.sleep(0.05)
+            return False
         return script != "close"
 
     async def stream(self, writer: asyncio.StreamWriter) -> None:
