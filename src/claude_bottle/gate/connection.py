@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.failures import BLAME_CLIENT, BLAME_UPSTREAM
+from claude_bottle.gate.framing import Outgoing
 from claude_bottle.gate.http1 import (
     CONNECTION_CLOSED,
     END_OF_MESSAGE,
@@ -31,7 +32,6 @@ from claude_bottle.gate.http1 import (
     Data,
     EndOfMessage,
     Event,
-    Framing,
     InformationalResponse,
     LocalProtocolError,
     MessageParser,
@@ -39,10 +39,6 @@ from claude_bottle.gate.http1 import (
     Request,
     Response,
     State,
-    message_head,
-    phrase,
-    request_framing,
-    response_framing,
 )
 
 READ_SIZE = 64 * 1024
@@ -92,16 +88,11 @@ class HttpConnection(asyncio.Protocol):
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # likewise
         self.peer = "unknown"
         self._incoming = MessageParser(client, max_header_bytes)
-        self.our_state = State.IDLE
+        self._out = Outgoing(client)  # our side: what goes next, and its framing (gate/framing.py)
         self.their_state = State.IDLE
         self.json_errors = False  # refusals as Anthropic API error bodies (the API listener) instead of text
         self.they_are_waiting_for_100_continue = False
         self._pending: list[bytes] = []  # bytes of the message being sent, not yet written
-        self._framing = Framing.LENGTH
-        self._remaining = 0  # body bytes still owed under a Content-Length
-        self._keep_alive = True
-        self._request_method = b""  # (server) the request being answered
-        self._their_version = b""  # (server) its HTTP version; empty before one arrived
         self._waiter: asyncio.Future[None] | None = None  # the reader, waiting for an event
         self._deadline: float | None = None  # when that wait times out
         self._timer: asyncio.TimerHandle | None = None
@@ -121,6 +112,10 @@ class HttpConnection(asyncio.Protocol):
         self._exchanged_at = 0.0  # when an exchange express took last ended (the loop's clock)
         self.on_event: Callable[[], None] | None = None  # (client) called in place of waking a reader
         self._on_silence: Callable[[], None] | None = None  # (client) and if nothing came by the deadline
+
+    @property
+    def our_state(self) -> State:
+        return self._out.state
 
     # -- the transport's protocol
 
@@ -264,16 +259,15 @@ class HttpConnection(asyncio.Protocol):
         if isinstance(event, Data):
             self.they_are_waiting_for_100_continue = False
         elif event is END_OF_MESSAGE:
-            self.their_state = State.DONE if self._keep_alive else State.MUST_CLOSE
+            self.their_state = State.DONE if self._out.keep_alive else State.MUST_CLOSE
         elif isinstance(event, Request):
-            self.their_state, self.our_state = State.SEND_BODY, State.SEND_RESPONSE
-            self._request_method, self._their_version = event.method, event.http_version
-            self._keep_alive = event.keep_alive
+            self.their_state = State.SEND_BODY
+            self._out.answering(event)
             self.they_are_waiting_for_100_continue = event.expects_continue
         elif isinstance(event, Response):
             self.their_state = State.SEND_BODY
         elif event is NO_REUSE:
-            self._keep_alive = False
+            self._out.keep_alive = False
             return None
         elif isinstance(event, Broken):
             events.appendleft(event)  # every later call raises it too
@@ -423,7 +417,7 @@ class HttpConnection(asyncio.Protocol):
             self._unread = 0
         if chunks:
             self.they_are_waiting_for_100_continue = False
-        self.their_state = State.DONE if self._keep_alive else State.MUST_CLOSE
+        self.their_state = State.DONE if self._out.keep_alive else State.MUST_CLOSE
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def body(self, timeout: float | None) -> AsyncIterator[bytes]:
@@ -452,7 +446,7 @@ class HttpConnection(asyncio.Protocol):
         elif isinstance(event, Request):
             self._keep(self._request_head(event))
         elif isinstance(event, Response):
-            head = self._response_head(event)
+            head = self._out.response_head(event)
             if self.our_state is State.SWITCHED:  # what follows is not HTTP: the answer goes now
                 self._pending.append(head)
                 self._tunnel = asyncio.StreamReader(limit=READ_HIGH_WATER)
@@ -466,14 +460,15 @@ class HttpConnection(asyncio.Protocol):
             else:
                 self._keep(head)
         else:
-            self._pending.append(self._informational_head(event))
+            self._pending.append(self._out.informational_head(event))
+            self.they_are_waiting_for_100_continue = False
             await self._flush()
 
     def send_data(self, data: bytes) -> bool:
         """Body ``data`` of the message being sent, kept back as ``send(Data(data))`` keeps it, without an event
         or a coroutine per piece (a streamed response's every SSE event comes here). True when the caller must
         ``await drain()`` before the next piece: the transport holds too much, or the peer is gone."""
-        if data := self._framed(data):
+        if data := self._out.body(data):
             self._keep(data)
         return self._lost or self._writing_paused
 
@@ -485,35 +480,19 @@ class HttpConnection(asyncio.Protocol):
     def write_whole(self, head: Request | Response, body: bytes) -> bool:
         """``send_whole`` from a callback: True when the caller must ``drain`` before sending more (the
         transport holds too much, or the peer is gone)."""
-        data = self._request_head(head) if isinstance(head, Request) else self._response_head(head)
+        data = self._request_head(head) if isinstance(head, Request) else self._out.response_head(head)
         if self.our_state is State.SWITCHED:
             raise LocalProtocolError("a tunnel's answer has no body to send")
         self._pending.append(data)
-        if data := self._framed(body):
+        if data := self._out.body(body):
             self._pending.append(data)
         self._end()
         self.write_pending()
         return self._lost or self._writing_paused
 
-    def _framed(self, data: bytes) -> bytes:
-        """Body ``data`` as it goes on the wire, held to the message's framing."""
-        if self.our_state is not State.SEND_BODY:
-            raise LocalProtocolError("body data outside a message")
-        if self._framing is Framing.LENGTH:
-            self._remaining -= len(data)
-            if self._remaining < 0:
-                raise LocalProtocolError("more body than its Content-Length")
-        return b"%x\r\n%b\r\n" % (len(data), data) if data and self._framing is Framing.CHUNKED else data
-
     def _end(self) -> None:
-        """The message's end: what its framing needs (the last chunk), then the state after it."""
-        if self.our_state is not State.SEND_BODY:
-            raise LocalProtocolError("end of a message that was not started")
-        if self._framing is Framing.CHUNKED:
-            self._pending.append(b"0\r\n\r\n")
-        elif self._framing is Framing.LENGTH and self._remaining:
-            raise LocalProtocolError("less body than its Content-Length")
-        self.our_state = State.DONE if self._keep_alive else State.MUST_CLOSE
+        if last := self._out.end():
+            self._pending.append(last)
 
     def _keep(self, data: bytes) -> None:
         """Hold ``data`` back with the rest of the message, to go out by the time the event loop next waits."""
@@ -522,31 +501,9 @@ class HttpConnection(asyncio.Protocol):
         self._pending.append(data)
 
     def _request_head(self, request: Request) -> bytes:
-        if not self.client or self.our_state is not State.IDLE:
-            raise LocalProtocolError("a request on a server connection, or before the last exchange ended")
-        self._framing, self._remaining, close = request_framing(request.headers)
-        if close:
-            self._keep_alive = False
+        head = self._out.request_head(request)
         self._incoming.head_request = request.method == b"HEAD"
-        self.our_state = State.SEND_BODY
-        return message_head(request.method + b" " + request.target + b" HTTP/1.1\r\n", request.headers)
-
-    def _response_head(self, response: Response) -> bytes:
-        if self.client or self.our_state not in (State.IDLE, State.SEND_RESPONSE):
-            raise LocalProtocolError("a response on a client connection, or a second one for a request")
-        status, method = response.status_code, self._request_method
-        self._framing, self._remaining, self._keep_alive, headers = response_framing(
-            status, method, response.headers, self._their_version, self._keep_alive)
-        reason = response.reason or phrase(status)
-        self.our_state = State.SWITCHED if method == b"CONNECT" and 200 <= status < 300 else State.SEND_BODY
-        return message_head(b"HTTP/1.1 %d %s\r\n" % (status, reason), headers)
-
-    def _informational_head(self, response: InformationalResponse) -> bytes:
-        if self.client or self.our_state is not State.SEND_RESPONSE or not 100 <= response.status_code < 200:
-            raise LocalProtocolError("an interim response outside a request, or with a final status")
-        self.they_are_waiting_for_100_continue = False
-        status = response.status_code
-        return message_head(b"HTTP/1.1 %d %s\r\n" % (status, response.reason or phrase(status)), response.headers)
+        return head
 
     async def _flush(self) -> None:
         self.write_pending()
@@ -579,8 +536,8 @@ class HttpConnection(asyncio.Protocol):
     def can_reuse(self) -> bool:
         """Both sides finished the exchange and keep-alive holds: ready for the next one."""
         if self.our_state is State.DONE and self.their_state is State.DONE:
-            self.our_state = self.their_state = State.IDLE
-            self._request_method = b""
+            self._out.reset()
+            self.their_state = State.IDLE
             self._incoming.head_request = False
             if self._incoming.switching:  # a refused CONNECT: what followed it is the next request
                 self._incoming.resume()

@@ -9,8 +9,8 @@ than 1.0 and 1.1 (505), any transfer coding but ``chunked`` (501), a ``Connectio
 message needs end to end, a missing ``Host`` on HTTP/1.1, and a protocol upgrade with a body. A peer that
 breaks any of it makes a ``ProtocolError`` (with the status a server would answer, 400, 413, 431, 501 or 505).
 
-Writing is the gate's own (``message_head`` here, the framing in gate/connection.py): it frames every message
-it sends, refuses to send a header that would break the head's lines, and holds a body to its length.
+Writing is the gate's own (gate/framing.py): it frames every message it sends, refuses to send a header that
+would break the head's lines, and holds a body to its length.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import cast
 
 import httptools
@@ -418,82 +417,3 @@ def connection_problem(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 
 def header_values(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> list[bytes]:
     return [v for n, v in headers if n.lower() == name]
-
-
-def message_head(start: bytes, headers: Headers) -> bytes:
-    """A message head; ``LocalProtocolError`` for a header that would break its lines."""
-    data = start + b"\r\n".join([*map(b": ".join, headers), b"", b""])  # C-level joins: no Python per header
-    lines = len(headers) + 2
-    if data.count(b"\n") != lines or data.count(b"\r") != lines:
-        raise LocalProtocolError("a header or the start line holds a line break")
-    return data
-
-
-class Framing(enum.Enum):
-    LENGTH = "length"
-    CHUNKED = "chunked"
-    UNTIL_CLOSE = "until close"  # an HTTP/1.0 peer: no framing header, the connection ends the body
-
-
-def request_framing(headers: Headers) -> tuple[Framing, int, bool]:
-    """How a request the gate sends with ``headers`` is framed: by length (its Content-Length, else none) or
-    chunked, the length it promises, and whether it asks to close the connection after the exchange."""
-    framing, length, close = Framing.LENGTH, 0, False
-    for name, value in headers:
-        name = name.lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"transfer-encoding":
-            framing = Framing.CHUNKED
-        elif name == b"connection" and b"close" in value.lower():
-            close = True
-    return framing, length, close
-
-
-def response_framing(status: int, method: bytes, headers: Headers, peer_version: bytes, keep_alive: bool
-                     ) -> tuple[Framing, int, bool, Headers]:
-    """How a response to a ``method`` request from an HTTP/``peer_version`` client goes on the wire: its framing,
-    the body length it promises, whether the connection stays open after it (``keep_alive``: so far), and its
-    headers as sent. A body of unknown length is chunked for an HTTP/1.1 peer; for an HTTP/1.0 one (or no valid
-    request at all) it has no framing header and the connection's end closes it."""
-    length: int | None = None
-    chunked = close = False
-    for name, value in headers:
-        name = name.lower()
-        if name == b"content-length":
-            if length is not None and int(value) != length:
-                raise LocalProtocolError("conflicting Content-Length headers")
-            length = int(value)
-        elif name == b"transfer-encoding":
-            chunked = True
-        elif name == b"connection" and b"close" in value.lower():
-            close = True
-    if status in (204, 304) or (method == b"CONNECT" and 200 <= status < 300):
-        framing, remaining = Framing.LENGTH, 0
-    elif chunked or length is None:
-        headers = [(n, v) for n, v in headers if n.lower() not in (b"content-length", b"transfer-encoding")]
-        if peer_version == b"1.1":
-            headers.append((b"transfer-encoding", b"chunked"))
-            framing, remaining = Framing.CHUNKED, 0
-        else:
-            framing, remaining = Framing.UNTIL_CLOSE, 0
-            if method != b"HEAD":
-                keep_alive = False
-    else:
-        framing, remaining = Framing.LENGTH, length
-    if method == b"HEAD":
-        framing, remaining = Framing.LENGTH, 0
-    if close:
-        keep_alive = False
-    elif not keep_alive:
-        headers = [*headers, (b"connection", b"close")]
-    return framing, remaining, keep_alive, headers
-
-
-
-_PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
-
-
-def phrase(status: int) -> bytes:
-    """The standard reason phrase for ``status`` (empty for a status without one)."""
-    return _PHRASES.get(status, b"")

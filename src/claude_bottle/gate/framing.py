@@ -1,0 +1,168 @@
+"""The sending half of HTTP/1.1, without I/O: the heads the gate writes and each message's framing, held to
+the exchange's state (``Outgoing``), as gate/http1.py is the receiving half. gate/connection.py writes what
+this frames.
+
+The gate frames every message it sends itself: a body of known length by its ``Content-Length`` (and held to
+it: more or less is the gate's own error, ``LocalProtocolError``), one of unknown length chunked for an
+HTTP/1.1 peer or ended by the connection's close for an HTTP/1.0 one; it refuses to send a header that would
+break the head's lines, and gives a status the standard reason phrase. Header names are in lower case, as the
+parser gives them and as every header the gate adds is spelled.
+"""
+
+from __future__ import annotations
+
+import enum
+from http import HTTPStatus
+
+from claude_bottle.gate.http1 import (
+    Headers,
+    InformationalResponse,
+    LocalProtocolError,
+    Request,
+    Response,
+    State,
+)
+
+
+def message_head(start: bytes, headers: Headers) -> bytes:
+    """A message head; ``LocalProtocolError`` for a header that would break its lines."""
+    data = start + b"\r\n".join([*map(b": ".join, headers), b"", b""])  # C-level joins: no Python per header
+    lines = len(headers) + 2
+    if data.count(b"\n") != lines or data.count(b"\r") != lines:
+        raise LocalProtocolError("a header or the start line holds a line break")
+    return data
+
+
+class Framing(enum.Enum):
+    LENGTH = "length"
+    CHUNKED = "chunked"
+    UNTIL_CLOSE = "until close"  # an HTTP/1.0 peer: no framing header, the connection ends the body
+
+
+def request_framing(headers: Headers) -> tuple[Framing, int, bool]:
+    """How a request the gate sends with ``headers`` is framed: by length (its Content-Length, else none) or
+    chunked, the length it promises, and whether it asks to close the connection after the exchange."""
+    framing, length, close = Framing.LENGTH, 0, False
+    for name, value in headers:  # names in lower case, as the gate sends them
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            framing = Framing.CHUNKED
+        elif name == b"connection" and b"close" in value.lower():
+            close = True
+    return framing, length, close
+
+
+def response_framing(status: int, method: bytes, headers: Headers, peer_version: bytes, keep_alive: bool
+                     ) -> tuple[Framing, int, bool, Headers]:
+    """How a response to a ``method`` request from an HTTP/``peer_version`` client goes on the wire: its framing,
+    the body length it promises, whether the connection stays open after it (``keep_alive``: so far), and its
+    headers as sent. A body of unknown length is chunked for an HTTP/1.1 peer; for an HTTP/1.0 one (or no valid
+    request at all) it has no framing header and the connection's end closes it."""
+    length: int | None = None
+    chunked = close = False
+    for name, value in headers:  # names in lower case, as the gate sends them
+        if name == b"content-length":
+            if length is not None and int(value) != length:
+                raise LocalProtocolError("conflicting Content-Length headers")
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = True
+        elif name == b"connection" and b"close" in value.lower():
+            close = True
+    if status in (204, 304) or (method == b"CONNECT" and 200 <= status < 300):
+        framing, remaining = Framing.LENGTH, 0
+    elif chunked or length is None:
+        headers = [(n, v) for n, v in headers if n not in (b"content-length", b"transfer-encoding")]
+        if peer_version == b"1.1":
+            headers.append((b"transfer-encoding", b"chunked"))
+            framing, remaining = Framing.CHUNKED, 0
+        else:
+            framing, remaining = Framing.UNTIL_CLOSE, 0
+            if method != b"HEAD":
+                keep_alive = False
+    else:
+        framing, remaining = Framing.LENGTH, length
+    if method == b"HEAD":
+        framing, remaining = Framing.LENGTH, 0
+    if close:
+        keep_alive = False
+    elif not keep_alive:
+        headers = [*headers, (b"connection", b"close")]
+    return framing, remaining, keep_alive, headers
+
+
+_PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
+
+
+def phrase(status: int) -> bytes:
+    """The standard reason phrase for ``status`` (empty for a status without one)."""
+    return _PHRASES.get(status, b"")
+
+
+class Outgoing:
+    """Our side of a connection's exchanges, as a client (``client``) or a server: what may be sent next, how
+    the message under way is framed and how much of its body it still owes. A request that arrived moves it
+    (``answering``: a server answers it next); ``reset`` readies it for the next exchange."""
+
+    def __init__(self, client: bool) -> None:
+        self.client = client
+        self.state = State.IDLE
+        self.framing = Framing.LENGTH
+        self.remaining = 0  # body bytes still owed under a Content-Length
+        self.keep_alive = True
+        self.request_method = b""  # (server) the request being answered
+        self.their_version = b""  # (server) its HTTP version; empty before one arrived
+
+    def answering(self, request: Request) -> None:
+        """(server) ``request`` arrived: a response to it is what goes next."""
+        self.state = State.SEND_RESPONSE
+        self.request_method, self.their_version, self.keep_alive = (request.method, request.http_version,
+                                                                    request.keep_alive)
+
+    def reset(self) -> None:
+        self.state, self.request_method = State.IDLE, b""
+
+    def request_head(self, request: Request) -> bytes:
+        if not self.client or self.state is not State.IDLE:
+            raise LocalProtocolError("a request on a server connection, or before the last exchange ended")
+        self.framing, self.remaining, close = request_framing(request.headers)
+        if close:
+            self.keep_alive = False
+        self.state = State.SEND_BODY
+        return message_head(request.method + b" " + request.target + b" HTTP/1.1\r\n", request.headers)
+
+    def response_head(self, response: Response) -> bytes:
+        if self.client or self.state not in (State.IDLE, State.SEND_RESPONSE):
+            raise LocalProtocolError("a response on a client connection, or a second one for a request")
+        status, method = response.status_code, self.request_method
+        self.framing, self.remaining, self.keep_alive, headers = response_framing(
+            status, method, response.headers, self.their_version, self.keep_alive)
+        reason = response.reason or phrase(status)
+        self.state = State.SWITCHED if method == b"CONNECT" and 200 <= status < 300 else State.SEND_BODY
+        return message_head(b"HTTP/1.1 %d %s\r\n" % (status, reason), headers)
+
+    def informational_head(self, response: InformationalResponse) -> bytes:
+        if self.client or self.state is not State.SEND_RESPONSE or not 100 <= response.status_code < 200:
+            raise LocalProtocolError("an interim response outside a request, or with a final status")
+        status = response.status_code
+        return message_head(b"HTTP/1.1 %d %s\r\n" % (status, response.reason or phrase(status)), response.headers)
+
+    def body(self, data: bytes) -> bytes:
+        """Body ``data`` as it goes on the wire, held to the message's framing."""
+        if self.state is not State.SEND_BODY:
+            raise LocalProtocolError("body data outside a message")
+        if self.framing is Framing.LENGTH:
+            self.remaining -= len(data)
+            if self.remaining < 0:
+                raise LocalProtocolError("more body than its Content-Length")
+        return b"%x\r\n%b\r\n" % (len(data), data) if data and self.framing is Framing.CHUNKED else data
+
+    def end(self) -> bytes:
+        """The message's end: what its framing needs (the last chunk), with the state moved past it."""
+        if self.state is not State.SEND_BODY:
+            raise LocalProtocolError("end of a message that was not started")
+        if self.framing is Framing.LENGTH and self.remaining:
+            raise LocalProtocolError("less body than its Content-Length")
+        self.state = State.DONE if self.keep_alive else State.MUST_CLOSE
+        return b"0\r\n\r\n" if self.framing is Framing.CHUNKED else b""
