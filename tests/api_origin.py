@@ -68,6 +68,7 @@ class Origin:
     - ``ok`` (or none): 200, a small JSON body naming the request's ``x-seq``; ``big``: 200, ``BIG``.
     - ``close``: 200 with ``Connection: close``, then closes; ``then-close``: ``ok``, then closes it idle. ``hangup``: closes without an answer.
     - ``interim``: ``INTERIM`` (a 103) before its ``ok``; ``split``: ``ok`` in two writes, apart, its body cut.
+    - ``slow``: answers ``ok`` after the request's ``x-delay`` seconds.
     - ``silent``: never answers. ``hold``: answers ``ok`` once ``release`` is set (or ``HOLD_LIMIT`` passed).
     - ``sse``: a chunked event stream, ``FIRST_EVENTS`` events, then once released the ``LAST_EVENTS``
       others; ``sent_last`` says whether those went.
@@ -118,6 +119,8 @@ class Origin:
         if script == "hold":
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.release.wait(), HOLD_LIMIT)
+        if script == "slow":
+            await asyncio.sleep(min(float(header_fields(seen.head)["x-delay"]), HOLD_LIMIT))
         if script == "sse":
             await self.stream(writer)
             return True

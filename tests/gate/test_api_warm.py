@@ -157,6 +157,23 @@ async def test_pipelined_requests_are_answered_and_audited_in_order(gate: Runnin
     assert origin.requests[-2].connection == warm_connection(origin)
 
 
+async def test_pipelined_requests_answered_while_the_client_is_not_reading_arrive_whole_and_in_order(
+        gate: RunningGate, origin: Origin, client: Client) -> None:
+    """Large and small answers in turn pile up while the client reads nothing: the gate waits for it (it
+    stops reading the client's requests meanwhile), and each answer arrives whole, in order."""
+    mark, count = len(gate.records()), 16
+    client.send(b"".join(messages_request(SMALL, f"x-origin: {'big' if n % 2 else 'ok'}\r\nx-seq: {n}\r\n",
+                                          keep_alive=True) for n in range(count)))
+    await client.writer.drain()
+    await asyncio.sleep(0.3)  # the answers pile up in the gate and the sockets
+    answers = [await client.response() for _ in range(count)]
+    assert [a.status for a in answers] == [200] * count
+    assert [a.body == BIG if n % 2 else json.loads(a.body)["seq"] == str(n) for n, a in enumerate(answers)] \
+        == [True] * count
+    lines = await new_lines(gate, mark, count)
+    assert [line["bytes_down"] for line in lines] == [len(a.body) for a in answers]
+
+
 async def test_a_large_whole_response_is_delivered_intact(gate: RunningGate, origin: Origin,
                                                           client: Client) -> None:
     mark = len(gate.records())
@@ -336,6 +353,19 @@ async def test_a_silent_upstream_is_504_within_about_the_idle_timeout(gate: Runn
     assert (line["decision"], line["status"], line["side"]) == ("error", 504, "upstream")
 
 
+async def test_answers_late_by_most_of_the_idle_timeout_are_each_waited_for_in_full(
+        gate: RunningGate, origin: Origin, client: Client) -> None:
+    """Each wait for a response has the whole idle timeout, however the waits before it on the same upstream
+    connection were timed: the second answer is still awaited when the first wait's timeout would have ended."""
+    mark, delay = len(gate.records()), 0.6 * IDLE_TIMEOUT
+    for n in range(2):
+        answer = await client.ask(extra=f"x-origin: slow\r\nx-delay: {delay}\r\nx-seq: {n}\r\n")
+        assert answer.status == 200 and json.loads(answer.body)["seq"] == str(n)
+    assert [seen.connection for seen in origin.requests[-2:]] == [warm_connection(origin)] * 2
+    lines = await new_lines(gate, mark, 2)
+    assert [(line["decision"], line["status"]) for line in lines] == [("allow", 200)] * 2
+
+
 async def test_an_upstream_that_hangs_up_without_answering_is_502(gate: RunningGate, origin: Origin,
                                                                   client: Client) -> None:
     mark = len(gate.records())
@@ -375,6 +405,30 @@ async def test_a_pooled_connection_the_upstream_closed_while_idle_is_not_used(ga
     assert origin.requests[-1].connection != closed
     lines = await new_lines(gate, mark, 2)
     assert [(line["decision"], line["status"]) for line in lines] == [("allow", 200)] * 2
+
+
+async def test_a_stopping_gate_lets_an_exchange_in_flight_finish(origin: Origin) -> None:
+    """The gate stops while a warm request waits for its answer at the upstream: the answer, due within the
+    drain time, still reaches the client, with its one line; then the connection ends."""
+    loop, origin.release = asyncio.get_running_loop(), asyncio.Event()
+    async with gate_factory(origin.url)(drain_seconds=0.6) as running:
+        client = await Client.to(running)
+        await warm_up(client, origin)
+        before = len(origin.requests)
+        client.send(messages_request(SMALL, "x-origin: hold\r\nx-seq: in flight\r\n", keep_alive=True))
+        await eventually(lambda: len(origin.requests) > before, what="the request at the upstream")
+        loop.call_later(0.1, origin.release.set)
+        stopping = loop.time()
+    stopped = loop.time() - stopping
+    try:
+        answer = await client.response()
+        assert answer.status == 200 and json.loads(answer.body)["seq"] == "in flight"
+        assert await client.closed_by_gate()
+    finally:
+        client.close()
+    assert origin.requests[-1].connection == warm_connection(origin)
+    assert stopped < 3, f"the stop took {stopped:.1f}s, the drain time is 0.6s"
+    assert [(line["decision"], line["status"]) for line in running.records()] == [("allow", 200)] * 2
 
 
 @pytest.mark.parametrize("how", ["close", "reset"])
