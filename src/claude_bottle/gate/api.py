@@ -38,7 +38,7 @@ from claude_bottle.gate.forward import (
     set_headers,
     too_large,
 )
-from claude_bottle.gate.http1 import HOP_BY_HOP, Request, hop_free
+from claude_bottle.gate.http1 import HOP_BY_HOP, Headers, Request, hop_free
 from claude_bottle.gate.inspection import data_loss, identity_only, reflection_scan, scan_whole_request
 from claude_bottle.gate.routes import CLIENT_CREDENTIAL_SPELLINGS
 from claude_bottle.gate.settings import GateSettings
@@ -70,6 +70,8 @@ class ApiRoute:
     target: str  # the upstream's host:port, for the audit
     # ApiPolicy.decide, remembered for the few targets a client repeats (bounded: a target may be 32 KiB).
     decide: Callable[[str, str], Decision]
+    host: Headers  # what the gate sets on every request: first the upstream's Host,
+    added: Headers  # and last the real credential and identity encoding
 
     @classmethod
     def of(cls, config: GateSettings) -> ApiRoute:
@@ -77,14 +79,14 @@ class ApiRoute:
         # DLP sees the request with the client's credentials gone, in any spelling (the bottle's placeholder
         # is an sk-ant- token; ``X_Api_Key`` is x-api-key to a server that reads '_' as '-'), and before the
         # real one is added.
+        host, added = [(b"host", upstream.authority)], [config.credential.header(), (b"accept-encoding", b"identity")]
         filters = (set_headers(CLIENT_CREDENTIAL_SPELLINGS | GATE_SET_HEADERS, []),
                    data_loss(config.dlp_matcher),
-                   set_headers(frozenset(), [(b"host", upstream.authority), config.credential.header(),
-                                             (b"accept-encoding", b"identity")]))
+                   set_headers(frozenset(), [*host, *added]))
         policy, max_bytes = config.messages_policy, config.limits.max_body_bytes
         return cls((messages_policy(policy, max_bytes), *filters, messages_streamed(policy, max_bytes)), filters,
                    (identity_only, reflection_scan(config.reflected_forms)), f"{upstream.host}:{upstream.port}",
-                   functools.lru_cache(maxsize=64)(config.api_policy.decide))
+                   functools.lru_cache(maxsize=64)(config.api_policy.decide), host, added)
 
     async def exchange(self, conn: HttpConnection, request: Request, record: AuditRecord, ctx: GateContext
                        ) -> None:
@@ -152,8 +154,7 @@ class ApiRoute:
             record.passed(_verdict(config.messages_policy, body))
         headers = hop_free(request.headers, NOT_FORWARDED)
         scan_whole_request(config.dlp_matcher, target, headers, body)
-        headers = [(b"host", config.upstream.authority), *headers, config.credential.header(),
-                   (b"accept-encoding", b"identity")]
+        headers = [*self.host, *headers, *self.added]
         if body or request.content_length is not None or request.chunked:
             headers.append((b"content-length", b"%d" % len(body)))
         return Request(request.method, target, headers)

@@ -17,6 +17,7 @@ field the gate did not see. See docs/api-policy.md for the measurement behind th
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -107,6 +108,10 @@ class MessagesPolicy:
         problem = _blocks_problem(_conversation(request), declared)
         if problem is not None:
             return problem
+        return self._allowed
+
+    @functools.cached_property
+    def _allowed(self) -> Decision:  # the same for every body it allows: made once
         opted = f" (server tools opted in: {', '.join(sorted(self.server_tools))})" if self.server_tools else ""
         return Decision(True, f"no provider-side fetch or code execution asked{opted}")
 
