@@ -68,6 +68,8 @@ class Origin:
     - ``ok`` (or none): 200, a small JSON body naming the request's ``x-seq``; ``big``: 200, ``BIG``.
     - ``close``: 200 with ``Connection: close``, then closes; ``then-close``: ``ok``, then closes it idle. ``hangup``: closes without an answer.
     - ``interim``: ``INTERIM`` (a 103) before its ``ok``; ``split``: ``ok`` in two writes, apart, its body cut.
+    - ``echo``: 200 with the request's head as its body; ``echo-header``: ``ok`` with its Authorization
+      value in ``x-echo`` (a reflecting endpoint).
     - ``slow``: answers ``ok`` after the request's ``x-delay`` seconds.
     - ``silent``: never answers. ``hold``: answers ``ok`` once ``release`` is set (or ``HOLD_LIMIT`` passed).
     - ``sse``: a chunked event stream, ``FIRST_EVENTS`` events, then once released the ``LAST_EVENTS``
@@ -126,8 +128,12 @@ class Origin:
             return True
         body = BIG if script == "big" else json.dumps(
             {"type": "message", "seq": header_fields(seen.head).get("x-seq", ""), "content": []}).encode()
-        close = b"connection: close\r\n" if script == "close" else b""
-        whole = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + close
+        if script == "echo":
+            body = seen.head
+        extra = {"close": b"connection: close\r\n",
+                 "echo-header": b"x-echo: %b\r\n" % header_fields(seen.head).get("authorization", "").encode()
+                 }.get(script, b"")
+        whole = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + extra
                  + b"content-length: %d\r\n\r\n" % len(body) + body)
         if script == "interim":
             writer.write(INTERIM)

@@ -335,6 +335,28 @@ async def test_a_refusal_on_a_warm_connection_is_the_cold_one_and_the_connection
     assert origin.requests[-1].connection == warm_connection(origin), "the pooled connection served on"
 
 
+@pytest.mark.parametrize("script", ["echo", "echo-header"])
+async def test_a_reflected_credential_is_refused_on_a_warm_connection_as_on_a_cold_one(
+        gate: RunningGate, origin: Origin, client: Client, script: str) -> None:
+    extra = f"x-origin: {script}\r\n"
+    async with gate_factory(origin.url)(token=gate.token) as cold_gate:
+        cold_client = await Client.to(cold_gate)
+        try:
+            cold = await cold_client.ask(extra=extra)
+        finally:
+            cold_client.close()
+        (cold_line,) = await new_lines(cold_gate, 0, 1)
+    mark = len(gate.records())
+    warm = await client.ask(extra=extra)
+    (warm_line,) = await new_lines(gate, mark, 1)
+    assert origin.requests[-1].connection == warm_connection(origin)
+    assert gate.token.encode() not in warm.body + json.dumps(warm.headers).encode()
+    assert (warm.status, warm.headers, warm.body) == (cold.status, cold.headers, cold.body)
+    assert outcome(warm_line) == outcome(cold_line)
+    assert warm.status == 502 and warm.headers["connection"] == "close" and await client.closed_by_gate()
+    assert warm_line["decision"] == "error" and "credential" in warm_line["reason"]
+
+
 # -- the upstream's failures, on the pooled connection
 
 
