@@ -124,7 +124,6 @@ class ApiRoute:
         origin = ctx.api_pool.idle()
         if origin is None:
             return False
-        conn.take_whole()
         ExpressExchange(conn, origin, record, ctx, busy, self.response_filters).send(head, body)
         return True
 

@@ -45,19 +45,26 @@ class ExpressExchange:
         self.deadline = 0.0
 
     def send(self, head: Request, body: bytes) -> None:
-        """The request up, then the wait for its response: as long as the coroutine path waits for its head."""
-        conn, origin = self.conn, self.origin
-        self.busy.add(conn)  # a draining gate lets the exchange finish
-        conn.in_flight = self.abandon
-        self.record.bytes_up += len(body)
+        """The request queued on ``conn`` goes up as ``head`` and ``body``, and is taken (after the write:
+        what is left to do is off the exchange's path); then the wait for its response, as long as the
+        coroutine path waits for its head."""
+        origin = self.origin
         try:
             origin.write_whole(head, body)
         except Exception as exc:  # a fault: answered as the coroutine path answers one
             origin.abort()
+            self._taken(len(body))
             self._resume(functools.partial(_raise, exc))
             return
+        self._taken(len(body))
         self.deadline = asyncio.get_running_loop().time() + self.ctx.config.limits.idle_timeout
         origin.await_events(self.arrived, self.deadline, self.hand_over)
+
+    def _taken(self, size: int) -> None:
+        self.conn.take_whole()
+        self.busy.add(self.conn)  # a draining gate lets the exchange finish
+        self.conn.in_flight = self.abandon
+        self.record.bytes_up += size
 
     def arrived(self) -> None:
         """Something arrived on ``origin``: a whole response is answered now; anything else goes back to the
@@ -72,24 +79,26 @@ class ExpressExchange:
             self.hand_over()
             return
         self._settle()
+        response, body = whole
+        assert isinstance(response, Response)  # a client connection parses responses
         try:
-            response, body = whole
-            assert isinstance(response, Response)  # a client connection parses responses
-            origin.take_whole()
-            self.ctx.api_pool.release(origin)
             inbound = answered(response, body, self.response_filters)
-            if not isinstance(inbound.body, bytes):  # a filter streams it: the coroutine path relays the stream
-                self._resume(functools.partial(deliver, conn, inbound, self.record))
-                return
-            must_drain = conn.write_whole(Response(inbound.status, inbound.headers), inbound.body)
+            down = inbound.body  # bytes, unless a filter streams it: then the coroutine path relays it
+            must_drain = not isinstance(down, bytes) or conn.write_whole(Response(inbound.status, inbound.headers),
+                                                                         down)
         except Exception as exc:  # a response filter's refusal (UpstreamSide), or a fault: answered as always
+            self._release()
             self._resume(functools.partial(_raise, exc))
             return
+        self._release()  # after the answer's write: off the exchange's path
+        if not isinstance(down, bytes):
+            self._resume(functools.partial(deliver, conn, inbound, self.record))
+            return
         if must_drain:  # the client takes the answer slowly, or is gone: the coroutine path waits and tells
-            self._resume(functools.partial(self._drained, inbound.status, len(inbound.body)))
+            self._resume(functools.partial(self._drained, inbound.status, len(down)))
             return
         record = self.record
-        record.status, record.bytes_down = inbound.status, len(inbound.body)
+        record.status, record.bytes_down = inbound.status, len(down)
         if not conn.can_reuse():  # the client asked to close: the request loop ends the connection
             self._resume(_done)
             return
@@ -97,6 +106,11 @@ class ExpressExchange:
         self.busy.discard(conn)
         self.ctx.audit.write(record)
         conn.exchange_done()
+
+    def _release(self) -> None:
+        """The response taken from ``origin``, and ``origin`` back to the pool."""
+        self.origin.take_whole()
+        self.ctx.api_pool.release(self.origin)
 
     def hand_over(self) -> None:
         """The request loop finishes the exchange: the response as the coroutine path relays it."""
