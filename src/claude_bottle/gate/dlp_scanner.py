@@ -46,6 +46,12 @@ class DlpMatcher(ABC):
         head); False when unsure, as this engine-free default always is."""
         return False
 
+    def clean_request(self, target: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bool:
+        """A cheap first look at a small request read whole: True when its head (as ``DlpScanner.check_head``
+        joins it) and its body together are ``clean``; then neither the head's check nor a scan of the body as
+        sent can find anything (a match or a view in a part is one in the whole)."""
+        return self.clean(b"\r\n".join([target, *map(b": ".join, headers), body]))
+
     @abstractmethod
     def search(self, view: bytes, where: str, start: int, final: bool) -> Sequence[View]:
         """Raise DlpMatch for the first needle (in ``needles`` order) found anywhere in ``view``, else the first
@@ -86,12 +92,6 @@ class DlpScanner:
         if not self._matcher.clean(block):
             self.scan_view(target, "URL")
             self.scan_view(block[len(target) + 2 :], "headers")
-
-    def clean_request(self, target: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bool:
-        """A cheap first look at a small request read whole: True when its head (as ``check_head`` joins it)
-        and its body together are clean by the matcher's ``clean``; then neither ``check_head`` nor a scan of
-        the body as sent can find anything (a match or a view in a part is one in the whole)."""
-        return self._matcher.clean(b"\r\n".join([target, *map(b": ".join, headers), body]))
 
     def feed(self, chunk: bytes) -> bytes:
         if not chunk:

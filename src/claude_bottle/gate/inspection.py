@@ -98,9 +98,9 @@ def own_credential(route: CredentialRoute) -> RequestFilter:
 
 def identity_only(response: Inbound) -> None:
     """The gate asked for identity encoding: anything else could hide the credential from the scan."""
-    encodings = {v.strip().lower() for v in header_values(response.headers, b"content-encoding")}
-    if encodings - {b"identity", b""}:
-        raise UpstreamSide(502, "upstream sent an encoded body although the gate asked for identity")
+    for name, value in response.headers:
+        if name.lower() == b"content-encoding" and value.strip().lower() not in (b"identity", b""):
+            raise UpstreamSide(502, "upstream sent an encoded body although the gate asked for identity")
 
 
 @functools.lru_cache(maxsize=16)  # a gate has one set of forms: its filter is made once, not per request
@@ -173,14 +173,13 @@ def data_loss(matcher: DlpMatcher) -> RequestFilter:
 
 def scan_whole_request(matcher: DlpMatcher, target: bytes, headers: Headers, body: bytes) -> None:
     """``data_loss`` for a request whose body is all here: ``Refused`` for what DLP finds in it."""
-    scanner = matcher.scanner()
+    scanner = None if len(body) <= SCAN_PIECE and matcher.clean_request(target, headers, body) else matcher.scanner()
     try:
-        clean = len(body) <= SCAN_PIECE and scanner.clean_request(target, headers, body)
-        if not clean:
+        if scanner is not None:
             scanner.check_head(target, headers)
         codings = content_codings(header_values(headers, b"content-encoding"))
         decoded = _DecodedScan(matcher, codings) if codings else None
-        if not clean:
+        if scanner is not None:
             _scan_whole(scanner, body)
         if decoded is not None:
             decoded.whole(body)
