@@ -28,6 +28,7 @@ from tests.helpers import eventually, messages_request
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 IDLE_TIMEOUT = 1.0  # the module gate's: how long it waits for a silent upstream
+BODY_LIMIT = 8192  # and the largest Messages body it takes
 # The fields of an audit line that say what happened (not when, nor from which client port).
 OUTCOME = ("listener", "method", "target", "path", "decision", "reason", "status", "rule", "side", "bytes_up",
            "bytes_down")
@@ -46,7 +47,7 @@ async def origin() -> AsyncIterator[Origin]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gate(origin: Origin) -> AsyncIterator[RunningGate]:
-    async with gate_factory(origin.url)(idle_timeout=IDLE_TIMEOUT) as running:
+    async with gate_factory(origin.url)(idle_timeout=IDLE_TIMEOUT, max_body_bytes=BODY_LIMIT) as running:
         yield running
 
 
@@ -305,15 +306,19 @@ def refused_request(kind: str, token: str) -> bytes:
         return messages_request({**SMALL, "metadata": {"user_id": token}}, keep_alive=True)
     if kind == "a path the API route refuses":
         return b"GET /v1/organizations/me HTTP/1.1\r\nHost: gate\r\n\r\n"
+    if kind == "a Messages body over the size limit":
+        return messages_request({**SMALL, "metadata": {"user_id": "x" * BODY_LIMIT}}, keep_alive=True)
     mcp = [{"type": "url", "url": "https://collector.example/sse", "name": "c"}]
     return messages_request({**SMALL, "mcp_servers": mcp}, keep_alive=True)
 
 
 @pytest.mark.parametrize("kind", ["a held secret in the body", "a path the API route refuses",
-                                  "a Messages body the policy refuses"])
+                                  "a Messages body the policy refuses", "a Messages body over the size limit"])
 async def test_a_refusal_on_a_warm_connection_is_the_cold_one_and_the_connection_serves_on(
         gate: RunningGate, origin: Origin, client: Client, kind: str) -> None:
-    async with gate_factory(origin.url)(token=gate.token) as cold_gate:
+    """Each refusal is answered and audited as on a fresh gate; the connection serves on, except after a body
+    over the limit (413), the rest of which a gate never reads: then it closes."""
+    async with gate_factory(origin.url)(token=gate.token, max_body_bytes=BODY_LIMIT) as cold_gate:
         cold_client = await Client.to(cold_gate)
         try:
             cold_client.send(refused_request(kind, gate.token))
@@ -326,10 +331,14 @@ async def test_a_refusal_on_a_warm_connection_is_the_cold_one_and_the_connection
     warm = await client.response()
     (warm_line,) = await new_lines(gate, mark, 1)
 
-    assert warm.status == cold.status == 403
+    too_large = kind == "a Messages body over the size limit"
+    assert warm.status == cold.status == (413 if too_large else 403)
     assert warm.headers == cold.headers and warm.body == cold.body
     assert outcome(warm_line) == outcome(cold_line) and warm_line["decision"] == "deny"
     assert len(origin.requests) == upstream_before, "a refused request reached the upstream"
+    if too_large:
+        assert warm.headers["connection"] == "close" and await client.closed_by_gate()
+        return
     assert "connection" not in warm.headers, "the gate keeps a connection after a refusal whose body it read"
     assert (await client.ask(extra="x-seq: after\r\n")).status == 200
     assert origin.requests[-1].connection == warm_connection(origin), "the pooled connection served on"
