@@ -208,11 +208,11 @@ async def test_a_client_that_asks_to_close_is_answered_then_closed(
 
 async def test_express_exchanges_keep_the_client_from_being_idle(
         make_gate: GateFactory, taken: list[ExpressExchange]) -> None:
-    async with make_gate(header_timeout=0.4) as gate, client(gate) as api:
-        for _ in range(5):  # 1.25 s in all, never 0.4 s without a request
+    async with make_gate(header_timeout=1.0) as gate, client(gate) as api:
+        for _ in range(5):  # 2.5 s in all, never 1 s without a request
             assert (await api.ask())[0] == 200
-            await asyncio.sleep(0.25)
-        assert await api.closed(2), "idle past the header timeout: closed"
+            await asyncio.sleep(0.5)
+        assert await api.closed(3), "idle past the header timeout: closed"
     assert len(taken) == 4 and len(gate.records()) == 5
 
 
