@@ -336,8 +336,8 @@ class HttpConnection(asyncio.Protocol):
 
     def queued_whole(self) -> tuple[Request | Response, bytes] | None:
         """The message first in the queue if all of it has arrived and it is plain: a request that does not
-        wait for ``100 Continue``, or a final response; then only its body and its end. None otherwise. Nothing
-        is taken: ``take_whole`` takes it."""
+        wait for ``100 Continue``, or a final response, then its body (``_queued_body``). None otherwise.
+        Nothing is taken: ``take_whole`` takes it."""
         events = self._incoming.events
         if not events:
             return None
@@ -347,19 +347,27 @@ class HttpConnection(asyncio.Protocol):
                 return None
         elif type(head) is not Response:
             return None
+        body = self._queued_body(1)
+        return None if body is None else (head, body)
+
+    def _queued_body(self, start: int) -> bytes | None:
+        """The body whose events begin at ``start`` in the queue if all of it has arrived (only data, then its
+        end), else None."""
+        events = self._incoming.events
         chunks: list[bytes] = []
-        for index in range(1, len(events)):
+        for index in range(start, len(events)):
             event = events[index]
             if event is END_OF_MESSAGE:
-                return head, chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
             if type(event) is Data:
                 chunks.append(event.data)
-            elif event is not NO_REUSE:
+            elif event is not NO_REUSE:  # (after a response head whose connection ends with it)
                 return None
         return None
 
     def take_whole(self) -> None:
-        """Take the message ``queued_whole`` found, the connection's state moved past it as reading it would."""
+        """Take what is queued up to the current message's end, the connection's state moved past it as
+        reading it would."""
         while self._take() is not END_OF_MESSAGE:
             pass
 
@@ -400,25 +408,10 @@ class HttpConnection(asyncio.Protocol):
     def arrived_body(self) -> bytes | None:
         """The current message's whole body if all of it has arrived (taken, as ``body`` would deliver it),
         else None, with nothing taken. A small message usually arrives in one read: then no wait, no stream."""
-        events = self._incoming.events
-        chunks = []
-        for event in events:
-            if event is END_OF_MESSAGE:
-                break
-            if type(event) is not Data:
-                return None
-            chunks.append(event.data)
-        else:
-            return None
-        # Taken as ``_take`` would take them, without its checks per event: only Data, then the end.
-        for _ in range(len(chunks) + 1):
-            events.popleft()
-        if not events:
-            self._unread = 0
-        if chunks:
-            self.they_are_waiting_for_100_continue = False
-        self.their_state = State.DONE if self._out.keep_alive else State.MUST_CLOSE
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = self._queued_body(0)
+        if body is not None:
+            self.take_whole()
+        return body
 
     async def body(self, timeout: float | None) -> AsyncIterator[bytes]:
         """The current message's body chunks as they arrive."""
