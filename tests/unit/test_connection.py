@@ -49,6 +49,24 @@ async def test_a_whole_message_goes_out_in_one_write_framed_as_its_head_says() -
             await held.send_whole(Response(200, [(b"content-length", length)]), b"ok")
 
 
+async def test_a_whole_message_of_every_framing_ends_its_exchange_in_the_state_it_leaves() -> None:
+    empty, writer = await answering(b"GET / HTTP/1.1\r\nHost: gate\r\n\r\n")
+    await empty.send_whole(Response(200, [(b"transfer-encoding", b"chunked")]), b"")
+    assert writer.writes == [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"]
+    old, writer = await answering(b"GET / HTTP/1.0\r\n\r\n")  # no length for an HTTP/1.0 peer: the close ends it
+    await old.send_whole(Response(200, []), b"ok")
+    assert writer.writes == [b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nok"] and old.our_state is State.MUST_CLOSE
+    closing, writer = await answering(b"GET / HTTP/1.1\r\nHost: gate\r\nConnection: close\r\n\r\n")
+    await closing.send_whole(Response(200, [(b"content-length", b"2")]), b"ok")
+    assert writer.writes[0].endswith(b"connection: close\r\n\r\nok") and closing.our_state is State.MUST_CLOSE
+    head, writer = await answering(b"HEAD / HTTP/1.1\r\nHost: gate\r\n\r\n")
+    await head.send_whole(Response(200, [(b"content-length", b"2")]), b"")  # the length of what GET would get
+    assert writer.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"] and head.our_state is State.DONE
+    tunnel, writer = await answering(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+    with pytest.raises(LocalProtocolError, match="no body"):
+        await tunnel.send_whole(Response(200, []), b"")
+
+
 async def test_a_streamed_piece_goes_out_before_the_loop_waits_for_the_next() -> None:
     conn, writer = await answering(b"GET /stream HTTP/1.1\r\nHost: gate\r\n\r\n")
     await conn.send(Response(200, [(b"transfer-encoding", b"chunked")]))

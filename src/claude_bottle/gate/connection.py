@@ -117,6 +117,12 @@ class HttpConnection(asyncio.Protocol):
     def our_state(self) -> State:
         return self._out.state
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The connection's event loop (``asyncio.get_running_loop`` asks the OS for the process id each call
+        before Python 3.12: this does not)."""
+        return self._loop
+
     # -- the transport's protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -473,13 +479,9 @@ class HttpConnection(asyncio.Protocol):
     def write_whole(self, head: Request | Response, body: bytes) -> bool:
         """``send_whole`` from a callback: True when the caller must ``drain`` before sending more (the
         transport holds too much, or the peer is gone)."""
-        data = self._request_head(head) if isinstance(head, Request) else self._out.response_head(head)
-        if self.our_state is State.SWITCHED:
-            raise LocalProtocolError("a tunnel's answer has no body to send")
-        self._pending.append(data)
-        if data := self._out.body(body):
-            self._pending.append(data)
-        self._end()
+        self._pending += self._out.whole(head, body)
+        if type(head) is Request:
+            self._incoming.head_request = head.method == b"HEAD"
         self.write_pending()
         return self._lost or self._writing_paused
 

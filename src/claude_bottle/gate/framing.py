@@ -148,6 +148,22 @@ class Outgoing:
         status = response.status_code
         return message_head(b"HTTP/1.1 %d %s\r\n" % (status, response.reason or phrase(status)), response.headers)
 
+    def whole(self, head: Request | Response, body: bytes) -> list[bytes]:
+        """A message whose body is all here, in one step: the pieces of its head, body and end as they go on
+        the wire (a large body stays one piece, never copied), the state moved past its end."""
+        pieces = [self.request_head(head) if type(head) is Request else self.response_head(head)]  # type: ignore[arg-type]
+        if self.state is not State.SEND_BODY:
+            raise LocalProtocolError("a tunnel's answer has no body to send")
+        if self.framing is not Framing.LENGTH:
+            return [*pieces, self.body(body), self.end()] if body else [*pieces, self.end()]
+        if len(body) != self.remaining:
+            raise LocalProtocolError(f"{'more' if len(body) > self.remaining else 'less'} body than its Content-Length")
+        self.remaining = 0
+        self.state = State.DONE if self.keep_alive else State.MUST_CLOSE
+        if body:
+            pieces.append(body)
+        return pieces
+
     def body(self, data: bytes) -> bytes:
         """Body ``data`` as it goes on the wire, held to the message's framing."""
         if self.state is not State.SEND_BODY:
