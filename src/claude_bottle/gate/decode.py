@@ -160,6 +160,8 @@ class UndecodableBody(ValueError):
 def content_codings(values: Sequence[bytes]) -> tuple[str, ...]:
     """The codings of ``Content-Encoding`` header values, in the order they were applied (``identity`` left
     out). Raises UndecodableBody for one the gate cannot undo."""
+    if not values:  # nearly every request: no Content-Encoding
+        return ()
     codings = tuple(token.strip().decode("latin-1").lower() for value in values for token in value.split(b","))
     codings = tuple(c for c in codings if c not in ("", "identity"))
     for coding in codings:

@@ -19,7 +19,6 @@ exchange ends.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -57,7 +56,7 @@ class ExpressExchange:
             self._resume(functools.partial(_raise, exc))
             return
         self._taken(len(body))
-        self.deadline = asyncio.get_running_loop().time() + self.ctx.config.limits.idle_timeout
+        self.deadline = origin.loop.time() + self.ctx.config.limits.idle_timeout
         origin.await_events(self.arrived, self.deadline, self.hand_over)
 
     def _taken(self, size: int) -> None:
@@ -78,7 +77,6 @@ class ExpressExchange:
         if not conn.ready_for_express:  # the client is gone, or not reading: the coroutine path tells
             self.hand_over()
             return
-        self._settle()
         response, body = whole
         assert isinstance(response, Response)  # a client connection parses responses
         try:
@@ -108,7 +106,8 @@ class ExpressExchange:
         conn.exchange_done()
 
     def _release(self) -> None:
-        """The response taken from ``origin``, and ``origin`` back to the pool."""
+        """The response taken from ``origin``, its wait ended, and ``origin`` back to the pool."""
+        self._settle()
         self.origin.take_whole()
         self.ctx.api_pool.release(self.origin)
 

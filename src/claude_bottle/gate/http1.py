@@ -332,12 +332,11 @@ class MessageParser:
             raise ProtocolError("both Content-Length and Transfer-Encoding")
         self._in_body = True
         if self.client:
-            self._response_head(cast(httptools.HttpResponseParser, parser), headers, version, keep_alive, chunked,
-                                length)
+            self._response_head(parser, headers, version, keep_alive, chunked, length)  # type: ignore[arg-type]
             return
         if version == "1.1" and not host:
             raise ProtocolError("a request without a Host header")
-        method = cast(httptools.HttpRequestParser, parser).get_method()
+        method = parser.get_method()  # type: ignore[union-attr]  # a server's parser: requests
         if (chunked or length) and method != b"CONNECT" and parser.should_upgrade():
             # llhttp would leave such a body unread: to one reader a body, to another the next request.
             raise ProtocolError("a request asking for a protocol upgrade must not carry a body")
@@ -400,10 +399,11 @@ def hop_free(headers: Headers, drop: frozenset[bytes] = HOP_BY_HOP) -> Headers:
     """``end_to_end`` for headers whose names are in lower case, as ``MessageParser`` gives them (no name is
     lowered again: this runs on both heads of every exchange), less the names in ``drop`` too (which must hold
     ``HOP_BY_HOP``)."""
-    listed = [value for name, value in headers if name == b"connection"]
-    if listed:
-        drop = drop | {token.strip().lower() for value in listed for token in value.split(b",")}
-    return [item for item in headers if item[0] not in drop]
+    kept = [item for item in headers if item[0] not in drop]
+    if len(kept) == len(headers):  # nothing dropped: no Connection header either (it is hop-by-hop)
+        return kept
+    listed = {token.strip().lower() for name, value in headers if name == b"connection" for token in value.split(b",")}
+    return [item for item in kept if item[0] not in listed] if listed else kept
 
 
 def connection_problem(headers: Iterable[tuple[bytes, bytes]]) -> str | None:

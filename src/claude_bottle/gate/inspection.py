@@ -98,8 +98,8 @@ def own_credential(route: CredentialRoute) -> RequestFilter:
 
 def identity_only(response: Inbound) -> None:
     """The gate asked for identity encoding: anything else could hide the credential from the scan."""
-    for name, value in response.headers:
-        if name.lower() == b"content-encoding" and value.strip().lower() not in (b"identity", b""):
+    for name, value in response.headers:  # names in lower case, as the parser gives them
+        if name == b"content-encoding" and value.strip().lower() not in (b"identity", b""):
             raise UpstreamSide(502, "upstream sent an encoded body although the gate asked for identity")
 
 
@@ -172,12 +172,13 @@ def data_loss(matcher: DlpMatcher) -> RequestFilter:
 
 
 def scan_whole_request(matcher: DlpMatcher, target: bytes, headers: Headers, body: bytes) -> None:
-    """``data_loss`` for a request whose body is all here: ``Refused`` for what DLP finds in it."""
+    """``data_loss`` for a request whose body is all here: ``Refused`` for what DLP finds in it. ``headers``:
+    names in lower case, as the parser gives them."""
     scanner = None if len(body) <= SCAN_PIECE and matcher.clean_request(target, headers, body) else matcher.scanner()
     try:
         if scanner is not None:
             scanner.check_head(target, headers)
-        codings = content_codings(header_values(headers, b"content-encoding"))
+        codings = content_codings([v for n, v in headers if n == b"content-encoding"])
         decoded = _DecodedScan(matcher, codings) if codings else None
         if scanner is not None:
             _scan_whole(scanner, body)
