@@ -50,6 +50,7 @@ from claude_bottle.policy.decide import Decision, EgressPolicy, allow_entry
 from claude_bottle.policy.view import policy_view
 
 UPSTREAM_ADDRESS_TTL = 300.0
+DRAIN_TICK = 0.05  # while a stopping gate drains, how often it closes the connections whose exchange ended
 
 
 class Gate:
@@ -181,20 +182,30 @@ class Gate:
         self.audit.write(record)
 
     async def stop(self, drain_seconds: float) -> None:
-        """Stop accepting; close idle connections now; let busy ones finish up to the deadline."""
+        """Stop accepting; close idle connections now; let busy ones finish their exchange up to the deadline,
+        and close each as its exchange ends (a kept-alive connection does not wait there for another)."""
         for server in self._servers:
             server.close()
         if self._ctx is not None and self._ctx.asks is not None:
             self._ctx.asks.close()  # the control channel's watchers: their connections end now
-        for task, conn in list(self._connections.items()):
-            if conn not in self._busy:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_seconds
+        ended: set[asyncio.Task[None]] = set()  # cancelled once: a second cancel would cut its close short
+        while self._connections:
+            for task, conn in list(self._connections.items()):
+                if conn not in self._busy and task not in ended:
+                    ended.add(task)
+                    task.cancel()
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            await asyncio.wait(list(self._connections), timeout=min(left, DRAIN_TICK))
+        pending = list(self._connections)
+        for task in pending:
+            if task not in ended:
                 task.cancel()
-        if self._connections:
-            _, pending = await asyncio.wait(list(self._connections), timeout=drain_seconds)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
+        if pending:
+            await asyncio.wait(pending)
         for server in self._servers:
             await server.wait_closed()
         if self._ctx is not None:
