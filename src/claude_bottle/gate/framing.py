@@ -154,14 +154,10 @@ class Outgoing:
         pieces = [self.request_head(head) if type(head) is Request else self.response_head(head)]  # type: ignore[arg-type]
         if self.state is not State.SEND_BODY:
             raise LocalProtocolError("a tunnel's answer has no body to send")
-        if self.framing is not Framing.LENGTH:
-            return [*pieces, self.body(body), self.end()] if body else [*pieces, self.end()]
-        if len(body) != self.remaining:
-            raise LocalProtocolError(f"{'more' if len(body) > self.remaining else 'less'} body than its Content-Length")
-        self.remaining = 0
-        self.state = State.DONE if self.keep_alive else State.MUST_CLOSE
         if body:
-            pieces.append(body)
+            pieces.append(self.body(body))
+        if last := self.end():
+            pieces.append(last)
         return pieces
 
     def body(self, data: bytes) -> bytes:

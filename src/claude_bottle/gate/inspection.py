@@ -172,13 +172,12 @@ def data_loss(matcher: DlpMatcher) -> RequestFilter:
 
 
 def scan_whole_request(matcher: DlpMatcher, target: bytes, headers: Headers, body: bytes) -> None:
-    """``data_loss`` for a request whose body is all here: ``Refused`` for what DLP finds in it. ``headers``:
-    names in lower case, as the parser gives them."""
+    """``data_loss`` for a request whose body is all here: ``Refused`` for what DLP finds in it."""
     scanner = None if len(body) <= SCAN_PIECE and matcher.clean_request(target, headers, body) else matcher.scanner()
     try:
         if scanner is not None:
             scanner.check_head(target, headers)
-        codings = content_codings([v for n, v in headers if n == b"content-encoding"])
+        codings = content_codings(header_values(headers, b"content-encoding"))
         decoded = _DecodedScan(matcher, codings) if codings else None
         if scanner is not None:
             _scan_whole(scanner, body)
