@@ -208,6 +208,22 @@ async def test_encoded_response_refused_because_it_cannot_be_scanned(make_gate: 
     assert stub.requests[0].header("accept-encoding") == ["identity"]
 
 
+@pytest.mark.parametrize("spelling", [b"CONTENT-ENCODING: GZIP", b"Content-Encoding:  Gzip \t", b"content-encoding: br"])
+async def test_an_encoded_response_is_refused_however_the_header_is_spelled(make_gate: GateFactory,
+                                                                           spelling: bytes) -> None:
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readuntil(b"}]}")
+        writer.write(b"HTTP/1.1 200 OK\r\n" + spelling + b"\r\ncontent-length: 4\r\n\r\n\x1f\x8b\x08\x00")
+        await writer.drain()
+
+    async with raw_server(upstream, "127.0.0.1") as origin, make_gate(upstream=f"http://{origin}") as gate:
+        response = await exchange(gate.api, messages_request({"model": "m", "messages": [{"role": "user", "content": []}]}), 2)
+    status, headers = parse_head(response)
+    assert status == 502 and "encoded" in headers["x-deny-reason"]
+    assert b"\x1f\x8b" not in response
+
+
 async def test_upstream_refusing_connections_gives_502_and_the_gate_stays_up(make_gate: GateFactory) -> None:
     async with raw_server(lambda r, w: w.close(), "127.0.0.1") as closed:
         pass  # the port is free again: nothing listens there now
