@@ -76,6 +76,10 @@ def sleeping_drop_in(client: docker.DockerClient, environ: dict[str, str], works
         bottles = client.containers.list(filters={"label": f"claude-bottle.agent={AGENT}", "name": "-bottle"})
         try:
             if bottles and any("sleep 600" in " ".join(p) for p in bottles[0].top()["Processes"]):
+                # Claude Code can lose a signal that comes while it starts a tool (its process is up, the
+                # handler that stops it not yet set): the run then goes on, the tool sleeping. A person would
+                # press Ctrl-C again; the test waits until the tool is well under way.
+                time.sleep(2)
                 return process
         except docker.errors.APIError:  # exited between the two calls
             pass
@@ -85,10 +89,12 @@ def sleeping_drop_in(client: docker.DockerClient, environ: dict[str, str], works
     raise AssertionError(f"Claude Code never ran its tool: {stderr.decode()}")
 
 
-@pytest.mark.parametrize(("sent", "code"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)])
+# SIGTERM ends Claude Code: 128 + 15, passed through. SIGINT in ``-p`` interrupts the running tool and Claude
+# Code ends the turn as it sees fit (0, 1 or 130 with 2.1.x): the sleep is cut short, the run ends at once.
+@pytest.mark.parametrize(("sent", "codes"), [(signal.SIGTERM, {128 + signal.SIGTERM}), (signal.SIGINT, {0, 1, 130})])
 def test_a_signal_reaches_claude_code_and_its_exit_is_the_drop_ins(
         client: docker.DockerClient, environ: dict[str, str], workspace: Path, sent: signal.Signals,
-        code: int) -> None:
+        codes: set[int]) -> None:
     process = sleeping_drop_in(client, environ, workspace)
     try:
         process.send_signal(sent)
@@ -96,7 +102,7 @@ def test_a_signal_reaches_claude_code_and_its_exit_is_the_drop_ins(
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == code, stderr.decode()
+    assert process.returncode in codes, stderr.decode()
     assert leftovers(client, AGENT) == []
 
 
