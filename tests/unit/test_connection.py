@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from claude_bottle.gate.connection import HttpConnection
+from claude_bottle.gate.framing import JOIN_BELOW
 from claude_bottle.gate.http1 import (
     Data,
     EndOfMessage,
@@ -65,6 +66,28 @@ async def test_a_whole_message_of_every_framing_ends_its_exchange_in_the_state_i
     tunnel, writer = await answering(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
     with pytest.raises(LocalProtocolError, match="no body"):
         await tunnel.send_whole(Response(200, []), b"")
+
+
+async def test_a_whole_body_goes_in_its_heads_bytes_when_small_and_as_itself_when_large() -> None:
+    conn, writer = await answering(b"GET / HTTP/1.1\r\nHost: gate\r\n\r\n")
+    body = b"line\r\nbreaks\n\r in a body are its own"
+    await conn.send_whole(Response(200, [(b"content-length", b"%d" % len(body))]), body)
+    assert writer.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)]
+    broken, _ = await answering(b"GET / HTTP/1.1\r\nHost: gate\r\n\r\n")
+    with pytest.raises(LocalProtocolError, match="line break"):  # in a header: still refused, body or not
+        await broken.send_whole(Response(200, [(b"x-a", b"1\r\nx-b: 2"), (b"content-length", b"2")]), b"ok")
+
+    class Vectored(RecordingTransport):
+        def writelines(self, pieces: list[bytes]) -> None:
+            self.pieces = pieces
+
+    large = b"x" * JOIN_BELOW
+    conn = HttpConnection(client=True)
+    conn.connection_made(vectored := Vectored())  # type: ignore[arg-type]
+    await conn.send_whole(Request(b"POST", b"/", [(b"host", b"up"), (b"content-length", b"%d" % len(large))]),
+                          large)
+    assert vectored.pieces[0] == b"POST / HTTP/1.1\r\nhost: up\r\ncontent-length: %d\r\n\r\n" % len(large)
+    assert len(vectored.pieces) == 2 and vectored.pieces[1] is large  # never copied
 
 
 async def test_a_streamed_piece_goes_out_before_the_loop_waits_for_the_next() -> None:

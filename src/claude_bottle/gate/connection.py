@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from claude_bottle.gate.audit import AuditRecord
 from claude_bottle.gate.failures import BLAME_CLIENT, BLAME_UPSTREAM
-from claude_bottle.gate.framing import Outgoing
+from claude_bottle.gate.framing import JOIN_BELOW, Outgoing
 from claude_bottle.gate.http1 import (
     CONNECTION_CLOSED,
     END_OF_MESSAGE,
@@ -47,9 +47,6 @@ READ_SIZE = 64 * 1024
 # reading from its socket until they are taken (a client pipelining faster than the gate forwards).
 READ_HIGH_WATER = 256 * 1024
 
-# Pieces of a message kept back for one write are joined into one bytes below this total size (one copy of
-# small pieces is cheaper than a vectored write); above it they go as a vectored write, the body uncopied.
-JOIN_BELOW = 64 * 1024
 
 
 class Resume:

@@ -23,12 +23,17 @@ from claude_bottle.gate.http1 import (
     State,
 )
 
+# Below this size a message's pieces go as one bytes (one small copy costs less than a vectored write): a whole
+# body framed by its length in the same bytes as its head. A larger body is a piece of its own, never copied.
+JOIN_BELOW = 64 * 1024
 
-def message_head(start: bytes, headers: Headers) -> bytes:
-    """A message head; ``LocalProtocolError`` for a header that would break its lines."""
-    data = start + b"\r\n".join([*map(b": ".join, headers), b"", b""])  # C-level joins: no Python per header
-    lines = len(headers) + 2
-    if data.count(b"\n") != lines or data.count(b"\r") != lines:
+
+def message_head(start: bytes, headers: Headers, body: bytes = b"") -> bytes:
+    """A message head (``start`` is its first line, without its line end), and ``body`` right after it in the
+    same bytes; ``LocalProtocolError`` for a header that would break the head's lines."""
+    data = b"\r\n".join([start, *map(b": ".join, headers), b"", body])  # C-level: no Python per header
+    lines, end = len(headers) + 2, len(data) - len(body)
+    if data.count(b"\n", 0, end) != lines or data.count(b"\r", 0, end) != lines:
         raise LocalProtocolError("a header or the start line holds a line break")
     return data
 
@@ -124,15 +129,48 @@ class Outgoing:
         self.state, self.request_method = State.IDLE, b""
 
     def request_head(self, request: Request) -> bytes:
+        return message_head(*self._request_start(request))
+
+    def response_head(self, response: Response) -> bytes:
+        return message_head(*self._response_start(response))
+
+    def informational_head(self, response: InformationalResponse) -> bytes:
+        if self.client or self.state is not State.SEND_RESPONSE or not 100 <= response.status_code < 200:
+            raise LocalProtocolError("an interim response outside a request, or with a final status")
+        status = response.status_code
+        return message_head(b"HTTP/1.1 %d %s" % (status, response.reason or phrase(status)), response.headers)
+
+    def whole(self, head: Request | Response, body: bytes) -> list[bytes]:
+        """A message whose body is all here, in one step: the pieces of its head, body and end as they go on
+        the wire, the state moved past its end. A small body framed by its length goes in the head's bytes (one
+        write of one piece); a large one is a piece of its own, never copied."""
+        start, headers = (self._request_start(head) if type(head) is Request
+                          else self._response_start(head))  # type: ignore[arg-type]
+        if self.state is not State.SEND_BODY:
+            raise LocalProtocolError("a tunnel's answer has no body to send")
+        if self.framing is Framing.LENGTH and len(body) < JOIN_BELOW:
+            self.body(body)  # held to the length (the bytes are the same)
+            self.end()
+            return [message_head(start, headers, body)]
+        pieces = [message_head(start, headers)]
+        if body:
+            pieces.append(self.body(body))
+        if last := self.end():
+            pieces.append(last)
+        return pieces
+
+    def _request_start(self, request: Request) -> tuple[bytes, Headers]:
+        """The start line and headers of ``request``, with the state moved to its body."""
         if not self.client or self.state is not State.IDLE:
             raise LocalProtocolError("a request on a server connection, or before the last exchange ended")
         self.framing, self.remaining, close = request_framing(request.headers)
         if close:
             self.keep_alive = False
         self.state = State.SEND_BODY
-        return message_head(request.method + b" " + request.target + b" HTTP/1.1\r\n", request.headers)
+        return request.method + b" " + request.target + b" HTTP/1.1", request.headers
 
-    def response_head(self, response: Response) -> bytes:
+    def _response_start(self, response: Response) -> tuple[bytes, Headers]:
+        """The start line and headers (framed anew) of ``response``, with the state moved to its body."""
         if self.client or self.state not in (State.IDLE, State.SEND_RESPONSE):
             raise LocalProtocolError("a response on a client connection, or a second one for a request")
         status, method = response.status_code, self.request_method
@@ -140,25 +178,7 @@ class Outgoing:
             status, method, response.headers, self.their_version, self.keep_alive)
         reason = response.reason or phrase(status)
         self.state = State.SWITCHED if method == b"CONNECT" and 200 <= status < 300 else State.SEND_BODY
-        return message_head(b"HTTP/1.1 %d %s\r\n" % (status, reason), headers)
-
-    def informational_head(self, response: InformationalResponse) -> bytes:
-        if self.client or self.state is not State.SEND_RESPONSE or not 100 <= response.status_code < 200:
-            raise LocalProtocolError("an interim response outside a request, or with a final status")
-        status = response.status_code
-        return message_head(b"HTTP/1.1 %d %s\r\n" % (status, response.reason or phrase(status)), response.headers)
-
-    def whole(self, head: Request | Response, body: bytes) -> list[bytes]:
-        """A message whose body is all here, in one step: the pieces of its head, body and end as they go on
-        the wire (a large body stays one piece, never copied), the state moved past its end."""
-        pieces = [self.request_head(head) if type(head) is Request else self.response_head(head)]  # type: ignore[arg-type]
-        if self.state is not State.SEND_BODY:
-            raise LocalProtocolError("a tunnel's answer has no body to send")
-        if body:
-            pieces.append(self.body(body))
-        if last := self.end():
-            pieces.append(last)
-        return pieces
+        return b"HTTP/1.1 %d %s" % (status, reason), headers
 
     def body(self, data: bytes) -> bytes:
         """Body ``data`` as it goes on the wire, held to the message's framing."""
