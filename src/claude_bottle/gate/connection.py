@@ -48,7 +48,6 @@ READ_SIZE = 64 * 1024
 READ_HIGH_WATER = 256 * 1024
 
 
-
 class Resume:
     """What a server connection's reader gets in place of a request when an exchange taken from the socket
     callback (``HttpConnection.express``) needs the coroutine path to finish it: ``finish()`` is awaited as an
