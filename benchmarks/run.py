@@ -162,7 +162,15 @@ class Loopback:
 
     def setup(self, need_egress: bool) -> None:
         ch = self.children
-        self.lb = lb = phases.start_loopback(ch, self.tmp)
+        # The gate and Python's floors run on the Python the gate ships with (Debian's, in the gate image), not
+        # on this one, whose build may be slower (a shared libpython, no profile-guided optimization).
+        image = None
+        if not self.args.gate_on_host:
+            image, python = phases.gate_image()
+            self.details["gate_runs_in"] = {"image": image, "python": python}
+        else:
+            self.details["gate_runs_in"] = {"image": None, "python": sys.version}
+        self.lb = lb = phases.start_loopback(ch, self.tmp, image=image)
         self.gate = lb.gate
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         if not Path(nginx).exists():
@@ -173,7 +181,7 @@ class Loopback:
         wait_port(self.nginx, LOOPBACK, nport, 20)
         self.nginx_addr = (LOOPBACK, nport)
         # Python's floor for the API latency phase only: it does not stream.
-        self.floors = {name: floor.start(ch, name, lb.stub_port, self.tmp / "token", checks)
+        self.floors = {name: floor.start(ch, name, lb.stub_port, self.tmp / "token", checks, image)
                        for name, checks in (("python floor", False), ("python checks", True))}
         self.egress: dict[str, tuple[Child, tuple[str, int]]] = {}
         if need_egress:
@@ -604,6 +612,9 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=20 * 60, help="global deadline, seconds")
     parser.add_argument("--srt", default=srt.default_package(),
                         help="node_modules/@anthropic-ai/sandbox-runtime of an npm install (the egress peer)")
+    parser.add_argument("--gate-on-host", action="store_true",
+                        help="run the gate and Python's floors on this Python, not in the gate image (no Docker "
+                             "needed; a Python built without optimizations makes the gate slower than shipped)")
     parser.add_argument("--render", action="store_true",
                         help="only rewrite results/latest.md from results/latest.json and analysis.json")
     args = parser.parse_args()

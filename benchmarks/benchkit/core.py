@@ -32,6 +32,7 @@ LOOPBACK = "127.0.0.1"  # stub and gate listeners
 SINK_HOST = "127.0.0.2"  # proxy targets: the upstream's host is refused as a proxy target on every port
 SOCKET_TIMEOUT_S = 30.0
 MB = 1_000_000  # all MB here are 10^6 bytes
+GATE_PYTHON = "/opt/gate/bin/python"  # in the gate image (runtime/dockerfiles/gate.Dockerfile)
 
 
 class BenchError(Exception):
@@ -222,10 +223,21 @@ class Child:
     proc: subprocess.Popen[bytes]
     stdout: Path
     stderr: Path
+    container: str | None = None  # a `docker run` in the foreground: the container it runs
+    _container_pid: int | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        """The process measured: for a container, its first process as the host sees it (not the CLI's)."""
+        if self.container is None:
+            return self.proc.pid
+        if self._container_pid is None:
+            r = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", self.container], capture_output=True,
+                               text=True, timeout=30)
+            if r.returncode or not r.stdout.strip().isdigit() or r.stdout.strip() == "0":
+                raise BenchError(f"{self.name}: no process for container {self.container}: {r.stderr.strip()}")
+            self._container_pid = int(r.stdout)
+        return self._container_pid
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -266,6 +278,8 @@ class Child:
         raise BenchError(f"{self.name} did not start within {timeout:g}s: {self.tail()}")
 
     def stop(self) -> None:
+        if self.container is not None:  # the CLI passes its signals on, but a killed CLI leaves the container
+            subprocess.run(["docker", "rm", "-f", self.container], capture_output=True, timeout=60)
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
                 self.proc.terminate()
@@ -295,6 +309,19 @@ class Children:
                                     stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL)
         child = Child(name, proc, out, err)
         self.items.append(child)
+        return child
+
+    def start_in_image(self, name: str, image: str, argv: list[str], mounts: tuple[Path, ...] = ()) -> Child:
+        """``python argv`` in ``image`` (the gate's), confined as the gate runs in use (runtime/run.py) but on
+        the host's network, as this user (to read the benchmark's files), each of ``mounts`` at its own path."""
+        container = f"claude-bottle-bench-{name.replace(' ', '-')}-{os.getpid()}"
+        docker = ["docker", "run", "--rm", "--name", container, "--network", "host", "--user",
+                  f"{os.getuid()}:{os.getgid()}", "--read-only", "--tmpfs", "/tmp:size=16m", "--cap-drop", "ALL",
+                  "--security-opt", "no-new-privileges", "--pids-limit", "256", "--memory", "256m",
+                  *(f"--volume={path}:{path}:ro" for path in mounts), "--entrypoint", GATE_PYTHON, image]
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=60)  # a killed run's
+        child = self.start(name, [*docker, *argv])
+        child.container = container
         return child
 
     def stop_all(self) -> None:

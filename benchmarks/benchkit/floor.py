@@ -8,7 +8,9 @@ over the target, headers and body, and on the way back the encoding check and th
 runs the same checks inside its forward path (coroutines, per-route filters, pooled upstreams, streaming,
 timeouts, the audit record), so floor -> checks is what the checks cost, checks -> gate what the structure costs.
 
-    python -m benchkit.floor UPSTREAM_PORT TOKEN_FILE [--checks]      (prints "floor on PORT")
+    python benchkit/floor.py HOST UPSTREAM_PORT TOKEN_FILE [--checks]      (prints "floor on PORT")
+
+It runs as a script, on this package and the gate's own dependencies only: so in the gate image too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httptools
 import uvloop
@@ -25,7 +28,8 @@ from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.gate.routes import CLIENT_CREDENTIAL_SPELLINGS
 from claude_bottle.policy.messages import MessagesPolicy
 
-from .core import HERE, LOOPBACK, Child, Children
+if TYPE_CHECKING:
+    from .core import Child, Children
 
 # Dropped from the client's request (then set by the proxy) or from the upstream's response (then framed anew).
 DROPPED = CLIENT_CREDENTIAL_SPELLINGS | {b"host", b"accept-encoding", b"content-length", b"connection",
@@ -106,27 +110,31 @@ class Client(asyncio.Protocol):
 
 
 class Proxy:
-    def __init__(self, upstream_port: int, token: bytes, checks: bool) -> None:
-        self.upstream_port, self.token, self.checks = upstream_port, token, checks
+    def __init__(self, host: str, upstream_port: int, token: bytes, checks: bool) -> None:
+        self.host, self.upstream_port, self.token, self.checks = host, upstream_port, token, checks
         self.policy, self.matcher = MessagesPolicy(), DlpPolicy().matcher([token])
         self.set_headers = (b"host: %s:%d\r\nauthorization: Bearer %s\r\naccept-encoding: identity\r\n"
-                            % (LOOPBACK.encode(), upstream_port, token))
+                            % (host.encode(), upstream_port, token))
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
-        _, self.upstream = await loop.create_connection(lambda: Upstream(self), LOOPBACK, self.upstream_port)
-        server = await loop.create_server(lambda: Client(self), LOOPBACK, 0)
+        _, self.upstream = await loop.create_connection(lambda: Upstream(self), self.host, self.upstream_port)
+        server = await loop.create_server(lambda: Client(self), self.host, 0)
         print(f"floor on {server.sockets[0].getsockname()[1]}", flush=True)
         await server.serve_forever()
 
 
-def start(children: Children, name: str, upstream_port: int, token_file: Path, checks: bool
-          ) -> tuple[Child, tuple[str, int]]:
-    argv = [sys.executable, "-m", "benchkit.floor", str(upstream_port), str(token_file), *(["--checks"] * checks)]
-    child = children.start(name, argv, cwd=HERE)
+def start(children: Children, name: str, upstream_port: int, token_file: Path, checks: bool,
+          image: str | None = None) -> tuple[Child, tuple[str, int]]:
+    """The floor as a child, on this Python or with ``image`` in the gate image (``Children.start_in_image``)."""
+    from .core import HERE, LOOPBACK
+
+    args = [str(Path(__file__).resolve()), LOOPBACK, str(upstream_port), str(token_file), *(["--checks"] * checks)]
+    child = (children.start(name, [sys.executable, *args], cwd=HERE) if image is None
+             else children.start_in_image(name, image, args, mounts=(Path(__file__).resolve().parent, token_file)))
     return child, (LOOPBACK, int(child.wait_for_line(re.compile(r"floor on (\d+)"), 20)[1]))
 
 
 if __name__ == "__main__":
-    token = Path(sys.argv[2]).read_text().strip().encode()
-    uvloop.run(Proxy(int(sys.argv[1]), token, "--checks" in sys.argv[3:]).serve())
+    token = Path(sys.argv[3]).read_text().strip().encode()
+    uvloop.run(Proxy(sys.argv[1], int(sys.argv[2]), token, "--checks" in sys.argv[4:]).serve())

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from typing import Any
 
 from .client import SMALL_PAYLOAD, SseScanner, SyncHttp, messages_request, push_bytes, stream_once, stream_payload
 from .core import (
+    GATE_PYTHON,
     HERE,
     LOOPBACK,
     MB,
@@ -27,6 +29,7 @@ from .core import (
     Deadline,
     claude_bottle_argv,
     kb_to_mb,
+    log,
     make_token,
     percentile,
     proc_status_kb,
@@ -59,9 +62,30 @@ class Loopback:
         return f"{self.sink[0]}:{self.sink[1]}"
 
 
-def start_loopback(children: Children, tmp: Path, gate_flags: tuple[str, ...] = (), profile: Path | None = None
-                   ) -> Loopback:
-    """Start stub, sink and gate; the gate allows a plain tunnel to the sink only (``--allow-tcp``)."""
+def gate_image() -> tuple[str, str]:
+    """The gate image of this checkout (built now if missing, as ``claude-bottle build`` builds it) and the
+    Python it runs the gate on."""
+    from claude_bottle.agent.schema import AgentConfig
+    from claude_bottle.errors import BottleError
+    from claude_bottle.launch import build_inputs
+    from claude_bottle.runtime import images
+    from claude_bottle.runtime.engines import open_engine
+
+    try:
+        tag = images.build(open_engine(), images.gate_spec(build_inputs(AgentConfig())), log)
+    except BottleError as exc:
+        raise BenchError(f"the gate image: {exc} (or pass --gate-on-host)") from None
+    r = subprocess.run(["docker", "run", "--rm", "--entrypoint", GATE_PYTHON, tag, "-VV"], capture_output=True,
+                       text=True, timeout=120)
+    if r.returncode:
+        raise BenchError(f"the gate image {tag} does not run: {r.stderr.strip()[-500:]}")
+    return tag, r.stdout.strip()
+
+
+def start_loopback(children: Children, tmp: Path, gate_flags: tuple[str, ...] = (), profile: Path | None = None,
+                   image: str | None = None) -> Loopback:
+    """Start stub, sink and gate; the gate allows a plain tunnel to the sink only (``--allow-tcp``). With
+    ``image`` the gate runs in the gate image, as shipped (``Children.start_in_image``); else on this Python."""
     token_value = make_token()
     token = tmp / "token"
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -73,13 +97,17 @@ def start_loopback(children: Children, tmp: Path, gate_flags: tuple[str, ...] = 
     sink = children.start("sink", [sys.executable, "-m", "benchkit.client", f"{SINK_HOST}:0"], stdin_pipe=True,
                           cwd=HERE)
     sink_port = int(sink.wait_for_line(re.compile(r"sink on [\d.]+:(\d+)"), 20)[1])
-    argv = [*cb, "gate", "--api-listen", f"{LOOPBACK}:0", "--proxy-listen", f"{LOOPBACK}:0",
+    args = ["gate", "--api-listen", f"{LOOPBACK}:0", "--proxy-listen", f"{LOOPBACK}:0",
             "--upstream", f"http://{LOOPBACK}:{stub_port}", "--token-file", str(token),
             "--allow-tcp", f"{SINK_HOST}:{sink_port}", "--allow-private", "127.0.0.0/8",
             "--max-tunnels", "256", "--drain-seconds", "1", *gate_flags]
-    if profile is not None:
-        argv = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "claude_bottle", *argv[len(cb):]]
-    gate = children.start("gate", argv)
+    if image is not None:
+        gate = children.start_in_image("gate", image, ["-m", "claude_bottle", *args], mounts=(tmp,))
+    elif profile is not None:
+        gate = children.start("gate", [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "claude_bottle",
+                                       *args])
+    else:
+        gate = children.start("gate", [*cb, *args])
     ready = gate.wait_for_gate(30)
     return Loopback(token_value, stub, stub_port, sink, (SINK_HOST, sink_port), gate,
                     (ready.api.host, ready.api.port), (ready.proxy.host, ready.proxy.port))
