@@ -169,7 +169,7 @@ class Loopback:
             image, python = phases.gate_image()
             self.details["gate_runs_in"] = {"image": image, "python": python}
         else:
-            self.details["gate_runs_in"] = {"image": None, "python": sys.version}
+            self.details["gate_runs_in"] = {"image": None, "python": f"Python {sys.version.split()[0]}"}
         self.lb = lb = phases.start_loopback(ch, self.tmp, image=image)
         self.gate = lb.gate
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -484,7 +484,8 @@ def write(doc: dict[str, Any]) -> None:
         f"Commit: {m['commit'] or '?'}{' + uncommitted changes in src' if m['src_modified_since_commit'] else ''}  ",
         f"Status: {'complete' if doc['complete'] else 'INCOMPLETE: ' + str(doc.get('error'))}; "
         f"duration {doc['duration_s']:.0f} s", "",
-        "Gate = `claude-bottle gate`; direct = straight to the stub (or sink); nginx = Debian's nginx as a "
+        f"Gate = `claude-bottle gate` ({_gate_runs_in(doc['details'].get('gate_runs_in'))}); direct = straight to "
+        "the stub (or sink); nginx = Debian's nginx as a "
         "reverse proxy (proxy_buffering off, keep-alive upstream, Authorization injected); squid = Debian's "
         "squid allowing CONNECT to the sink only; sandbox-runtime = the HTTP proxy of Anthropic's "
         "`@anthropic-ai/sandbox-runtime` (`srt`) allowing the sink only, opaque tunnels; Python's floor = the "
@@ -498,6 +499,15 @@ def write(doc: dict[str, Any]) -> None:
         lines += ["", "Analysis:", ""] + [f"- {a}" for a in doc["analysis"]]
     lines += ["", "Details:", "", *details_block(doc["details"])]
     write_results("latest", doc, lines)
+
+
+def _gate_runs_in(where: dict[str, Any] | None) -> str:
+    """Where the gate and Python's floors ran, as the report's header says it."""
+    if not where:
+        return "on the benchmark's Python"
+    python = " ".join(str(where["python"]).split()[:2])
+    return (f"it and Python's floors ran in the gate image {where['image']}, on {python}" if where.get("image")
+            else f"it and Python's floors ran on the benchmark's Python, {python}: --gate-on-host")
 
 
 ANALYSIS_FILE = HERE / "analysis.json"  # hand-written notes on misses, copied into the report if present
