@@ -505,9 +505,9 @@ def _gate_runs_in(where: dict[str, Any] | None) -> str:
     """Where the gate and Python's floors ran, as the report's header says it."""
     if not where:
         return "on the benchmark's Python"
-    python = " ".join(str(where["python"]).split()[:2])
-    return (f"it and Python's floors ran in the gate image {where['image']}, on {python}" if where.get("image")
-            else f"it and Python's floors ran on the benchmark's Python, {python}: --gate-on-host")
+    return (f"it and Python's floors ran in the gate image {where['image']}, on {where['python']}"
+            if where.get("image") else f"it and Python's floors ran on the benchmark's Python, {where['python']}: "
+            "--gate-on-host")
 
 
 ANALYSIS_FILE = HERE / "analysis.json"  # hand-written notes on misses, copied into the report if present

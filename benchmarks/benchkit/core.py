@@ -32,7 +32,6 @@ LOOPBACK = "127.0.0.1"  # stub and gate listeners
 SINK_HOST = "127.0.0.2"  # proxy targets: the upstream's host is refused as a proxy target on every port
 SOCKET_TIMEOUT_S = 30.0
 MB = 1_000_000  # all MB here are 10^6 bytes
-GATE_PYTHON = "/opt/gate/bin/python"  # in the gate image (runtime/dockerfiles/gate.Dockerfile)
 
 
 class BenchError(Exception):
@@ -312,14 +311,20 @@ class Children:
         return child
 
     def start_in_image(self, name: str, image: str, argv: list[str], mounts: tuple[Path, ...] = ()) -> Child:
-        """``python argv`` in ``image`` (the gate's), confined as the gate runs in use (runtime/run.py) but on
+        """``python argv`` in ``image`` (the gate's), confined as a run confines its gate (runtime/run.py) but on
         the host's network, as this user (to read the benchmark's files), each of ``mounts`` at its own path."""
+        from claude_bottle.runtime.docker_values import CAP_DROP, SECURITY_OPT
+        from claude_bottle.runtime.gate import GATE_MEMORY, GATE_PIDS_LIMIT, GATE_PYTHON, GATE_TMPFS
+
         container = f"claude-bottle-bench-{name.replace(' ', '-')}-{os.getpid()}"
-        docker = ["docker", "run", "--rm", "--name", container, "--network", "host", "--user",
-                  f"{os.getuid()}:{os.getgid()}", "--read-only", "--tmpfs", "/tmp:size=16m", "--cap-drop", "ALL",
-                  "--security-opt", "no-new-privileges", "--pids-limit", "256", "--memory", "256m",
+        confined = ["--read-only", *(f"--tmpfs={path}:{options}" for path, options in GATE_TMPFS.items()),
+                    f"--pids-limit={GATE_PIDS_LIMIT}", f"--memory={GATE_MEMORY}",
+                    *(f"--cap-drop={cap}" for cap in CAP_DROP), *(f"--security-opt={opt}" for opt in SECURITY_OPT)]
+        docker = ["docker", "run", "--rm", "--name", container, "--network", "host",
+                  f"--user={os.getuid()}:{os.getgid()}", *confined,
                   *(f"--volume={path}:{path}:ro" for path in mounts), "--entrypoint", GATE_PYTHON, image]
-        subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=60)  # a killed run's
+        # A container of that name is left only by an earlier benchmark killed outright that had this pid.
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=60)
         child = self.start(name, [*docker, *argv])
         child.container = container
         return child

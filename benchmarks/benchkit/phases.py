@@ -18,7 +18,6 @@ from typing import Any
 
 from .client import SMALL_PAYLOAD, SseScanner, SyncHttp, messages_request, push_bytes, stream_once, stream_payload
 from .core import (
-    GATE_PYTHON,
     HERE,
     LOOPBACK,
     MB,
@@ -70,6 +69,7 @@ def gate_image() -> tuple[str, str]:
     from claude_bottle.launch import build_inputs
     from claude_bottle.runtime import images
     from claude_bottle.runtime.engines import open_engine
+    from claude_bottle.runtime.gate import GATE_PYTHON
 
     try:
         tag = images.build(open_engine(), images.gate_spec(build_inputs(AgentConfig())), log)
@@ -79,7 +79,7 @@ def gate_image() -> tuple[str, str]:
                        text=True, timeout=120)
     if r.returncode:
         raise BenchError(f"the gate image {tag} does not run: {r.stderr.strip()[-500:]}")
-    return tag, r.stdout.strip()
+    return tag, " ".join(r.stdout.split()[:2])  # "Python 3.11.2"
 
 
 def start_loopback(children: Children, tmp: Path, gate_flags: tuple[str, ...] = (), profile: Path | None = None,

@@ -16,6 +16,9 @@ from docker.types import Mount as DockerMount
 
 from claude_bottle.runtime.seam import ContainerInfo, ContainerSpec, Mount, NetworkInfo
 
+# Every container's: no capabilities, and no privileges gained through setuid programs or file capabilities.
+CAP_DROP = ("ALL",)
+SECURITY_OPT = ("no-new-privileges",)
 # What a container may leave in the engine's logs (the gate's audit, the bottle's output), whatever it floods.
 LOG_CONFIG = LogConfig(type=LogConfig.types.JSON, config={"max-size": "5m", "max-file": "2"})
 
@@ -53,8 +56,8 @@ def docker_mount(mount: Mount) -> DockerMount:
 
 def create_options(spec: ContainerSpec) -> dict[str, Any]:
     """``spec`` as the SDK's ``containers.create`` keywords (but the image): only what it sets."""
-    options: dict[str, Any] = {"name": spec.name, "labels": spec.labels, "cap_drop": ["ALL"],
-                               "security_opt": ["no-new-privileges"]}
+    options: dict[str, Any] = {"name": spec.name, "labels": spec.labels, "cap_drop": list(CAP_DROP),
+                               "security_opt": list(SECURITY_OPT)}
     chosen: dict[str, Any] = {
         "command": list(spec.command), "entrypoint": list(spec.entrypoint), "network": spec.network,
         "networking_config": {spec.network: {"Aliases": list(spec.aliases)}} if spec.aliases else None,

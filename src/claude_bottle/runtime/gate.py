@@ -20,6 +20,11 @@ from claude_bottle.runtime.spec import API_PORT, PROXY_PORT, RunSpec
 
 CONTROL_SOCKET = "/tmp/claude-bottle-control.sock"  # in the gate's own tmpfs: see gate/control.py
 GATE_PYTHON = "/opt/gate/bin/python"
+# The gate container's bounds, with what every container gets (runtime/docker_values.py): a read-only root but
+# for a small /tmp, and limits on its processes and memory.
+GATE_TMPFS = {"/tmp": "size=16m"}
+GATE_PIDS_LIMIT = 256
+GATE_MEMORY = "256m"
 GATE_READY_SECONDS = 30
 GATE_STOP_SECONDS = 3
 GATE_ALIAS = "gate"  # the gate's name on the internal network, where the engine resolves names there (Docker)

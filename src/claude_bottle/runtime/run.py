@@ -34,9 +34,12 @@ from claude_bottle.runtime.files import (
 )
 from claude_bottle.runtime.gate import (
     GATE_ALIAS,
+    GATE_MEMORY,
+    GATE_PIDS_LIMIT,
     GATE_PYTHON,
     GATE_READY_SECONDS,
     GATE_STOP_SECONDS,
+    GATE_TMPFS,
     ca_from_ready_line,
     gate_options,
     startup_lines,
@@ -126,8 +129,8 @@ class Run:
             with uninterrupted():
                 self.engine.create_container(ContainerSpec(
                     spec.gate_image, gate, self.labels, command=tuple(options.args()),
-                    stdin_open=True, network=self.egress.id, read_only=True, tmpfs={"/tmp": "size=16m"},
-                    pids_limit=256, memory="256m", bounded_logs=True,
+                    stdin_open=True, network=self.egress.id, read_only=True, tmpfs=GATE_TMPFS,
+                    pids_limit=GATE_PIDS_LIMIT, memory=GATE_MEMORY, bounded_logs=True,
                     binds=tuple((source, mount["bind"], True) for source, mount in upstream_ca_mounts(spec).items())))
             if self.engine.internal_names:
                 self.engine.connect(self.internal.name, gate, alias=GATE_ALIAS)
