@@ -18,6 +18,7 @@ answer the upstream sends early is relayed: the response is read only once the w
 from __future__ import annotations
 
 import functools
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -92,14 +93,21 @@ class ApiRoute:
                        ) -> None:
         """One request on the API listener (the listener's ``Exchange``, gate/request_loop.py)."""
         config = ctx.config
-        target, messages = self._admitted(request, record, config)
+        path, decision = self._decided(request)
+        record.target, record.path = self.target, path
+        if not decision.allow:
+            raise Refused.by(decision)
+        record.decided(decision)
+        target, messages = self._upstream_target(request, path, config)
         idle = config.limits.idle_timeout
         body = None if conn.they_are_waiting_for_100_continue else conn.arrived_body()
         if body is None:
             await forward(conn, outbound(conn, request, target, idle), lambda: Pooled(ctx.api_pool), record, idle,
                           self.messages_filters if messages else self.filters, self.response_filters)
             return
-        head = self._checked(request, target, body, messages, record, config)
+        head, verdict = self._checked(request, target, body, messages, config)
+        if verdict is not None:
+            record.passed(verdict)
         async with Pooled(ctx.api_pool) as origin:
             record.bytes_up += len(body)
             await origin.send_whole(head, body)
@@ -108,55 +116,66 @@ class ApiRoute:
     def express(self, conn: HttpConnection, ctx: GateContext, busy: set[HttpConnection]) -> bool:
         """The listener's ``Express`` (gate/express.py): a whole request that queued on ``conn``, checked as
         ``exchange`` checks it and sent on an idle pooled upstream connection from the socket callback. False,
-        with nothing taken, for anything else: the coroutine path serves it, refusals included."""
+        with nothing taken, for anything else: the coroutine path serves it, refusals included. Its audit
+        record is made once the request went up: off the exchange's path."""
         whole = conn.queued_whole()
         if whole is None or not conn.ready_for_express:
             return False
+        started = time.time()
         request, body = whole
         assert isinstance(request, Request)  # a server connection parses requests
         config = ctx.config
-        record = AuditRecord(LISTENER, conn.peer, request.method.decode("ascii", "replace"), "-")
         try:
-            target, messages = self._admitted(request, record, config)
-            head = self._checked(request, target, body, messages, record, config)
+            path, decision = self._decided(request)
+            if not decision.allow:
+                return False
+            target, messages = self._upstream_target(request, path, config)
+            head, verdict = self._checked(request, target, body, messages, config)
         except Exception:  # a refusal, or anything else out of the ordinary: exchange answers it as always
             return False
         origin = ctx.api_pool.idle()
         if origin is None:
             return False
-        ExpressExchange(conn, origin, record, ctx, busy, self.response_filters).send(head, body)
+
+        def record() -> AuditRecord:
+            made = AuditRecord(LISTENER, conn.peer, request.method.decode("ascii", "replace"), self.target,
+                               path=path, started=started)
+            made.decided(decision)
+            if verdict is not None:
+                made.passed(verdict)
+            return made
+
+        ExpressExchange(conn, origin, ctx, busy, self.response_filters).send(head, body, record)
         return True
 
-    def _admitted(self, request: Request, record: AuditRecord, config: GateSettings) -> tuple[bytes, bool]:
-        """The API policy's verdict on ``request`` (``Refused``), recorded: the upstream's target for it, and
-        whether it is a Messages request."""
-        method = request.method.decode("ascii")
+    def _decided(self, request: Request) -> tuple[str, Decision]:
+        """The API policy's verdict on ``request``, and the path it judged (the target without its query)."""
         target = request.target.decode("ascii")
-        record.target = self.target
-        record.path = target.split("?", 1)[0]
-        decision = self.decide(method, target)
-        if not decision.allow:
-            raise Refused.by(decision)
-        record.decided(decision)
-        messages = method == "POST" and record.path in config.messages_policy.paths
-        return (config.upstream.base_path + target).encode(), messages
+        return target.split("?", 1)[0], self.decide(request.method.decode("ascii"), target)
 
-    def _checked(self, request: Request, target: bytes, body: bytes, messages: bool, record: AuditRecord,
-                 config: GateSettings) -> Request:
+    @staticmethod
+    def _upstream_target(request: Request, path: str, config: GateSettings) -> tuple[bytes, bool]:
+        """The upstream's target for an allowed ``request``, and whether it is a Messages request."""
+        messages = request.method == b"POST" and path in config.messages_policy.paths
+        return config.upstream.base_path.encode() + request.target, messages
+
+    def _checked(self, request: Request, target: bytes, body: bytes, messages: bool, config: GateSettings
+                 ) -> tuple[Request, Decision | None]:
         """The request whose body arrived whole, through the route's filters (``Refused``) as the upstream will
-        get it: the Messages policy's verdict recorded, the client's credentials gone, DLP passed, the real
-        credential added, framed by its length."""
+        get it: the client's credentials gone, DLP passed, the real credential added, framed by its length;
+        and the Messages policy's verdict on it (None: not a Messages request)."""
+        verdict = None
         if messages:
             max_bytes = config.limits.max_body_bytes
             if len(body) > max_bytes:
                 raise too_large(max_bytes)
-            record.passed(_verdict(config.messages_policy, body))
+            verdict = _verdict(config.messages_policy, body)
         headers = hop_free(request.headers, NOT_FORWARDED)
         scan_whole_request(config.dlp_matcher, target, headers, body)
         headers = [*self.host, *headers, *self.added]
         if body or request.content_length is not None or request.chunked:
             headers.append((b"content-length", b"%d" % len(body)))
-        return Request(request.method, target, headers)
+        return Request(request.method, target, headers), verdict
 
 
 def messages_policy(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:

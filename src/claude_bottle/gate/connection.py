@@ -110,7 +110,7 @@ class HttpConnection(asyncio.Protocol):
         self._on_silence: Callable[[], None] | None = None  # (client) and if nothing came by the deadline
 
     @property
-    def our_state(self) -> State:
+    def our_state(self) -> str:
         return self._out.state
 
     @property

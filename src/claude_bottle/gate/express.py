@@ -34,32 +34,33 @@ Express = Callable[[HttpConnection, GateContext, set[HttpConnection]], bool]
 
 class ExpressExchange:
     """One exchange express took from ``conn``, its request to go up on ``origin`` (an idle pooled
-    connection): its response is awaited from ``origin``'s callback, and its audit record written when it
-    ends."""
+    connection): its response is awaited from ``origin``'s callback, and its audit record (``send`` has it
+    made) written when it ends."""
 
-    def __init__(self, conn: HttpConnection, origin: HttpConnection, record: AuditRecord, ctx: GateContext,
-                 busy: set[HttpConnection], response_filters: Sequence[ResponseFilter]) -> None:
-        self.conn, self.origin, self.record, self.ctx, self.busy = conn, origin, record, ctx, busy
+    def __init__(self, conn: HttpConnection, origin: HttpConnection, ctx: GateContext, busy: set[HttpConnection],
+                 response_filters: Sequence[ResponseFilter]) -> None:
+        self.conn, self.origin, self.ctx, self.busy = conn, origin, ctx, busy
         self.response_filters = response_filters
         self.deadline = 0.0
 
-    def send(self, head: Request, body: bytes) -> None:
-        """The request queued on ``conn`` goes up as ``head`` and ``body``, and is taken (after the write:
-        what is left to do is off the exchange's path); then the wait for its response, as long as the
-        coroutine path waits for its head."""
+    def send(self, head: Request, body: bytes, record: Callable[[], AuditRecord]) -> None:
+        """The request queued on ``conn`` goes up as ``head`` and ``body``, and is taken, with its audit record
+        made by ``record`` (after the write: what is left to do is off the exchange's path); then the wait for
+        its response, as long as the coroutine path waits for its head."""
         origin = self.origin
         try:
             origin.write_whole(head, body)
         except Exception as exc:  # a fault: answered as the coroutine path answers one
             origin.abort()
-            self._taken(len(body))
+            self._taken(record(), len(body))
             self._resume(functools.partial(_raise, exc))
             return
-        self._taken(len(body))
+        self._taken(record(), len(body))
         self.deadline = origin.loop.time() + self.ctx.config.limits.idle_timeout
         origin.await_events(self.arrived, self.deadline, self.hand_over)
 
-    def _taken(self, size: int) -> None:
+    def _taken(self, record: AuditRecord, size: int) -> None:
+        self.record = record
         self.conn.take_whole()
         self.busy.add(self.conn)  # a draining gate lets the exchange finish
         self.conn.in_flight = self.abandon

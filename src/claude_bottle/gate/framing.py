@@ -11,8 +11,8 @@ parser gives them and as every header the gate adds is spelled.
 
 from __future__ import annotations
 
-import enum
 from http import HTTPStatus
+from typing import Final
 
 from claude_bottle.gate.http1 import (
     Headers,
@@ -38,13 +38,15 @@ def message_head(start: bytes, headers: Headers, body: bytes = b"") -> bytes:
     return data
 
 
-class Framing(enum.Enum):
-    LENGTH = "length"
-    CHUNKED = "chunked"
-    UNTIL_CLOSE = "until close"  # an HTTP/1.0 peer: no framing header, the connection ends the body
+class Framing:
+    """How a message's body is delimited on the wire (plain constants, as ``State`` is, for the same reason)."""
+
+    LENGTH: Final = "length"
+    CHUNKED: Final = "chunked"
+    UNTIL_CLOSE: Final = "until close"  # an HTTP/1.0 peer: no framing header, the connection ends the body
 
 
-def request_framing(headers: Headers) -> tuple[Framing, int, bool]:
+def request_framing(headers: Headers) -> tuple[str, int, bool]:
     """How a request the gate sends with ``headers`` is framed: by length (its Content-Length, else none) or
     chunked, the length it promises, and whether it asks to close the connection after the exchange."""
     framing, length, close = Framing.LENGTH, 0, False
@@ -59,7 +61,7 @@ def request_framing(headers: Headers) -> tuple[Framing, int, bool]:
 
 
 def response_framing(status: int, method: bytes, headers: Headers, peer_version: bytes, keep_alive: bool
-                     ) -> tuple[Framing, int, bool, Headers]:
+                     ) -> tuple[str, int, bool, Headers]:
     """How a response to a ``method`` request from an HTTP/``peer_version`` client goes on the wire: its framing,
     the body length it promises, whether the connection stays open after it (``keep_alive``: so far), and its
     headers as sent. A body of unknown length is chunked for an HTTP/1.1 peer; for an HTTP/1.0 one (or no valid
