@@ -349,6 +349,8 @@ class HttpConnection(asyncio.Protocol):
                 return None
         elif type(head) is not Response:
             return None
+        if len(events) == 3 and type(data := events[1]) is Data and events[2] is END_OF_MESSAGE:
+            return head, data.data  # the common case: one piece of body, nothing after it
         body = self._queued_body(1)
         return None if body is None else (head, body)
 

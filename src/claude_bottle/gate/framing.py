@@ -46,17 +46,22 @@ class Framing:
     UNTIL_CLOSE: Final = "until close"  # an HTTP/1.0 peer: no framing header, the connection ends the body
 
 
+# The headers that bear on how a request the gate sends is framed.
+_FRAMING_NAMES = frozenset({b"content-length", b"transfer-encoding", b"connection"})
+
+
 def request_framing(headers: Headers) -> tuple[str, int, bool]:
     """How a request the gate sends with ``headers`` is framed: by length (its Content-Length, else none) or
     chunked, the length it promises, and whether it asks to close the connection after the exchange."""
     framing, length, close = Framing.LENGTH, 0, False
     for name, value in headers:  # names in lower case, as the gate sends them
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"transfer-encoding":
-            framing = Framing.CHUNKED
-        elif name == b"connection" and b"close" in value.lower():
-            close = True
+        if name in _FRAMING_NAMES:  # one lookup for the many other headers
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                framing = Framing.CHUNKED
+            elif b"close" in value.lower():
+                close = True
     return framing, length, close
 
 
@@ -151,8 +156,10 @@ class Outgoing:
         if self.state is not State.SEND_BODY:
             raise LocalProtocolError("a tunnel's answer has no body to send")
         if self.framing is Framing.LENGTH and len(body) < JOIN_BELOW:
-            self.body(body)  # held to the length (the bytes are the same)
-            self.end()
+            if len(body) != self.remaining:  # held to its length, as ``body`` and ``end`` hold it
+                raise LocalProtocolError(f"{'more' if len(body) > self.remaining else 'less'} body than its "
+                                         "Content-Length")
+            self.remaining, self.state = 0, State.DONE if self.keep_alive else State.MUST_CLOSE
             return [message_head(start, headers, body)]
         pieces = [message_head(start, headers)]
         if body:
