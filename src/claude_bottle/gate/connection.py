@@ -349,8 +349,6 @@ class HttpConnection(asyncio.Protocol):
                 return None
         elif type(head) is not Response:
             return None
-        if len(events) == 3 and type(data := events[1]) is Data and events[2] is END_OF_MESSAGE:
-            return head, data.data  # the common case: one piece of body, nothing after it
         body = self._queued_body(1)
         return None if body is None else (head, body)
 
@@ -358,6 +356,8 @@ class HttpConnection(asyncio.Protocol):
         """The body whose events begin at ``start`` in the queue if all of it has arrived (only data, then its
         end), else None."""
         events = self._incoming.events
+        if len(events) == start + 2 and type(data := events[start]) is Data and events[start + 1] is END_OF_MESSAGE:
+            return data.data  # the common case: one piece, and nothing after its end
         chunks: list[bytes] = []
         for index in range(start, len(events)):
             event = events[index]
