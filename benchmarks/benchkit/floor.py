@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING
 import httptools
 import uvloop
 
+from claude_bottle.gate.decode import reflected_forms
 from claude_bottle.gate.dlp import DlpPolicy
 from claude_bottle.gate.routes import CLIENT_CREDENTIAL_SPELLINGS
+from claude_bottle.gate.scan import SecretForms
 from claude_bottle.policy.messages import MessagesPolicy
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ class Upstream(asyncio.Protocol):
         if self.proxy.checks:
             if any(n == b"content-encoding" and v != b"identity" for n, v in self.headers):
                 raise ValueError("an encoded response")
-            if self.proxy.token in body:
+            if self.proxy.reflected.in_message(self.headers, body):
                 raise ValueError("the response carries the credential")
         head = [b"HTTP/1.1 %d OK\r\n" % self.parser.get_status_code()]
         head += [n + b": " + v + b"\r\n" for n, v in self.headers if n not in DROPPED]
@@ -113,6 +115,7 @@ class Proxy:
     def __init__(self, host: str, upstream_port: int, token: bytes, checks: bool) -> None:
         self.host, self.upstream_port, self.token, self.checks = host, upstream_port, token, checks
         self.policy, self.matcher = MessagesPolicy(), DlpPolicy().matcher([token])
+        self.reflected = SecretForms(reflected_forms(token))  # every form a server may send the token back in
         self.set_headers = (b"host: %s:%d\r\nauthorization: Bearer %s\r\naccept-encoding: identity\r\n"
                             % (host.encode(), upstream_port, token))
 
