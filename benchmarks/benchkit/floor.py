@@ -113,7 +113,7 @@ class Client(asyncio.Protocol):
 
 class Proxy:
     def __init__(self, host: str, upstream_port: int, token: bytes, checks: bool) -> None:
-        self.host, self.upstream_port, self.token, self.checks = host, upstream_port, token, checks
+        self.host, self.upstream_port, self.checks = host, upstream_port, checks
         self.policy, self.matcher = MessagesPolicy(), DlpPolicy().matcher([token])
         self.reflected = SecretForms(reflected_forms(token))  # every form a server may send the token back in
         self.set_headers = (b"host: %s:%d\r\nauthorization: Bearer %s\r\naccept-encoding: identity\r\n"
