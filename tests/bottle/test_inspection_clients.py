@@ -331,3 +331,22 @@ def test_an_opaque_tunnel_still_carries_only_its_own_host(bottle: Run, git_serve
                                   and r["target"] == f"{PINNED}:{PORT}" and r["decision"] == "deny"])
     assert refused, gate_audit(bottle)[-3:]
     assert f"TLS server name {READ} does not match the CONNECT host {PINNED}" in refused[-1]["reason"], refused
+
+
+def test_a_post_that_names_another_method_in_its_body_is_judged_as_that_method(bottle: Run,
+                                                                              git_server: GitServer) -> None:
+    """The attack on read-only rules a Rails, Laravel or Spring server would fall for: a POST the rules allow
+    (git's fetch) whose form body names DELETE or PUT in a ``_method`` field, URL-encoded (curl -d) or
+    multipart (curl -F). Both are refused before the server sees them; the same POST without it passes."""
+    url = f"https://{READ}:{PORT}{REPO}/git-upload-pack"
+    curl = "curl -sS --max-time 20 -o /dev/null -D - -w '%{http_code}\\n'"
+    code, output = in_bottle(bottle, f"{curl} -d _method=DELETE {url}; {curl} -F _method=put -F x=1 {url}; "
+                                     f"{curl} -d want=1 {url}")
+    assert code == 0, output
+    statuses = [line for line in output.splitlines() if line.isdigit()]
+    assert statuses[:2] == ["403", "403"] and statuses[2] != "403", output
+    for named in ("DELETE", "PUT"):
+        assert (f"x-deny-reason: {named} matches no allow rule of [[egress]] {READ}:{PORT}" in output
+                and "(the method a method override names)" in output), output
+    bodies = [r["body"] for r in git_server.requests() if r["path"] == f"{REPO}/git-upload-pack"]
+    assert "want=1" in bodies and not any("_method" in body for body in bodies), bodies

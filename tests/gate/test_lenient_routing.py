@@ -1,16 +1,25 @@
 """[[egress]] rules against what a lenient server makes of a request, on a gate on loopback (plain HTTP through
-the proxy): a method override header, ';' segment parameters, '..;', a trailing slash, another letter case.
-Each refused request never reaches the upstream."""
+the proxy): a method override header or body field, ';' segment parameters, '..;', a trailing slash, another
+letter case. Each refused request never reaches the upstream whole."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 import pytest
 
+from claude_bottle.gate.failures import Refused
+from claude_bottle.gate.forward import Outbound
+from claude_bottle.gate.inspection import request_rules
+from claude_bottle.policy.hosts import Target
+from claude_bottle.policy.rules import RequestPolicy, make_host_rules
 from claude_bottle.stub import StubUpstream
-from tests.conftest import GateFactory
+from tests.conftest import GateFactory, RunningGate
 from tests.gate import test_request_filters
+from tests.gate.test_api_streaming import Recording, body_received, request_end
 from tests.gate.test_request_filters import PLAIN_HOST, absolute, plain_gate
-from tests.helpers import exchange, parse_head
+from tests.helpers import eventually, exchange, parse_head, raw_server, read_all
 
 pytestmark = pytest.mark.asyncio
 plain = test_request_filters.plain  # the plain-HTTP server fixture
@@ -37,3 +46,102 @@ async def test_a_request_a_lenient_server_would_route_past_the_rules_is_refused(
     assert refused[0] in (400, 403), refused
     assert allowed[0] == 200
     assert [r.target for r in plain.requests] == ["/v1/models"]
+
+
+MULTIPART_TYPE = "Content-Type: multipart/form-data; boundary=b0und\r\n"
+
+
+def multipart_field(name: str, value: str) -> bytes:
+    return f'--b0und\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n--b0und--\r\n'.encode()
+
+
+@pytest.mark.parametrize(("extra", "body"), [
+    ("", b"_method=DELETE"),  # no Content-Type: Rack reads a POST's body as a form
+    ("Content-Type: application/x-www-form-urlencoded\r\n", b"title=x&%5Fmethod=delete"),
+    (MULTIPART_TYPE, multipart_field("_method", "DELETE")),
+    ("Content-Type: application/json\r\n", b'{"title": "x", "_method": "DELETE"}'),
+], ids=["no-content-type", "form", "multipart", "json"])
+async def test_a_post_whose_body_names_another_method_is_judged_as_that_method(
+        make_gate: GateFactory, plain: StubUpstream, extra: str, body: bytes) -> None:
+    rules = (f"{PLAIN_HOST}:{plain.port} allow POST /v1/items", f"{PLAIN_HOST}:{plain.port} allow GET /**")
+    async with plain_gate(make_gate, plain.port, egress_rules=rules) as gate:
+        refused = parse_head(await exchange(gate.proxy, absolute("POST", plain.port, "/v1/items", body, extra)))
+        allowed = [parse_head(await exchange(gate.proxy, absolute("POST", plain.port, "/v1/items", sent, kind)))
+                   for kind, sent in (("Content-Type: application/x-www-form-urlencoded\r\n", b"_method=POST&a=1"),
+                                      (MULTIPART_TYPE, multipart_field("title", "x")),
+                                      ("Content-Type: text/plain\r\n", b"_method=DELETE"))]  # no framework reads it
+        records = gate.records()
+    assert refused[0] == 403, refused
+    assert refused[1]["x-deny-reason"] == (
+        f'DELETE matches no allow rule of [[egress]] {PLAIN_HOST}:{plain.port} (allowed: "POST /v1/items", '
+        '"GET /**") (the method a method override names)')
+    assert all("x-deny-reason" not in headers for _, headers in allowed)  # relayed: the stub's own answer
+    assert [r.body for r in plain.requests] == [b"_method=POST&a=1", multipart_field("title", "x"), b"_method=DELETE"]
+    assert [r["decision"] for r in records] == ["deny", "allow", "allow", "allow"]
+
+
+async def streamed_form(gate: RunningGate, port: int, body: bytes) -> bytes:
+    """POST ``body`` as a form in pieces (the gate sees it arrive, not one block) and read the answer."""
+    reader, writer = await asyncio.open_connection(gate.proxy.host, gate.proxy.port)
+    writer.write(absolute("POST", port, "/v1/items", extra="Content-Type: application/x-www-form-urlencoded\r\n")
+                 .replace(b"Content-Length: 0", b"Content-Length: %d" % len(body)))
+    for at in range(0, len(body), 40_000):
+        writer.write(body[at : at + 40_000])
+        await writer.drain()
+        await asyncio.sleep(0.005)
+    response = await read_all(reader, 3)
+    writer.close()
+    return response
+
+
+async def test_a_streamed_form_is_judged_whole_before_its_end_goes_upstream(make_gate: GateFactory) -> None:
+    """A form too long to arrive with its head goes upstream as it arrives, less its last piece, held back until
+    the whole body's _method fields are judged: the refused one never completes at the server."""
+    upstream = Recording()
+    filler = b"title=" + b"x" * 200_000
+    async with raw_server(upstream.serve) as origin:
+        rules = (f"{PLAIN_HOST}:{origin.port} allow POST /v1/items", f"{PLAIN_HOST}:{origin.port} allow GET /**")
+        async with plain_gate(make_gate, origin.port, egress_rules=rules) as gate:
+            refused = await streamed_form(gate, origin.port, filler + b"&_method=DELETE")
+            await eventually(lambda: upstream.ended, what="the refused request's upstream connection to end")
+            allowed = await streamed_form(gate, origin.port, filler + b"&_method=POST")
+            records = gate.records()
+    assert refused.startswith(b"HTTP/1.1 403 ") and b"(the method a method override names)" in refused
+    first = upstream.received[0]
+    assert request_end(first) is None, "the upstream received the refused request whole"
+    assert 0 < len(body_received(first)) < len(filler)
+    assert allowed.startswith(b"HTTP/1.1 200 ")
+    assert [body_received(r) for r in upstream.requests] == [filler + b"&_method=POST"]
+    assert [(r["decision"], r["status"]) for r in records] == [("deny", 403), ("allow", 200)]
+
+
+async def pieces_of(*pieces: bytes) -> AsyncIterator[bytes]:
+    for piece in pieces:
+        yield piece
+
+
+@pytest.mark.parametrize(("last", "verdict"), [(b"&_method=DELETE", 403), (b"&_method=POST", None),
+                                               (b"x" * 100, 413)], ids=["refused", "allowed", "too-large"])
+async def test_a_streamed_forms_last_piece_waits_for_the_verdict_on_the_whole(last: bytes, verdict: int | None
+                                                                              ) -> None:
+    """The rules' filter alone (DLP, after it in the gate, holds back a tail of its own): every piece but the
+    last goes on as it arrives; the last only once the whole body's _method fields passed."""
+    policy = RequestPolicy((make_host_rules("forms.example", allow=["POST /v1/items"]),))
+    request = Outbound(b"POST", b"/v1/items", [(b"content-type", b"application/x-www-form-urlencoded")],
+                       pieces_of(b"a=1&", b"b=2", last), None, True)
+    await request_rules(policy, Target("forms.example", 80), 50)(request)
+    body, passed, refused = request.body, list[bytes](), None
+    assert not isinstance(body, bytes)
+    try:
+        async for piece in body:
+            passed.append(piece)
+    except Refused as stop:
+        refused = stop.status
+    assert refused == verdict
+    if verdict is None:
+        assert passed == [b"a=1&", b"b=2", last]
+        (allowed,) = request.decided
+        assert allowed.reason == 'POST allowed by [[egress]] forms.example rule "allow POST /v1/items"'
+    else:
+        assert passed == ([b"a=1&"] if verdict == 413 else [b"a=1&", b"b=2"])
+        assert not request.decided

@@ -10,6 +10,8 @@ from claude_bottle.policy.rules import (
     PathError,
     RequestPolicy,
     Verdict,
+    body_method_overrides,
+    body_overrides_read,
     lenient_readings,
     make_host_rules,
     method_overrides,
@@ -302,6 +304,67 @@ def test_method_overrides_are_read_from_every_header_spelling_and_the_query() ->
     assert method_overrides(headers, b"/a") == ("DELETE", "put", "Patch")
     assert method_overrides([], b"/a?x=1&_method=DELETE;%5Fmethod=PUT") == ("DELETE", "PUT")
     assert method_overrides([], b"/a?my_method=DELETE") == ()
+
+
+FORM = (b"content-type", b"application/x-www-form-urlencoded")
+MULTIPART = (b"content-type", b"multipart/form-data; boundary=b0und")
+
+
+def multipart(*parts: tuple[str, bytes]) -> bytes:
+    """A multipart/form-data body of ``(Content-Disposition parameters and headers, value)`` parts."""
+    return b"".join(b"--b0und\r\nContent-Disposition: form-data; " + head.encode() + b"\r\n\r\n" + value + b"\r\n"
+                    for head, value in parts) + b"--b0und--\r\n"
+
+
+@pytest.mark.parametrize(("headers", "body", "named"), [
+    # a URL-encoded form, as Rack, Laravel, Symfony and Spring decode it
+    ([FORM], b"title=x&_method=DELETE", ("DELETE",)),
+    ([], b"_method=delete", ("delete",)),  # no Content-Type: Rack reads a POST's body as a form
+    ([(b"content-type", b" ")], b"_method=delete", ("delete",)),  # nor an empty one
+    ([(b"content-type", b"Application/X-WWW-Form-URLEncoded; charset=utf-8")], b"_method=PUT", ("PUT",)),
+    ([FORM], b"%5Fmethod=PUT", ("PUT",)),  # the name percent-encoded
+    ([FORM], b"_m%65thod=%44ELETE", ("DELETE",)),
+    ([FORM], b"a=1;_method=+patch+&x=2", ("patch",)),  # ';' between fields, '+' a space
+    ([FORM], b"_method=PUT&_method=DELETE", ("PUT", "DELETE")),  # every one: servers differ on which wins
+    ([FORM], b"_method", ("",)),  # named without a value: refused as no method
+    ([FORM], b"my_method=DELETE&_METHOD=DELETE&_method%20=PUT", ()),
+    # multipart, the name quoted, plain, RFC 2231-encoded, in any case; the value as written and decoded
+    ([MULTIPART], multipart(('name="title"', b"x"), ('name="_method"', b"DELETE")), ("DELETE",)),
+    ([MULTIPART], multipart(("NAME=_method", b"put")), ("put",)),
+    ([MULTIPART], multipart(("name*=UTF-8''_method", b"DELETE")), ("DELETE",)),
+    ([MULTIPART], multipart(('name="_method"\r\nContent-Transfer-Encoding: base64', b"UFVU")), ("UFVU", "PUT")),
+    ([(b"content-type", b"multipart/mixed; boundary=b0und")], multipart(('name="_method"', b"PATCH")), ("PATCH",)),
+    ([MULTIPART], multipart(('name="x_method"', b"DELETE"), ('name="file"; filename="_method"', b"PUT")), ()),
+    # a JSON object's own _method (Laravel), not a nested one
+    ([(b"content-type", b"application/json")], b'{"_method": "DELETE", "a": {"_method": "PUT"}}', ("DELETE",)),
+    ([(b"content-type", b"application/vnd.api+json")], b'{"_method": "patch"}', ("patch",)),
+    ([(b"content-type", b"application/json")], b'[{"_method": "DELETE"}]', ()),
+    ([(b"content-type", b"application/json")], b'{"_method": "DELETE"', ()),  # not JSON: no server reads it
+    # a body no framework reads a field from
+    ([(b"content-type", b"text/plain")], b"_method=DELETE", ()),
+    # every Content-Type given is read
+    ([(b"content-type", b"text/plain"), FORM], b"_method=DELETE", ("DELETE",)),
+])
+def test_body_method_overrides_are_read_as_frameworks_read_them(headers: list[tuple[bytes, bytes]], body: bytes,
+                                                                 named: tuple[str, ...]) -> None:
+    assert body_method_overrides(headers, body) == named
+
+
+def test_only_a_posts_form_or_json_body_is_read_for_a_method_override() -> None:
+    assert body_overrides_read(b"POST", [])
+    assert body_overrides_read(b"POST", [(b"content-type", b"")])
+    assert body_overrides_read(b"POST", [MULTIPART])
+    assert body_overrides_read(b"POST", [(b"content-type", b"application/json")])
+    assert not body_overrides_read(b"POST", [(b"content-type", b"application/octet-stream")])
+    assert not body_overrides_read(b"PUT", [FORM])  # frameworks override a POST only
+    assert not body_overrides_read(b"GET", [])
+
+
+def test_a_posts_body_override_is_judged_as_the_method_it_names() -> None:
+    refused = LENIENT.decide("POST", "open.example.com", 443, "/x", body_method_overrides([FORM], b"_method=DELETE"))
+    assert not refused.allow and refused.reason == (
+        'DELETE refused by [[egress]] open.example.com rule "deny DELETE /**" (the method a method override names)')
+    assert LENIENT.decide("POST", "open.example.com", 443, "/x", body_method_overrides([FORM], b"_method=PATCH")).allow
 
 
 def test_lenient_readings() -> None:

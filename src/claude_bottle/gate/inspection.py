@@ -27,7 +27,7 @@ from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.decode import BodyDecoder, UndecodableBody, content_codings
 from claude_bottle.gate.dlp import DlpMatch, DlpMatcher, DlpScanner
 from claude_bottle.gate.failures import Refused, UpstreamSide
-from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, set_headers
+from claude_bottle.gate.forward import Inbound, Outbound, RequestFilter, ResponseFilter, set_headers, too_large
 from claude_bottle.gate.http1 import Headers, header_values
 from claude_bottle.gate.mcp import mcp_request, mcp_response
 from claude_bottle.gate.routes import CredentialRoute, is_client_credential, query_credential, route_for
@@ -35,7 +35,7 @@ from claude_bottle.gate.scan import SecretForms, SecretReflected, SecretScanner
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import Target
 from claude_bottle.policy.mcp import server_for
-from claude_bottle.policy.rules import RequestPolicy, method_overrides
+from claude_bottle.policy.rules import RequestPolicy, body_method_overrides, body_overrides_read, method_overrides
 
 # A body read whole is scanned in pieces of this size, as a streamed one is, so the copies a scan makes (the
 # view with its escapes decoded, the case-folded one) stay small; the cost per MB is the same for any size.
@@ -49,7 +49,7 @@ def inspected(target: Target, ctx: GateContext) -> list[RequestFilter]:
     a credential route binds, the client's credentials removed first and the route's added last."""
     config = ctx.config
     mcp = server_for(config.mcp_servers, target)
-    judged = [request_rules(config.request_policy, target),
+    judged = [request_rules(config.request_policy, target, config.limits.max_body_bytes),
               *((mcp_request(mcp, config.dlp_matcher),) if mcp is not None else ()), data_loss(config.dlp_matcher)]
     route = route_for(config.routes, target)
     if route is None:
@@ -134,18 +134,50 @@ async def _unreflected(body: AsyncIterator[bytes], scanner: SecretScanner, refus
         yield tail
 
 
-def request_rules(policy: RequestPolicy, target: Target) -> RequestFilter:
+def request_rules(policy: RequestPolicy, target: Target, max_bytes: int) -> RequestFilter:
     """Refuse a request the ``[[egress]]`` rules for ``target`` do not allow, as its own method and as any
-    method it names in an override header; return the verdict that allowed it."""
+    method it names in an override header or query parameter; return the verdict that allowed it. Where the
+    entry has rules, a body a framework may read a ``_method`` field from (a POST's form or JSON) is judged
+    too, whole (up to ``max_bytes``: 413 past it), its end held back until then: a server never holds the
+    whole of a request the rules refuse."""
+    ruled = policy.has_rules(target.host, target.port)
 
-    async def judge(request: Outbound) -> Decision:
-        overrides = method_overrides(request.headers, request.target) if policy.hosts else ()
+    def decide(request: Outbound, overrides: tuple[str, ...]) -> Decision:
         decision = policy.decide(request.method.decode("ascii"), target.host, target.port, request.path, overrides)
         if not decision.allow:
             raise Refused.by(decision)
         return decision
 
+    async def judge(request: Outbound) -> Decision:
+        decision = decide(request, method_overrides(request.headers, request.target) if ruled else ())
+        if ruled and body_overrides_read(request.method, request.headers):
+            body = request.body
+            if isinstance(body, bytes):
+                return decide(request, body_method_overrides(request.headers, body))
+            request.body = _overrides_judged(body, request, decide, max_bytes)
+        return decision
+
     return judge
+
+
+async def _overrides_judged(body: AsyncIterator[bytes], request: Outbound,
+                            decide: Callable[[Outbound, tuple[str, ...]], Decision], max_bytes: int
+                            ) -> AsyncIterator[bytes]:
+    """``body`` as it arrives less its last piece, held back until the ``_method`` fields of the whole body
+    are judged (``Refused`` then: the forward path resets the upstream connection); the verdict goes to
+    ``request.decided``."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in body:
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large(max_bytes)
+        if parts:
+            yield parts[-1]
+        parts.append(chunk)
+    request.decided.append(decide(request, body_method_overrides(request.headers, b"".join(parts))))
+    if parts:
+        yield parts[-1]
 
 
 def data_loss(matcher: DlpMatcher) -> RequestFilter:

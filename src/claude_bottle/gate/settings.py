@@ -80,7 +80,7 @@ class Limits:
     max_tunnels: int = 256  # concurrent CONNECT tunnels and forwarded requests on the proxy listener
     max_connections: int = 512  # open client connections per listener; more are answered 503 and closed
     max_header_bytes: int = 32 * 1024
-    max_body_bytes: int = MAX_BODY_BYTES  # a Messages request body, kept whole to be judged
+    max_body_bytes: int = MAX_BODY_BYTES  # a body kept whole to be judged (Messages; a form under [[egress]] rules)
     drain_seconds: float = 10.0  # after SIGTERM, how long in-flight exchanges may finish
 
 

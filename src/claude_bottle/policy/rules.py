@@ -21,7 +21,8 @@ How a request is judged (also in docs/inspection.md):
   ``CONNECT`` is never judged here: it is the tunnel itself, and a tunnel's requests are judged one by one.
 - What a lenient server makes of a request is judged too, and the request passes only if every reading
   passes: a method named in ``X-HTTP-Method-Override``, ``X-HTTP-Method``, ``X-Method-Override`` (or a
-  ``_method`` query parameter) is judged as well as the request's own, upper-cased as frameworks do (one
+  ``_method`` query parameter, or a ``_method`` field in a POST's form or JSON body:
+  ``body_method_overrides``) is judged as well as the request's own, upper-cased as frameworks do (one
   that is not a method token is refused); ``;`` parameters cut from each segment (``/admin;x=1`` is
   ``/admin`` to Tomcat, Jetty, Spring; ``..;`` is a dot segment, refused); a trailing ``/`` dropped
   (``/admin/`` is ``/admin`` to many routers: judged by deny rules only, since the allow rule that passed
@@ -32,10 +33,13 @@ How a request is judged (also in docs/inspection.md):
 from __future__ import annotations
 
 import itertools
+import json
 import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from email import policy as email_policy
+from email.parser import BytesParser
 from enum import StrEnum
 from urllib.parse import unquote_to_bytes
 
@@ -243,6 +247,76 @@ def method_overrides(headers: Iterable[tuple[bytes, bytes]], target: bytes) -> t
     return tuple(unquote_to_bytes(value).decode("latin-1").strip() for value in named)
 
 
+FORM = b"application/x-www-form-urlencoded"
+
+
+def body_overrides_read(method: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a framework may read a method override from this request's body (``body_method_overrides``):
+    Rails (Rack), Laravel, Symfony and Spring read a ``_method`` field from the body of a POST only, and only
+    from a form (Rack reads a POST without a Content-Type as one), or from JSON (Laravel)."""
+    if method != b"POST":
+        return False
+    types = [value for name, value in headers if name == b"content-type"]
+    return not types or any(_body_kind(value) is not None for value in types)
+
+
+def body_method_overrides(headers: Iterable[tuple[bytes, bytes]], body: bytes) -> tuple[str, ...]:
+    """The methods a POST's body names in ``_method`` fields, as frameworks read them (see
+    ``body_overrides_read``): in a URL-encoded form (the name and value percent-decoded, ``+`` a space, ``&``
+    or ``;`` between fields), in a multipart body (the part's name plain or RFC 2231-encoded, its value as
+    written and transfer-decoded), or a JSON object's top-level ``_method``. Every Content-Type given is read;
+    none, or an empty one, means a URL-encoded form, as Rack reads it."""
+    types = [value for name, value in headers if name == b"content-type"] or [FORM]
+    named = [field for value in types if (kind := _body_kind(value)) is not None
+             for field in _BODY_READERS[kind](value, body)]
+    return tuple(dict.fromkeys(value.decode("latin-1").strip() for value in named))
+
+
+def _body_kind(content_type: bytes) -> str | None:
+    media = content_type.split(b";", 1)[0].strip().lower()
+    if media in (FORM, b""):  # Rack reads a POST with an empty Content-Type as a form, as one without any
+        return "form"
+    if media.startswith(b"multipart/"):
+        return "multipart"
+    if media == b"application/json" or media.endswith(b"+json"):
+        return "json"
+    return None
+
+
+def _form_fields(content_type: bytes, body: bytes) -> list[bytes]:
+    fields = (pair.partition(b"=") for pair in body.replace(b";", b"&").split(b"&"))
+    return [_form_decoded(value) for name, _, value in fields if _form_decoded(name) == b"_method"]
+
+
+def _form_decoded(text: bytes) -> bytes:
+    return unquote_to_bytes(text.replace(b"+", b" "))
+
+
+def _multipart_fields(content_type: bytes, body: bytes) -> list[bytes]:
+    message = BytesParser(policy=email_policy.HTTP).parsebytes(b"Content-Type: " + content_type + b"\r\n\r\n" + body)
+    if not message.is_multipart():
+        return []
+    found: list[bytes] = []
+    for part in message.iter_parts():
+        if part.get_param("name", header="content-disposition") == "_method":
+            written, decoded = part.get_payload(), part.get_payload(decode=True)  # as written, and as its CTE says
+            found += [value.encode("latin-1", "replace") if isinstance(value, str) else value
+                      for value in (written, decoded) if isinstance(value, str | bytes)]
+    return found
+
+
+def _json_field(content_type: bytes, body: bytes) -> list[bytes]:
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return []
+    named = value.get("_method") if isinstance(value, dict) else None
+    return [named.encode("utf-8", "replace")] if isinstance(named, str) else []
+
+
+_BODY_READERS = {"form": _form_fields, "multipart": _multipart_fields, "json": _json_field}
+
+
 def _decode_segment(segment: bytes, keep_separators: bool = False) -> bytes:
     def byte(match: re.Match[bytes]) -> bytes:
         value = bytes([int(match.group(1), 16)])
@@ -279,6 +353,15 @@ class RequestPolicy:
         """The entry that applies to ``target``: the most specific match, or None."""
         matching = [entry for entry in self.hosts if entry.host.matches(target)]
         return max(matching, key=lambda entry: entry.specificity, default=None)
+
+    def has_rules(self, host: str, port: int) -> bool:
+        """Whether ``decide`` judges requests to ``host``:``port`` by method and path rules."""
+        try:
+            name, ip = normalize_host(host)
+        except InvalidHost:
+            return False
+        entry = self.entry(Target(name, port, ip))
+        return entry is not None and bool(entry.allow or entry.deny)
 
     def inspects(self, target: Target) -> bool:
         """Whether the gate terminates TLS toward ``target`` (True unless its entry says ``inspect = false``)."""
