@@ -80,6 +80,18 @@ async def test_a_post_whose_body_names_another_method_is_judged_as_that_method(
     assert [r["decision"] for r in records] == ["deny", "allow", "allow", "allow"]
 
 
+async def test_a_multipart_body_of_more_parts_than_frameworks_read_is_refused(make_gate: GateFactory,
+                                                                               plain: StubUpstream) -> None:
+    body = b"".join(b'--b0und\r\nContent-Disposition: form-data; name="x"\r\n\r\n1\r\n' for _ in range(5000))
+    rules = (f"{PLAIN_HOST}:{plain.port} allow POST /v1/items",)
+    async with plain_gate(make_gate, plain.port, egress_rules=rules) as gate:
+        refused = parse_head(await exchange(gate.proxy, absolute("POST", plain.port, "/v1/items",
+                                                                 body + b"--b0und--\r\n", MULTIPART_TYPE)))
+    assert refused[0] == 400
+    assert refused[1]["x-deny-reason"].startswith("a multipart body of more than 4096 parts: its _method fields")
+    assert plain.requests == []
+
+
 async def streamed_form(gate: RunningGate, port: int, body: bytes) -> bytes:
     """POST ``body`` as a form in pieces (the gate sees it arrive, not one block) and read the answer."""
     reader, writer = await asyncio.open_connection(gate.proxy.host, gate.proxy.port)

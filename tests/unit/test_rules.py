@@ -6,6 +6,8 @@ import pytest
 
 from claude_bottle.policy.hosts import InvalidHost
 from claude_bottle.policy.rules import (
+    MAX_PARTS,
+    BodyUnread,
     InvalidRule,
     PathError,
     RequestPolicy,
@@ -335,9 +337,18 @@ def multipart(*parts: tuple[str, bytes]) -> bytes:
     ([MULTIPART], multipart(('name="_method"\r\nContent-Transfer-Encoding: base64', b"UFVU")), ("UFVU", "PUT")),
     ([(b"content-type", b"multipart/mixed; boundary=b0und")], multipart(('name="_method"', b"PATCH")), ("PATCH",)),
     ([MULTIPART], multipart(('name="x_method"', b"DELETE"), ('name="file"; filename="_method"', b"PUT")), ()),
+    ([MULTIPART], multipart(("name*0=\"_me\"; name*1=\"thod\"", b"PATCH")), ("PATCH",)),  # RFC 2231 continuations
+    ([MULTIPART], multipart(("name*=UTF-8''%5F%6Dethod", b"PATCH")), ("PATCH",)),
+    ([MULTIPART], b"preamble\r\n" + multipart(('name="_method"', b"PUT")), ("PUT",)),
+    ([MULTIPART], b'--b0und junk\r\nContent-Disposition: form-data; name="_method"\r\n\r\nPUT\r\n--b0und--', ("PUT",)),
+    ([MULTIPART], b'--b0und\nContent-Disposition: form-data; name="_method"\n\nDELETE\n--b0und--\n', ("DELETE",)),
+    # a delimiter within a line is data: it neither ends a part nor hides the next one
+    ([MULTIPART], multipart(('name="f"', b"x--b0und" * 5000), ('name="_method"', b"PUT")), ("PUT",)),
+    ([MULTIPART], multipart(('name="f"', b"x\r\n--b0und--x"), ('name="_method"', b"PUT")), ("PUT",)),
     # a JSON object's own _method (Laravel), not a nested one
     ([(b"content-type", b"application/json")], b'{"_method": "DELETE", "a": {"_method": "PUT"}}', ("DELETE",)),
     ([(b"content-type", b"application/vnd.api+json")], b'{"_method": "patch"}', ("patch",)),
+    ([(b"content-type", b"text/json; charset=utf-8")], b' {"_method": "put"}', ("put",)),
     ([(b"content-type", b"application/json")], b'[{"_method": "DELETE"}]', ()),
     ([(b"content-type", b"application/json")], b'{"_method": "DELETE"', ()),  # not JSON: no server reads it
     # a body no framework reads a field from
@@ -348,6 +359,15 @@ def multipart(*parts: tuple[str, bytes]) -> bytes:
 def test_body_method_overrides_are_read_as_frameworks_read_them(headers: list[tuple[bytes, bytes]], body: bytes,
                                                                  named: tuple[str, ...]) -> None:
     assert body_method_overrides(headers, body) == named
+
+
+def test_a_multipart_body_of_more_parts_than_frameworks_read_is_not_read_in_part() -> None:
+    at_limit = multipart(*[('name="x"', b"1")] * (MAX_PARTS - 1), ('name="_method"', b"PUT"))
+    assert body_method_overrides([MULTIPART], at_limit) == ("PUT",)
+    with pytest.raises(BodyUnread, match=f"more than {MAX_PARTS} parts"):
+        body_method_overrides([MULTIPART], multipart(*[('name="x"', b"1")] * MAX_PARTS, ('name="_method"', b"PUT")))
+    with pytest.raises(BodyUnread):
+        body_method_overrides([MULTIPART], b"--b0und\r\n\r\n" * 200_000)
 
 
 def test_only_a_posts_form_or_json_body_is_read_for_a_method_override() -> None:

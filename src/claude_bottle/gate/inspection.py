@@ -35,7 +35,13 @@ from claude_bottle.gate.scan import SecretForms, SecretReflected, SecretScanner
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import Target
 from claude_bottle.policy.mcp import server_for
-from claude_bottle.policy.rules import RequestPolicy, body_method_overrides, body_overrides_read, method_overrides
+from claude_bottle.policy.rules import (
+    BodyUnread,
+    RequestPolicy,
+    body_method_overrides,
+    body_overrides_read,
+    method_overrides,
+)
 
 # A body read whole is scanned in pieces of this size, as a streamed one is, so the copies a scan makes (the
 # view with its escapes decoded, the case-folded one) stay small; the cost per MB is the same for any size.
@@ -148,21 +154,28 @@ def request_rules(policy: RequestPolicy, target: Target, max_bytes: int) -> Requ
             raise Refused.by(decision)
         return decision
 
+    def decide_body(request: Outbound, body: bytes) -> Decision:
+        try:
+            named = body_method_overrides(request.headers, body)
+        except BodyUnread as exc:
+            raise Refused(400, f"{exc}: its _method fields are not all read; [[egress]] rules for {target} judge "
+                               "every method a request names", rule=f"[[egress]] {target} method override") from None
+        return decide(request, named)
+
     async def judge(request: Outbound) -> Decision:
         decision = decide(request, method_overrides(request.headers, request.target) if ruled else ())
         if ruled and body_overrides_read(request.method, request.headers):
             body = request.body
             if isinstance(body, bytes):
-                return decide(request, body_method_overrides(request.headers, body))
-            request.body = _overrides_judged(body, request, decide, max_bytes)
+                return decide_body(request, body)
+            request.body = _overrides_judged(body, request, decide_body, max_bytes)
         return decision
 
     return judge
 
 
 async def _overrides_judged(body: AsyncIterator[bytes], request: Outbound,
-                            decide: Callable[[Outbound, tuple[str, ...]], Decision], max_bytes: int
-                            ) -> AsyncIterator[bytes]:
+                            decide: Callable[[Outbound, bytes], Decision], max_bytes: int) -> AsyncIterator[bytes]:
     """``body`` as it arrives less its last piece, held back until the ``_method`` fields of the whole body
     are judged (``Refused`` then: the forward path resets the upstream connection); the verdict goes to
     ``request.decided``."""
@@ -175,7 +188,7 @@ async def _overrides_judged(body: AsyncIterator[bytes], request: Outbound,
         if parts:
             yield parts[-1]
         parts.append(chunk)
-    request.decided.append(decide(request, body_method_overrides(request.headers, b"".join(parts))))
+    request.decided.append(decide(request, b"".join(parts)))
     if parts:
         yield parts[-1]
 
