@@ -30,11 +30,12 @@ plain = test_request_filters.plain  # the plain-HTTP server fixture
     ("GET", "/v1/models", "X-HTTP-Method: delete\r\n"),
     ("GET", "/v1/models", "X_Method_Override: PUT\r\n"),
     ("GET", "/v1/models?_method=DELETE", ""),
+    ("GET", "/v1/models?%5Fmethod=DELETE", ""),
     ("GET", "/v1/admin;jsessionid=x", ""),
     ("GET", "/v1/x/..;/admin", ""),
     ("GET", "/v1/admin/", ""),
     ("GET", "/V1/ADMIN", ""),
-], ids=["override", "x-http-method", "underscored", "query", "semicolon", "dot-dot-semicolon", "trailing-slash",
+], ids=["override", "x-http-method", "underscored", "query", "encoded-query", "semicolon", "dot-dot-semicolon", "trailing-slash",
         "case"])
 async def test_a_request_a_lenient_server_would_route_past_the_rules_is_refused(
         make_gate: GateFactory, plain: StubUpstream, method: str, path: str, extra: str) -> None:

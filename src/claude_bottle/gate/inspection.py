@@ -35,13 +35,8 @@ from claude_bottle.gate.scan import SecretForms, SecretReflected, SecretScanner
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import Target
 from claude_bottle.policy.mcp import server_for
-from claude_bottle.policy.rules import (
-    BodyUnread,
-    RequestPolicy,
-    body_method_overrides,
-    body_overrides_read,
-    method_overrides,
-)
+from claude_bottle.policy.overrides import BodyUnread, body_method_overrides, body_overrides_read, method_overrides
+from claude_bottle.policy.rules import RequestPolicy
 
 # A body read whole is scanned in pieces of this size, as a streamed one is, so the copies a scan makes (the
 # view with its escapes decoded, the case-folded one) stay small; the cost per MB is the same for any size.
