@@ -350,3 +350,21 @@ def test_a_post_that_names_another_method_in_its_body_is_judged_as_that_method(b
                 and "(the method a method override names)" in output), output
     bodies = [r["body"] for r in git_server.requests() if r["path"] == f"{REPO}/git-upload-pack"]
     assert "want=1" in bodies and not any("_method" in body for body in bodies), bodies
+
+
+def test_a_request_that_names_another_path_in_a_header_is_judged_at_that_path(bottle: Run,
+                                                                            git_server: GitServer) -> None:
+    """The same attack by path: git's fetch POST, which the rules allow, naming the push's path in the
+    headers Symfony and Zend applications routed by (``X-Original-URL``, ``X-Rewrite-URL``). Both are refused
+    before the server sees them."""
+    url = f"https://{READ}:{PORT}{REPO}/git-upload-pack"
+    curl = "curl -sS --max-time 20 -o /dev/null -D - -w '%{http_code}\\n' -d want=2"
+    code, output = in_bottle(bottle, f"{curl} -H 'X-Original-URL: {REPO}/git-receive-pack' {url}; "
+                                     f"{curl} -H 'X_Rewrite_URL: {REPO}/git-receive-pack?x=1' {url}")
+    assert code == 0, output
+    assert [line for line in output.splitlines() if line.isdigit()] == ["403", "403"], output
+    reasons = [line for line in output.splitlines() if line.startswith("x-deny-reason:")]
+    assert len(reasons) == 2 and all(
+        line.startswith(f"x-deny-reason: POST matches no allow rule of [[egress]] {READ}:{PORT}")
+        and line.endswith("(the path an X-Original-URL or X-Rewrite-URL header names)") for line in reasons), output
+    assert not any(r["body"] == "want=2" for r in git_server.requests()), git_server.requests()[-3:]

@@ -1,6 +1,6 @@
 """[[egress]] rules against what a lenient server makes of a request, on a gate on loopback (plain HTTP through
-the proxy): a method override header or body field, ';' segment parameters, '..;', a trailing slash, another
-letter case. Each refused request never reaches the upstream whole."""
+the proxy): a method override header or body field, a path override header, ';' segment parameters, '..;', a
+trailing slash or '.' suffix, another letter case. Each refused request never reaches the upstream whole."""
 
 from __future__ import annotations
 
@@ -35,8 +35,12 @@ plain = test_request_filters.plain  # the plain-HTTP server fixture
     ("GET", "/v1/x/..;/admin", ""),
     ("GET", "/v1/admin/", ""),
     ("GET", "/V1/ADMIN", ""),
+    ("GET", "/v1/admin.json", ""),
+    ("GET", "/v1/models", "X-Original-URL: /v1/admin\r\n"),
+    ("GET", "/v1/models", "X_Rewrite_Url: /v1/Admin?x=1\r\n"),
+    ("GET", "/v1/models", "X-Original-URL: http://example.com/v1/admin\r\n"),
 ], ids=["override", "x-http-method", "underscored", "query", "encoded-query", "semicolon", "dot-dot-semicolon", "trailing-slash",
-        "case"])
+        "case", "format-suffix", "original-url", "rewrite-url", "absolute-original-url"])
 async def test_a_request_a_lenient_server_would_route_past_the_rules_is_refused(
         make_gate: GateFactory, plain: StubUpstream, method: str, path: str, extra: str) -> None:
     rules = (f"{PLAIN_HOST}:{plain.port} allow GET /**", f"{PLAIN_HOST}:{plain.port} deny * /v1/admin")

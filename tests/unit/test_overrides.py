@@ -11,6 +11,7 @@ from claude_bottle.policy.overrides import (
     body_method_overrides,
     body_overrides_read,
     method_overrides,
+    path_overrides,
 )
 
 
@@ -22,6 +23,13 @@ def test_method_overrides_are_read_from_every_header_spelling_and_the_query() ->
     assert method_overrides([], b"/a?my_method=DELETE") == ()
     assert method_overrides([], b"/a?%5Fmethod=DELETE&_m%65thod=+put+") == ("DELETE", "put")  # names encoded too
     assert method_overrides([(b"x-http-method-override", b"%44ELETE")], b"/a") == ("DELETE",)
+
+
+def test_path_overrides_are_read_from_every_header_spelling() -> None:
+    headers = [(b"x-original-url", b"/admin?x=1"), (b"x_rewrite_url", b" /a/b "), (b"x-original-uri", b"/c"),
+               (b"x-rewrite-url", b"/admin?x=1")]
+    assert path_overrides(headers) == ("/admin?x=1", "/a/b")
+    assert path_overrides([(b"x-original-url", b"/\xe9")]) == ("/\xe9",)  # judged, and refused, as written
 
 
 FORM = (b"content-type", b"application/x-www-form-urlencoded")

@@ -260,6 +260,15 @@ LENIENT = RequestPolicy((
     ("api.example.com", "/repos/..;/admin", False, "'..;'"),
     ("api.example.com", "/repos/x;/y", True, "allow GET /repos/**"),
     ("api.example.com", "/", False, "matches no allow rule"),
+    # a last segment's '.' suffix cut (Rails' optional .format, Spring's suffix patterns)
+    ("open.example.com", "/admin.json", False, "rule \"deny * /admin\" (read as a lenient server"),
+    ("open.example.com", "/admin.tar.gz", False, "rule \"deny * /admin\" (read as a lenient server"),
+    ("open.example.com", "/admin;x.json/", False, "rule \"deny * /admin\" (read as a lenient server"),
+    ("api.example.com", "/repos/o/r/hooks.xml", False, "rule \"deny * /repos/*/*/hooks\""),
+    ("api.example.com", "/user.json", False, "matches no allow rule"),  # allow rules match as written only
+    ("api.example.com", "/repos/o/r.git", True, "allow GET /repos/**"),
+    ("open.example.com", "/x/.admin", True, "matches no deny rule"),  # nothing before the dot: no cut
+    ("open.example.com", "/x/..admin", True, "matches no deny rule"),
     # letter case: deny rules in any case, allow rules exactly
     ("open.example.com", "/ADMIN", False, "rule \"deny * /admin\" (the path in another letter case)"),
     ("api.example.com", "/Admin/x", False, "rule \"deny * /admin/**\" (the path in another letter case)"),
@@ -303,9 +312,31 @@ def test_a_posts_body_override_is_judged_as_the_method_it_names() -> None:
     assert LENIENT.decide("POST", "open.example.com", 443, "/x", body_method_overrides([(b"content-type", FORM)], b"_method=PATCH")).allow
 
 
+@pytest.mark.parametrize(("host", "paths", "allow", "reason"), [
+    ("open.example.com", ("/admin",), False, 'rule "deny * /admin" (the path an X-Original-URL or X-Rewrite-URL'),
+    ("open.example.com", ("/x", "/ADMIN;a/"), False, "(read as a lenient server routes it"),
+    ("api.example.com", ("/orgs/o",), False, "matches no allow rule of [[egress]] api.example.com (allowed:"),
+    ("api.example.com", ("/admin/x",), False, 'rule "deny * /admin/**" (the path an X-Original-URL'),
+    ("api.example.com", ("/repos/x/..;/y",), False, "('..;') (the path an X-Original-URL or X-Rewrite-URL header"),
+    ("api.example.com", ("https://api.example.com/user",), False, "not an origin-form path"),
+    ("api.example.com", ("/repos/o/r?x=1", "/repos/a"), True, "allow GET /repos/**"),
+    ("open.example.com", ("/x",), True, "matches no deny rule"),
+    ("elsewhere.example.com", ("/admin", "not a path"), True, "has no request rules"),
+])
+def test_a_path_override_is_judged_as_the_path_it_names(host: str, paths: tuple[str, ...], allow: bool,
+                                                        reason: str) -> None:
+    decision = LENIENT.decide("GET", host, 443, "/repos/o/r", paths=paths)
+    assert decision.allow is allow, decision.reason
+    assert reason in decision.reason
+    if "origin-form" in reason:
+        assert decision.status == 400
+
+
 def test_lenient_readings() -> None:
     assert lenient_readings((b"a", b"b")) == ()
     assert lenient_readings((b"",)) == ()
+    assert lenient_readings((b"a", b"b.c.d")) == (((b"a", b"b"), True), ((b"a", b"b.c"), True))
+    assert lenient_readings((b"a", b".b")) == ()
     assert lenient_readings((b"a;x", b"b;y=1", b"")) == (((b"a", b"b", b""), False), ((b"a;x", b"b;y=1"), True),
                                                           ((b"a", b"b"), True))
     with pytest.raises(PathError, match=r"'\.\.;'"):

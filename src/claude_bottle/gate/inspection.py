@@ -35,7 +35,13 @@ from claude_bottle.gate.scan import SecretForms, SecretReflected, SecretScanner
 from claude_bottle.policy.decide import Decision
 from claude_bottle.policy.hosts import Target
 from claude_bottle.policy.mcp import server_for
-from claude_bottle.policy.overrides import BodyUnread, body_method_overrides, body_overrides_read, method_overrides
+from claude_bottle.policy.overrides import (
+    BodyUnread,
+    body_method_overrides,
+    body_overrides_read,
+    method_overrides,
+    path_overrides,
+)
 from claude_bottle.policy.rules import RequestPolicy
 
 # A body read whole is scanned in pieces of this size, as a streamed one is, so the copies a scan makes (the
@@ -137,14 +143,16 @@ async def _unreflected(body: AsyncIterator[bytes], scanner: SecretScanner, refus
 
 def request_rules(policy: RequestPolicy, target: Target, max_bytes: int) -> RequestFilter:
     """Refuse a request the ``[[egress]]`` rules for ``target`` do not allow, as its own method and as any
-    method it names in an override header or query parameter; return the verdict that allowed it. Where the
+    method it names in an override header or query parameter, at its own path and at any path it names in a
+    path override header; return the verdict that allowed it. Where the
     entry has rules, a body a framework may read a ``_method`` field from (a POST's form or JSON) is judged
     too, whole (up to ``max_bytes``: 413 past it), its end held back until then: a server never holds the
     whole of a request the rules refuse."""
     ruled = policy.has_rules(target.host, target.port)
 
     def decide(request: Outbound, overrides: tuple[str, ...]) -> Decision:
-        decision = policy.decide(request.method.decode("ascii"), target.host, target.port, request.path, overrides)
+        decision = policy.decide(request.method.decode("ascii"), target.host, target.port, request.path, overrides,
+                                 path_overrides(request.headers) if ruled else ())
         if not decision.allow:
             raise Refused.by(decision)
         return decision

@@ -1,7 +1,8 @@
-"""The methods a request names besides its own, as servers and frameworks read them: the override headers
-(``X-HTTP-Method-Override``, ``X-HTTP-Method``, ``X-Method-Override``), a ``_method`` query parameter, and a
-``_method`` field in a POST's form or JSON body (Rails' Rack, Laravel, Symfony, Spring). ``RequestPolicy.decide``
-(policy/rules.py) judges each of them as it judges the request's own method; gate/inspection.py reads them."""
+"""The methods and paths a request names besides its own, as servers and frameworks read them: the method
+override headers (``X-HTTP-Method-Override``, ``X-HTTP-Method``, ``X-Method-Override``), a ``_method`` query
+parameter, a ``_method`` field in a POST's form or JSON body (Rails' Rack, Laravel, Symfony, Spring), and the
+path override headers (``X-Original-URL``, ``X-Rewrite-URL``). ``RequestPolicy.decide`` (policy/rules.py) judges
+each of them as it judges the request's own method and path; gate/inspection.py reads them."""
 
 from __future__ import annotations
 
@@ -22,6 +23,18 @@ def method_overrides(headers: Iterable[tuple[bytes, bytes]], target: bytes) -> t
     named = [unquote_to_bytes(value) for name, value in headers if name.replace(b"_", b"-") in METHOD_OVERRIDE_HEADERS]
     named += _form_fields(b"", target.partition(b"?")[2])  # the query, read as a form is (``%5Fmethod`` too)
     return tuple(value.decode("latin-1").strip() for value in named)
+
+
+# Headers that IIS's URL Rewrite (X-Original-URL) and ISAPI_Rewrite (X-Rewrite-URL) set to the target they
+# rewrote, and that Symfony before 3.4.14, Zend and the applications on them routed by, whoever sent them.
+PATH_OVERRIDE_HEADERS = frozenset({b"x-original-url", b"x-rewrite-url"})
+
+
+def path_overrides(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str, ...]:
+    """The paths a request names besides its target: the values of the path override headers (names lower-case,
+    in any spelling with ``_`` for ``-``), as those servers route them."""
+    return tuple(dict.fromkeys(value.decode("latin-1").strip() for name, value in headers
+                               if name.replace(b"_", b"-") in PATH_OVERRIDE_HEADERS))
 
 
 FORM = b"application/x-www-form-urlencoded"

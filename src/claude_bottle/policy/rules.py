@@ -25,9 +25,11 @@ How a request is judged (also in docs/inspection.md):
   is judged as well as the request's own, upper-cased as frameworks do (one
   that is not a method token is refused); ``;`` parameters cut from each segment (``/admin;x=1`` is
   ``/admin`` to Tomcat, Jetty, Spring; ``..;`` is a dot segment, refused); a trailing ``/`` dropped
-  (``/admin/`` is ``/admin`` to many routers: judged by deny rules only, since the allow rule that passed
-  the written path named that resource). Deny rules match paths in any letter case (``/ADMIN`` is
-  ``/admin`` to a case-blind server); allow rules match exactly, so a path in another case is refused.
+  (``/admin/`` is ``/admin`` to many routers) and a last segment's ``.`` suffix cut (``/admin.json`` is
+  ``/admin`` to Rails and Spring), both judged by deny rules only, since the allow rule that passed the
+  written path named that resource. Deny rules match paths in any letter case (``/ADMIN`` is
+  ``/admin`` to a case-blind server); allow rules match exactly, so a path in another case is refused. A path
+  named in ``X-Original-URL`` or ``X-Rewrite-URL``, which some servers route by, is judged as the request's is.
 """
 
 from __future__ import annotations
@@ -212,9 +214,11 @@ def path_readings(path: str) -> tuple[tuple[bytes, ...], ...]:
 def lenient_readings(reading: tuple[bytes, ...]) -> tuple[tuple[tuple[bytes, ...], bool], ...]:
     """What lenient servers also route ``reading`` (from ``path_readings``) as, each with whether only deny
     rules judge it: with each segment's ``;`` parameters cut off (judged by every rule: ``/repos/..;/admin``
-    is ``/admin`` to Tomcat), and without a trailing empty segment (a trailing ``/``; deny rules only: the
-    allow rule that passed the written path named that resource). None if neither applies. Raises
-    PathError when cutting parameters leaves a dot segment (``..;``) or an empty one."""
+    is ``/admin`` to Tomcat), without a trailing empty segment (a trailing ``/``), and with the last segment's
+    suffix cut from its first or its last ``.`` (``/admin.json`` is ``/admin`` to Rails' ``(.:format)`` and
+    Spring's suffix patterns). The last two by deny rules only: the allow rule that passed the written path
+    named that resource. None if nothing applies. Raises PathError when cutting parameters leaves a dot
+    segment (``..;``) or an empty one."""
     found: dict[tuple[bytes, ...], bool] = {}
     if any(b";" in segment for segment in reading):
         cut = tuple(segment.split(b";", 1)[0] for segment in reading)
@@ -226,6 +230,9 @@ def lenient_readings(reading: tuple[bytes, ...]) -> tuple[tuple[tuple[bytes, ...
     for candidate in (reading, *found):
         if len(candidate) > 1 and candidate[-1] == b"":
             found.setdefault(candidate[:-1], True)
+        for stem in (candidate[-1].split(b".", 1)[0], candidate[-1].rsplit(b".", 1)[0]):
+            if stem != candidate[-1] and stem not in (b"", b".", b".."):
+                found.setdefault((*candidate[:-1], stem), True)
     return tuple((r, deny_only) for r, deny_only in found.items() if r != reading)
 
 
@@ -280,14 +287,15 @@ class RequestPolicy:
         entry = self.entry(target)
         return entry is None or entry.inspect
 
-    def decide(self, method: str, host: str, port: int, path: str, overrides: Sequence[str] = ()) -> Decision:
+    def decide(self, method: str, host: str, port: int, path: str, overrides: Sequence[str] = (),
+               paths: Sequence[str] = ()) -> Decision:
         """Judge one request. ``host`` and ``port``: the tunnel's target (CONNECT, checked against the SNI) or
         the absolute URL's, never a ``Host`` header the client may set apart from them; normalised here.
         ``path``: the origin-form target (a query is ignored). The host must already have passed the
         allowlist: this adds the method and path rules on top. ``overrides``: the methods the request also
-        names (``method_overrides``), each judged too. Refusals: 405 for CONNECT, 400 for a path that is not
-        canonical or an override that is not a method (only where rules exist), 403 for a rule. The reason
-        names the rule and the entry, never the path."""
+        names (``method_overrides``), ``paths``: the paths it also names (``path_overrides``), each judged too.
+        Refusals: 405 for CONNECT, 400 for a path that is not canonical or an override that is not a method
+        (only where rules exist), 403 for a rule. The reason names the rule and the entry, never the path."""
         if method == "CONNECT":
             return Decision(False, "CONNECT is not a request inside a tunnel; the tunnel was judged on its own", 405)
         try:
@@ -301,23 +309,20 @@ class RequestPolicy:
         if not entry.allow and not entry.deny:
             what = "is not inspected" if not entry.inspect else "has no request rules"
             return Decision(True, f"[[egress]] {entry.host} {what}: any method and path")
-        try:
-            readings = path_readings(path)
-            lenient = tuple(r for reading in readings for r in lenient_readings(reading))
-        except PathError as exc:
-            return Decision(False, f"{exc}; [[egress]] {entry.host} has rules, which judge canonical paths only",
-                            400, rule=f"[[egress]] {entry.host} canonical path")
-        named = tuple(dict.fromkeys(o.upper() for o in overrides if o.upper() != method))
-        if any(not _TOKEN.fullmatch(o) for o in named):
+        judged: list[tuple[tuple[bytes, ...], bool, str]] = []
+        for each_path, named in ((path, ""), *((p, _PATH_OVERRIDE_NOTE) for p in paths)):
+            try:
+                judged += _readings(each_path, named)
+            except PathError as exc:
+                return Decision(False, f"{exc}{named}; [[egress]] {entry.host} has rules, which judge canonical "
+                                "paths only", 400, rule=f"[[egress]] {entry.host} canonical path")
+        methods = tuple(dict.fromkeys(o.upper() for o in overrides if o.upper() != method))
+        if any(not _TOKEN.fullmatch(o) for o in methods):
             return Decision(False, f"a method override header names no HTTP method; [[egress]] {entry.host} has "
                             "rules, which judge every method a request names", 400,
                             rule=f"[[egress]] {entry.host} method override")
-        notes = ("", " (reading its encoded '/' as a separator)")
-        lenient_note = " (read as a lenient server routes it: ';' parameters cut, a trailing '/' dropped)"
-        judged = [(r, False, notes[i]) for i, r in enumerate(readings)] + [
-            (r, deny_only, lenient_note) for r, deny_only in lenient]
         first: Decision | None = None
-        for each in (method, *named):
+        for each in (method, *methods):
             overridden = "" if each == method else " (the method a method override names)"
             for reading, deny_only, note in judged:
                 decision = _judge(entry, each, reading, deny_only)
@@ -326,6 +331,21 @@ class RequestPolicy:
                 first = first or decision
         assert first is not None
         return first
+
+
+_PATH_OVERRIDE_NOTE = " (the path an X-Original-URL or X-Rewrite-URL header names)"
+_LENIENT_NOTE = " (read as a lenient server routes it: ';' parameters cut, a trailing '/' or '.' suffix dropped)"
+
+
+def _readings(path: str, named: str) -> list[tuple[tuple[bytes, ...], bool, str]]:
+    """Each reading of ``path`` to judge (``path_readings``, then ``lenient_readings``): its segments, whether
+    deny rules alone judge it, and what the refusal's reason adds after the rule (``named``: whose path it is).
+    Raises PathError."""
+    readings = path_readings(path)
+    lenient = [r for reading in readings for r in lenient_readings(reading)]
+    notes = ("", " (reading its encoded '/' as a separator)")
+    return [(r, False, f"{notes[i]}{named}") for i, r in enumerate(readings)] + [
+        (r, deny_only, f"{_LENIENT_NOTE}{named}") for r, deny_only in lenient]
 
 
 def _judge(entry: HostRules, method: str, segments: tuple[bytes, ...], deny_only: bool = False) -> Decision:
