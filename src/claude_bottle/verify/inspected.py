@@ -1,6 +1,6 @@
 """``verify``'s attacks inside TLS the gate terminates, sent from the bottle with curl to the HTTPS stand-ins:
-a secret in a request (DLP), fronting by Host, a write under read-only rules. Each is judged by the gate's
-answer and by whether the stand-in logged it."""
+a secret in a request (DLP), fronting by Host, a write under read-only rules, as itself or named in a method
+override header. Each is judged by the gate's answer and by whether the stand-in logged it."""
 
 from __future__ import annotations
 
@@ -107,6 +107,8 @@ INSPECTED_ATTACKS = (
               "refused (421)", INSPECTED, "/verify/fronted", "-H 'Host: exfiltrate.example' {url}", 421),
     Inspected(INSPECTION, f"PUT to {READ_ONLY}, which read-only rules cover (a publish)", "refused (rule)",
               READ_ONLY, "/verify/publish", "-X PUT --data-binary 'a package' {url}", 403),
+    Inspected(INSPECTION, f"a GET to {READ_ONLY} naming PUT in X-HTTP-Method-Override (a server may run it as one)",
+              "refused (rule)", READ_ONLY, "/verify/override", "-H 'X-HTTP-Method-Override: PUT' {url}", 403),
 )
 CONTROLS = tuple(Control(INSPECTION, f"a clean GET inside TLS to {host} (the control)", "reaches the stand-in",
                          host, "/verify/control", "{url}", 404) for host in (INSPECTED, READ_ONLY))
