@@ -352,11 +352,9 @@ class StubUpstream:
     async def _json(conn: HttpConnection, status: int, payload: Any, extra: Headers | None = None,
                     reason: bytes = b"") -> None:
         body = json.dumps(payload).encode()
-        await conn.send(Response(status, [
+        await conn.send_whole(Response(status, [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"request-id", b"req_stub"), *(extra or [])], reason))
-        await conn.send(Data(body))
-        await conn.send(EndOfMessage())
+            (b"request-id", b"req_stub"), *(extra or [])], reason), body)  # (to HEAD, without the body)
 
 
 async def serve(host: str, port: int, text: str = DEFAULT_TEXT, log: bool = False,

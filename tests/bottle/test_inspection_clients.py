@@ -368,3 +368,13 @@ def test_a_request_that_names_another_path_in_a_header_is_judged_at_that_path(bo
         line.startswith(f"x-deny-reason: POST matches no allow rule of [[egress]] {READ}:{PORT}")
         and line.endswith("(the path an X-Original-URL or X-Rewrite-URL header names)") for line in reasons), output
     assert not any(r["body"] == "want=2" for r in git_server.requests()), git_server.requests()[-3:]
+
+
+def test_a_refused_head_request_gets_the_refusals_head(bottle: Run, git_server: GitServer) -> None:
+    """``curl -I`` refused inside TLS (a HEAD naming DELETE): the gate answers 403 with its reason and no body
+    (a response to HEAD has none), not a reset."""
+    code, output = in_bottle(bottle, f"curl -sS --max-time 20 -I -H 'X-HTTP-Method-Override: DELETE' "
+                                     f"https://{READ}:{PORT}{REPO}/info/refs 2>&1")
+    assert code == 0, output
+    assert "\nHTTP/1.1 403 " in output and "content-length: " in output, output  # after the CONNECT's 200
+    assert f"x-deny-reason: DELETE matches no allow rule of [[egress]] {READ}:{PORT}" in output, output

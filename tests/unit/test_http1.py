@@ -182,6 +182,11 @@ async def test_a_response_of_unknown_length_goes_chunked_to_http_1_1_and_head_ge
     await conn.send(Response(200, [(b"content-length", b"10")]))
     with pytest.raises(LocalProtocolError):
         await conn.send(Data(b"x"))
+    conn, writer = connection(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")  # the gate's own answer, whole: its head
+    await events(conn, 2)
+    await conn.send_whole(Response(403, [(b"content-length", b"7")]), b"refused")
+    assert writer.writes == [b"HTTP/1.1 403 Forbidden\r\ncontent-length: 7\r\n\r\n"]
+    assert conn.can_reuse()
 
 
 async def test_a_body_must_match_its_length_and_a_header_cannot_break_the_head() -> None:

@@ -150,11 +150,14 @@ class Outgoing:
     def whole(self, head: Request | Response, body: bytes) -> list[bytes]:
         """A message whose body is all here, in one step: the pieces of its head, body and end as they go on
         the wire, the state moved past its end. A small body framed by its length goes in the head's bytes (one
-        write of one piece); a large one is a piece of its own, never copied."""
+        write of one piece); a large one is a piece of its own, never copied. A response to HEAD goes without
+        its body."""
         start, headers = (self._request_start(head) if type(head) is Request
                           else self._response_start(head))  # type: ignore[arg-type]
         if self.state is not State.SEND_BODY:
             raise LocalProtocolError("a tunnel's answer has no body to send")
+        if self.request_method == b"HEAD":
+            body = b""  # the gate's own answer to HEAD (a refusal): its head only, as RFC 9110 has it
         if self.framing is Framing.LENGTH and len(body) < JOIN_BELOW:
             self.body(body)  # held to the length (the bytes are the same)
             self.end()
