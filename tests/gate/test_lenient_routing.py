@@ -1,5 +1,5 @@
 """[[egress]] rules against what a lenient server makes of a request, on a gate on loopback (plain HTTP through
-the proxy): a method override header or body field, a path override header, ';' segment parameters, '..;', a
+the proxy): HEAD routed as GET, a method override header or body field, a path override header, ';' segment parameters, '..;', a
 trailing slash or '.' suffix, another letter case. Each refused request never reaches the upstream whole."""
 
 from __future__ import annotations
@@ -51,6 +51,18 @@ async def test_a_request_a_lenient_server_would_route_past_the_rules_is_refused(
     assert refused[0] in (400, 403), refused
     assert allowed[0] == 200
     assert [r.target for r in plain.requests] == ["/v1/models"]
+
+
+async def test_head_to_a_path_whose_get_is_denied_is_refused(make_gate: GateFactory, plain: StubUpstream) -> None:
+    rules = (f"{PLAIN_HOST}:{plain.port} allow HEAD /**", f"{PLAIN_HOST}:{plain.port} deny GET /v1/admin")
+    async with plain_gate(make_gate, plain.port, egress_rules=rules) as gate:
+        answer = await exchange(gate.proxy, absolute("HEAD", plain.port, "/v1/admin"))
+        refused = parse_head(answer)
+        allowed = parse_head(await exchange(gate.proxy, absolute("HEAD", plain.port, "/v1/models")))
+    assert refused[0] == 403 and refused[1]["x-deny-reason"].endswith("(HEAD, which servers route as GET)"), refused
+    assert answer.endswith(b"\r\n\r\n")  # a refusal of HEAD is its head alone (a body there made it a reset)
+    assert allowed[0] == 404  # the upstream's answer: it has no such route
+    assert [(r.method, r.target) for r in plain.requests] == [("HEAD", "/v1/models")]
 
 
 MULTIPART_TYPE = "Content-Type: multipart/form-data; boundary=b0und\r\n"

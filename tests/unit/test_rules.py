@@ -332,6 +332,25 @@ def test_a_path_override_is_judged_as_the_path_it_names(host: str, paths: tuple[
         assert decision.status == 400
 
 
+def test_head_is_judged_as_get_by_deny_rules() -> None:
+    """Rails, Express, Flask, Spring and Go run a GET route's handler for HEAD: a deny rule for GET covers it,
+    and an allow rule for GET still does not (HEAD needs its own)."""
+    policy = RequestPolicy((make_host_rules("h.example.com", allow=["HEAD /**", "GET /public/**"],
+                                            deny=["GET /secret/**"]),
+                            make_host_rules("d.example.com", deny=["GET /secret/**"])))
+    for host, method, overrides in (("h.example.com", "HEAD", ()), ("d.example.com", "HEAD", ()),
+                                    ("d.example.com", "POST", ("head",))):
+        refused = policy.decide(method, host, 443, "/secret/x", overrides)
+        assert not refused.allow and refused.reason.startswith(f'GET refused by [[egress]] {host} rule "deny GET '
+                                                               '/secret/**"'), refused.reason
+        assert refused.reason.endswith("(HEAD, which servers route as GET)")
+        assert policy.decide(method, host, 443, "/public/x", overrides).allow
+    assert policy.decide("HEAD", "h.example.com", 443, "/x").reason == (
+        'HEAD allowed by [[egress]] h.example.com rule "allow HEAD /**"')
+    assert not policy.decide("HEAD", "h.example.com", 443, "/SECRET/x").allow  # in any letter case, as deny rules
+    assert not policy.decide("GET", "h.example.com", 443, "/x").allow  # allow rules: GET is not HEAD
+
+
 def test_lenient_readings() -> None:
     assert lenient_readings((b"a", b"b")) == ()
     assert lenient_readings((b"",)) == ()

@@ -30,6 +30,8 @@ How a request is judged (also in docs/inspection.md):
   written path named that resource. Deny rules match paths in any letter case (``/ADMIN`` is
   ``/admin`` to a case-blind server); allow rules match exactly, so a path in another case is refused. A path
   named in ``X-Original-URL`` or ``X-Rewrite-URL``, which some servers route by, is judged as the request's is.
+  ``HEAD`` is also judged as ``GET`` by deny rules: Rails, Express, Flask, Spring and Go run a GET route's
+  handler for it.
 """
 
 from __future__ import annotations
@@ -321,11 +323,14 @@ class RequestPolicy:
             return Decision(False, f"a method override header names no HTTP method; [[egress]] {entry.host} has "
                             "rules, which judge every method a request names", 400,
                             rule=f"[[egress]] {entry.host} method override")
+        judged_as = [(each, False, "" if each == method else " (the method a method override names)")
+                 for each in (method, *methods)]
+        if any(each == "HEAD" for each, _, _ in judged_as):  # servers run a GET route's handler for HEAD
+            judged_as.append(("GET", True, " (HEAD, which servers route as GET)"))
         first: Decision | None = None
-        for each in (method, *methods):
-            overridden = "" if each == method else " (the method a method override names)"
+        for each, method_deny_only, overridden in judged_as:
             for reading, deny_only, note in judged:
-                decision = _judge(entry, each, reading, deny_only)
+                decision = _judge(entry, each, reading, deny_only or method_deny_only)
                 if not decision.allow:
                     return Decision(False, f"{decision.reason}{note}{overridden}", rule=decision.rule)
                 first = first or decision
