@@ -144,10 +144,9 @@ async def _unreflected(body: AsyncIterator[bytes], scanner: SecretScanner, refus
 def request_rules(policy: RequestPolicy, target: Target, max_bytes: int) -> RequestFilter:
     """Refuse a request the ``[[egress]]`` rules for ``target`` do not allow, as its own method and as any
     method it names in an override header or query parameter, at its own path and at any path it names in a
-    path override header; return the verdict that allowed it. Where the
-    entry has rules, a body a framework may read a ``_method`` field from (a POST's form or JSON) is judged
-    too, whole (up to ``max_bytes``: 413 past it), its end held back until then: a server never holds the
-    whole of a request the rules refuse."""
+    path override header; return the verdict that allowed it. Where the entry has rules, a body a framework
+    may read a ``_method`` field from (a POST's form or JSON) is judged too, whole (up to ``max_bytes``: 413
+    past it), its end held back until then: a server never holds the whole of a request the rules refuse."""
     ruled = policy.has_rules(target.host, target.port)
 
     def decide(request: Outbound, overrides: tuple[str, ...]) -> Decision:

@@ -324,7 +324,7 @@ class RequestPolicy:
                             "rules, which judge every method a request names", 400,
                             rule=f"[[egress]] {entry.host} method override")
         judged_as = [(each, False, "" if each == method else " (the method a method override names)")
-                 for each in (method, *methods)]
+                     for each in (method, *methods)]
         if any(each == "HEAD" for each, _, _ in judged_as):  # servers run a GET route's handler for HEAD
             judged_as.append(("GET", True, " (HEAD, which servers route as GET)"))
         first: Decision | None = None
