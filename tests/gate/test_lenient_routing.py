@@ -1,6 +1,7 @@
 """[[egress]] rules against what a lenient server makes of a request, on a gate on loopback (plain HTTP through
-the proxy): HEAD routed as GET, a method override header or body field, a path override header, ';' segment parameters, '..;', a
-trailing slash or '.' suffix, another letter case. Each refused request never reaches the upstream whole."""
+the proxy): HEAD routed as GET, a method override header or body field, a path override header, ';' segment
+parameters, '..;', a trailing slash or '.' suffix, another letter case. Each refused request never reaches the
+upstream whole."""
 
 from __future__ import annotations
 
