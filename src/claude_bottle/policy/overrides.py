@@ -20,7 +20,7 @@ METHOD_OVERRIDE_HEADERS = frozenset({b"x-http-method-override", b"x-http-method"
 def method_overrides(headers: Iterable[tuple[bytes, bytes]], target: bytes) -> tuple[str, ...]:
     """The methods a request names besides its own, as frameworks read them: the values of the override
     headers (names lower-case, in any spelling with ``_`` for ``-``) and of ``_method`` query parameters."""
-    named = [unquote_to_bytes(value) for name, value in headers if name.replace(b"_", b"-") in METHOD_OVERRIDE_HEADERS]
+    named = [unquote_to_bytes(value) for value in _values(headers, METHOD_OVERRIDE_HEADERS)]
     named += _form_fields(b"", target.partition(b"?")[2])  # the query, read as a form is (``%5Fmethod`` too)
     return tuple(value.decode("latin-1").strip() for value in named)
 
@@ -33,8 +33,13 @@ PATH_OVERRIDE_HEADERS = frozenset({b"x-original-url", b"x-rewrite-url"})
 def path_overrides(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str, ...]:
     """The paths a request names besides its target: the values of the path override headers (names lower-case,
     in any spelling with ``_`` for ``-``), as those servers route them."""
-    return tuple(dict.fromkeys(value.decode("latin-1").strip() for name, value in headers
-                               if name.replace(b"_", b"-") in PATH_OVERRIDE_HEADERS))
+    return tuple(dict.fromkeys(value.decode("latin-1").strip() for value in _values(headers, PATH_OVERRIDE_HEADERS)))
+
+
+def _values(headers: Iterable[tuple[bytes, bytes]], names: frozenset[bytes]) -> list[bytes]:
+    """The values of the headers in ``names``, each name spelled in any case or with ``_`` for ``-`` (as PHP and
+    CGI servers read a header's name); the request's names arrive lower-case."""
+    return [value for name, value in headers if name.replace(b"_", b"-") in names]
 
 
 FORM = b"application/x-www-form-urlencoded"
