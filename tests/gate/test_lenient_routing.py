@@ -6,8 +6,11 @@ upstream whole."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import gzip
+import zlib
+from collections.abc import AsyncIterator, Callable
 
+import brotli
 import pytest
 
 from claude_bottle.gate.failures import Refused
@@ -96,6 +99,34 @@ async def test_a_post_whose_body_names_another_method_is_judged_as_that_method(
     assert all("x-deny-reason" not in headers for _, headers in allowed)  # relayed: the stub's own answer
     assert [r.body for r in plain.requests] == [b"_method=POST&a=1", multipart_field("title", "x"), b"_method=DELETE"]
     assert [r["decision"] for r in records] == ["deny", "allow", "allow", "allow"]
+
+
+@pytest.mark.parametrize(("coding", "encode"), [
+    ("gzip", gzip.compress), ("deflate", zlib.compress), ("br", brotli.compress),
+    ("gzip, br", lambda data: brotli.compress(gzip.compress(data))),
+], ids=["gzip", "deflate", "br", "gzip-then-br"])
+async def test_an_encoded_body_is_judged_as_the_server_decodes_it(make_gate: GateFactory, plain: StubUpstream,
+                                                                  coding: str, encode: Callable[[bytes], bytes]
+                                                                  ) -> None:
+    """Express's body parsers inflate a body before method-override reads its ``_method``: the field is read from
+    the decoded body as well as from the bytes as sent."""
+    rules = (f"{PLAIN_HOST}:{plain.port} allow POST /v1/items",)
+    form = "Content-Type: application/x-www-form-urlencoded\r\n"
+    sent = [("form", form, b"title=x&_method=DELETE"), ("json", "Content-Type: application/json\r\n",
+                                                          b'{"title": "x", "_method": "PUT"}'),
+            ("allowed", form, b"title=x&_method=POST")]
+    async with plain_gate(make_gate, plain.port, egress_rules=rules) as gate:
+        answers = {name: parse_head(await exchange(gate.proxy, absolute(
+            "POST", plain.port, "/v1/items", encode(body), kind + f"Content-Encoding: {coding}\r\n")))
+            for name, kind, body in sent}
+        corrupt = parse_head(await exchange(gate.proxy, absolute("POST", plain.port, "/v1/items", b"_method=PUT",
+                                                                 form + f"Content-Encoding: {coding}\r\n")))
+    assert answers["form"][0] == answers["json"][0] == 403, answers
+    assert answers["form"][1]["x-deny-reason"].startswith("DELETE matches no allow rule of [[egress]]")
+    assert answers["json"][1]["x-deny-reason"].startswith("PUT matches no allow rule of [[egress]]")
+    assert "x-deny-reason" not in answers["allowed"][1]  # relayed: the stub's own answer
+    assert corrupt[0] == 400 and "x-deny-reason" in corrupt[1], corrupt  # not decodable: refused, not judged
+    assert [r.body for r in plain.requests] == [encode(b"title=x&_method=POST")]
 
 
 async def test_a_multipart_body_of_more_parts_than_frameworks_read_is_refused(make_gate: GateFactory,

@@ -159,9 +159,15 @@ def request_rules(policy: RequestPolicy, target: Target, max_bytes: int) -> Requ
     def decide_body(request: Outbound, body: bytes) -> Decision:
         try:
             named = body_method_overrides(request.headers, body)
+            if codings := content_codings(header_values(request.headers, b"content-encoding")):
+                # Express's body parsers inflate a body before method-override reads it; Rack reads it as sent.
+                decoder = BodyDecoder(codings)
+                named += body_method_overrides(request.headers, decoder.feed(body) + decoder.finish())
         except BodyUnread as exc:
             raise Refused(400, f"{exc}: its _method fields are not all read; [[egress]] rules for {target} judge "
                                "every method a request names", rule=f"[[egress]] {target} method override") from None
+        except UndecodableBody as exc:
+            raise Refused(exc.status, str(exc)) from None
         return decide(request, named)
 
     async def judge(request: Outbound) -> Decision:
