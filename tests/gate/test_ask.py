@@ -186,8 +186,8 @@ async def test_over_the_limit_a_new_target_is_refused_at_once_and_the_api_route_
     assert len(limited) == 1 and limited[0]["answer"] == "deny-once" and "ask" not in limited[0]
 
 
-@pytest.mark.parametrize("host", ["metadata.ask.test", "127.0.0.1"])
-async def test_what_is_refused_before_asking_is_never_asked(
+@pytest.mark.parametrize("host", ["169.254.169.254", "127.0.0.1"])
+async def test_an_address_the_guard_refuses_is_never_asked(
         make_gate: GateFactory, target: StubUpstream, stub: StubUpstream, socket_path: Path, host: str) -> None:
     async with make_gate(ask=True, control_socket=socket_path, resolver=RESOLVER) as gate:  # no allow_private
         port = stub.port if host == "127.0.0.1" else target.port
@@ -195,6 +195,29 @@ async def test_what_is_refused_before_asking_is_never_asked(
         assert parse_head(response)[0] == 403
         assert await pending(socket_path, 0) == []
     assert lines(gate, "ask") == []
+
+
+async def test_a_name_is_looked_up_only_once_the_user_allows_it(
+        make_gate: GateFactory, target: StubUpstream, socket_path: Path) -> None:
+    """The lookup alone would carry the name to its domain's DNS server, so a name waiting for an answer, or
+    denied, is never looked up: else a bottle naming ``<data>.attacker.example`` exfiltrates by being asked
+    about it. So a name is asked about before the address guard sees it, which then still refuses it."""
+    resolver = StaticResolver(dict(RESOLVER.table))
+    async with make_gate(ask=True, control_socket=socket_path, resolver=resolver) as gate:  # no allow_private
+        denied = asyncio.ensure_future(exchange(gate.proxy, get(HOSTS[2], target.port), 10))
+        allowed = asyncio.ensure_future(connect_via(gate.proxy, f"metadata.ask.test:{target.port}"))
+        questions = {q["host"]: q for q in await pending(socket_path, 2)}
+        assert set(questions) == {HOSTS[2], "metadata.ask.test"}
+        assert resolver.calls == [], "nothing is looked up while the user is asked"
+        await ask(socket_path, "decide", id=questions[HOSTS[2]]["id"], answer="deny-once", by="terminal")
+        assert parse_head(await denied)[0] == 403
+        assert resolver.calls == [], "nor once the user denied it"
+        await ask(socket_path, "decide", id=questions["metadata.ask.test"]["id"], answer="allow-once", by="terminal")
+        status, headers, _, writer = await allowed
+        writer.close()
+    assert resolver.calls == ["metadata.ask.test"]
+    assert status == 403 and "169.254.169.254" in headers["x-deny-reason"], "the guard still refuses"
+    assert target.requests == []
 
 
 async def test_a_target_denied_while_the_gate_runs_is_refused_never_asked(

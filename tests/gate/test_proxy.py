@@ -104,6 +104,20 @@ async def test_allow_private_opens_exactly_the_listed_network(make_gate: GateFac
     assert refused == 403 and "loopback" in headers["x-deny-reason"]
 
 
+async def test_an_unlisted_name_is_refused_without_being_looked_up(make_gate: GateFactory) -> None:
+    """The lookup alone would carry the name to its domain's DNS server: a bottle that names
+    ``<data>.attacker.example`` would exfiltrate through the refusal."""
+    resolver = StaticResolver({"exfil-6a7b.example.net": [ip("127.0.0.2")]})
+    async with make_gate(allow=("example.com",), allow_private=LOOPBACK, resolver=resolver) as gate:
+        status, headers, _, writer = await connect_via(gate.proxy, "exfil-6a7b.example.net:443")
+        writer.close()
+        response = await exchange(gate.proxy, b"GET http://exfil-6a7b.example.net/ HTTP/1.1\r\n"
+                                              b"Host: exfil-6a7b.example.net\r\nConnection: close\r\n\r\n", 2)
+    assert status == 403 and "not in the allowlist" in headers["x-deny-reason"]
+    assert parse_head(response)[0] == 403
+    assert resolver.calls == []
+
+
 async def test_gate_dials_the_address_it_vetted_and_resolves_once(make_gate: GateFactory) -> None:
     """A name with a refused and an allowed address: only the allowed one is ever connected to, and the
     name is not resolved again between the check and the dial (DNS rebinding)."""

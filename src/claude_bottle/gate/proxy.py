@@ -1,7 +1,9 @@
 """The proxy listener: what HTTPS_PROXY / HTTP_PROXY point at.
 
 CONNECT tunnels and absolute-form plain-HTTP requests, each decided twice: the name against the allowlist,
-then every resolved address against the address guard. The gate dials exactly an address it vetted. No
+then every resolved address against the address guard. A name is resolved only once it is allowed: one the
+allowlist refuses, or that waits for the user's answer, is never looked up, since the lookup would carry it to a
+DNS server the bottle may choose (exfiltration in the name). The gate dials exactly an address it vetted. No
 credential is added to this traffic, except a credential route's on the terminated requests to its bound
 hosts (gate/inspection.py); those hosts are reached over terminated TLS only.
 
@@ -138,7 +140,10 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
 
     decision = ctx.egress.decide_tunnel(target) if method == "CONNECT" else ctx.egress.decide_target(target)
     if not decision.allow and decision.unlisted and ctx.asks is not None:
-        await vetted_addresses(target, record, ctx)  # the address guard first: never ask about what it refuses
+        if target.ip is not None:  # an address: the guard first, never ask about what it refuses
+            await vetted_addresses(target, record, ctx)
+        # A name is looked up only once the user allows it: the lookup alone would carry the name, which the
+        # bottle chose (``<data>.attacker.example``), to that domain's DNS server, whatever the answer.
         decision = await approval(target, method, path, conn.peer, record, ctx)
     if not decision.allow:
         raise Refused.by(decision)
