@@ -10,15 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from claude_bottle.display import printable
 from claude_bottle.records import current
 
 COLUMNS = (("TIME", 12), ("DECISION", 10), ("METHOD", 7), ("HOST", 32), ("PATH", 28), ("RULE", 20))
 _COLOURS = {"allow": "32", "would_deny": "33", "deny": "31", "error": "35", "ask": "36"}
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters escaped (a bottle chose the hosts and paths the gate audits)."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def decision(entry: dict[str, Any]) -> str:

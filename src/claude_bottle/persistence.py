@@ -35,6 +35,10 @@ from claude_bottle.errors import ConfigError
 from claude_bottle.verify.attack import Attack, Outcome, Verdict
 
 GROUP = "persistence across runs"
+# A folder's name (printf's escapes) that, shown as it is, would end its line in the review, forge another
+# ("nothing else changed") and clear the screen.
+FORGED = "notes\\n  (claude-bottle: nothing else changed)\\033[2J"
+FORGED_GIT = "notes\n  (claude-bottle: nothing else changed)\x1b[2J/.git"
 Shell = Callable[[str], tuple[int, str]]  # a script run in a bottle as the agent user: (exit code, output)
 GIT_SECONDS = 30
 RUNS_NOTHING = "the host's git runs nothing the bottle wrote"
@@ -187,6 +191,8 @@ class Plants:
                   {"terminal.integrated.profiles.linux": {"x": {"path": "sh", "args": ["-c", self.touch("vscode")]}}}),
             "mkdir -p /workspace/.claude && " + write("/workspace/.claude/settings.json", hooks(self.touch("hook2"))),
             write("/workspace/.mcp.json", {"mcpServers": {"x": {"command": "sh", "args": ["-c", self.touch("mcp")]}}}),
+            # a repository whose folder's name would forge a line of the review, and clear the screen
+            f"mkdir -p \"$(printf '/workspace/{FORGED}')/.git\"",
             # where a protected folder would be, a symlink to a host folder, for the next run to mount
             f"ln -s {self.loot} /workspace/.idea",
             # the bottle's own Claude state: hooks for later runs, a transcript for other projects to read
@@ -240,8 +246,9 @@ class Plants:
             look("a project file written by the bottle", "unused until the user approves it", self._project_file),
             look("a project file choosing the upstream and mounting a host folder, approved unread",
                  "those keys refused even so", self._project_file_keys),
-            look("files the host's editor, direnv and Claude Code run (.envrc, .mcp.json, .claude/, .idea)",
-                 "reported, and the next start waits for review", self._review),
+            look("files the host's editor, direnv and Claude Code run (.envrc, .mcp.json, .claude/, .idea), and a "
+                 "nested .git whose name forges a line", "reported one line each, and the next start waits for review",
+                 self._review),
             look("the run's audit, after the run", "kept on the host, without the credential",
                  functools.partial(self._audit, run_id, secret)),
         ]
@@ -274,14 +281,20 @@ class Plants:
         return f"accepted: {', '.join(chosen) or 'the file'}", False
 
     def _review(self) -> Verdict:
-        planted = {".envrc", ".mcp.json", ".claude/settings.json", ".idea"}
-        reported = {c.path for c in trust.pending_review(self.workspace)}
+        planted = {".envrc", ".mcp.json", ".claude/settings.json", ".idea", FORGED_GIT}
+        pending = trust.pending_review(self.workspace)
+        reported = {c.path for c in pending}
+        shown = trust.listing(pending)
         try:
             trust.check(self.workspace)
         except ConfigError:
             missed = planted - reported
-            return (f"not reported: {', '.join(sorted(missed))}" if missed else
-                    f"reported {len(reported)} changes; the next start refused"), not missed
+            if missed:
+                return f"not reported: {', '.join(sorted(missed))}", False
+            lines = min(len(pending), trust.SHOWN_CHANGES) + (len(pending) > trust.SHOWN_CHANGES)
+            if len(shown.splitlines()) != lines or "\x1b" in shown:
+                return "reported, but a planted name forged lines of the report", False
+            return f"reported {len(reported)} changes, one line each; the next start refused", True
         return "the next start would go ahead", False
 
     def _audit(self, run_id: str, secret: str) -> Verdict:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-from claude_bottle.logview import printable
+from claude_bottle.display import printable
 from claude_bottle.policy.decide import allow_entry
 from claude_bottle.policy.hosts import Allowlist, InvalidHost, Target, parse_authority
 from claude_bottle.records import current

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from claude_bottle import workspace as ws
+from claude_bottle.display import printable
 from claude_bottle.errors import ConfigError
 from claude_bottle.paths import config_dir, workspace_state_dir
 
@@ -103,7 +104,7 @@ def clear_review(workspace: Path, reviewed: list[ws.Change]) -> None:
 
 
 def listing(changes: list[ws.Change]) -> str:
-    lines = [f"  {ws.printable(c.describe())}" for c in changes[:SHOWN_CHANGES]]
+    lines = [f"  {printable(c.describe())}" for c in changes[:SHOWN_CHANGES]]  # one line each, whatever the name
     if len(changes) > SHOWN_CHANGES:
         lines.append(f"  ... and {len(changes) - SHOWN_CHANGES} more")
     return "\n".join(lines)

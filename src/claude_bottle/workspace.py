@@ -188,9 +188,3 @@ def changes(before: dict[str, str], after: dict[str, str]) -> list[Change]:
     return [Change(path, before.get(path), after.get(path))
             for path in sorted(before.keys() | after.keys())
             if before.get(path) != after.get(path)]
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: control characters (escape sequences a planted file could use to
-    rewrite the screen) shown as escapes; newlines and tabs kept."""
-    return "".join(c if c in "\n\t" or (c.isprintable()) else repr(c)[1:-1] for c in text)

@@ -113,10 +113,6 @@ def test_symlinked_directories_are_not_walked(project: Path, tmp_path: Path) -> 
     assert ws.nested_git(project) == ([], True)
 
 
-def test_printable_escapes_control_characters() -> None:
-    assert ws.printable("a\x1b[2Jb\n\tc\x07") == "a\\x1b[2Jb\n\tc\\x07"
-
-
 # ---- mounts ------------------------------------------------------------------------------------------------
 
 def test_existing_directories_and_files_are_mounted_read_only_symlinks_never(project: Path, tmp_path: Path) -> None:
@@ -180,6 +176,21 @@ def test_a_run_s_changes_are_reported_and_block_the_workspace_until_reviewed(pro
         trust.check(project)
     trust.clear_review(project, trust.unreviewed(project))
     trust.check(project)
+
+
+def test_a_planted_name_cannot_forge_a_line_of_the_report(project: Path) -> None:
+    """A newline in a name the bottle chose would start what looks like another entry ("nothing else
+    changed"), or an escape rewrite the screen: each change stays one line, its control characters shown."""
+    reports: list[str] = []
+    watch = trust.Watch(project, "t-6")
+    watch.begin()
+    (project / "docs\n  (claude-bottle: nothing else changed)\x1b[2J" / ".git").mkdir(parents=True)
+    assert len(watch.end(reports.append)) == 1
+    (entry,) = [line for line in reports[0].splitlines() if line.startswith("  ")]
+    assert entry.startswith("  docs\\n  (claude-bottle: nothing else changed)\\x1b[2J/.git: created")
+    with pytest.raises(ConfigError) as refused:
+        trust.check(project)
+    assert "\x1b" not in str(refused.value) and "docs\\n  (claude-bottle" in str(refused.value)
 
 
 def test_edits_between_runs_are_not_flagged(project: Path) -> None:

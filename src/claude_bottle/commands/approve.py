@@ -49,7 +49,8 @@ class Board:
 
     def apply(self, event: dict[str, Any], now: float) -> Asked | None:
         """Take one watch event in; the question it adds, if new."""
-        from claude_bottle.runtime.ask_watch import Asked, printable
+        from claude_bottle.display import printable
+        from claude_bottle.runtime.ask_watch import SHOWN, Asked
 
         if event.get("event") == "asked" and (asked := Asked.from_fields(event)) is not None:
             if asked.id not in self.questions:
@@ -57,7 +58,7 @@ class Board:
                 return asked
         elif event.get("event") == "decided" and str(event.get("id")) in self.questions:
             asked, _ = self.questions.pop(str(event.get("id")))
-            self.status = printable(f"{asked.summary()}: {event.get('answer')} by {event.get('by')}")
+            self.status = printable(f"{asked.summary()}: {event.get('answer')} by {event.get('by')}", SHOWN)
             self.selected = min(self.selected, max(0, len(self.questions) - 1))
         return None
 
@@ -196,9 +197,10 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
 
 def asked_line(board: Board, asked: Asked) -> str:
     request = f" {asked.method} {asked.path}" if asked.kind == "http" else ""
-    from claude_bottle.runtime.ask_watch import printable
+    from claude_bottle.display import printable
+    from claude_bottle.runtime.ask_watch import SHOWN
 
-    return printable(f"asked {asked.id} {board.run} {asked.target}{request} waited {asked.waited:.0f}s") + "\n"
+    return printable(f"asked {asked.id} {board.run} {asked.target}{request} waited {asked.waited:.0f}s", SHOWN) + "\n"
 
 
 def typed_answer(channel: Channel, board: Board, line: str, save: Save) -> str:

@@ -14,8 +14,8 @@ def review(directory: str | None, yes: bool) -> None:
     on a terminal, else ``yes``); ConfigError when not confirmed."""
     from claude_bottle import trust
     from claude_bottle.agent.project import project_summary, read_project_file
+    from claude_bottle.display import printable, printable_lines
     from claude_bottle.launch import workspace_of
-    from claude_bottle.workspace import printable
 
     path = workspace_of(directory)
     project = read_project_file(path)
@@ -25,7 +25,7 @@ def review(directory: str | None, yes: bool) -> None:
         summary = project_summary(project)  # a key a project file may not set fails here, before approval
         click.echo(f"{project.path} (sha256 {project.digest[:16]}, "
                    f"{'not approved yet' if new_project else 'approved'}):")
-        click.echo("-" * 60 + f"\n{printable(project.text).rstrip()}\n" + "-" * 60)
+        click.echo("-" * 60 + f"\n{printable_lines(project.text).rstrip()}\n" + "-" * 60)
         click.echo("It sets:\n" + "\n".join(f"  {printable(line)}" for line in summary))
     if changes:
         click.echo(f"Bottles changed these files in {path}, which can run code on your machine:\n"

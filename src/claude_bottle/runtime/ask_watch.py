@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from claude_bottle.display import printable
 from claude_bottle.errors import BottleError
 from claude_bottle.runtime.files import write_policy
 from claude_bottle.runtime.gate import control_command, control_reply
@@ -44,6 +45,7 @@ MAX_HOOKS = 16  # hooks running at once (the gate holds at most --ask-limit ques
 NOTIFY_SECONDS = 5.0
 RESTART_SECONDS = 1.0  # between a watch that ended and the next
 MAX_RESTARTS = 30  # in a row without an event: about the time a gate has to become ready
+SHOWN = 200  # characters of a bottle's words (a destination, a refusal) shown in a question or a notice
 
 Say = Callable[[str], None]
 
@@ -84,18 +86,13 @@ class Asked:
     def summary(self) -> str:
         """One line for people: the destination, and for plain HTTP the method and path."""
         request = f" {self.method or ''} {self.path or ''}".rstrip() if self.kind == "http" else ""
-        return printable(f"{self.target}{request}")
+        return printable(f"{self.target}{request}", SHOWN)
 
     def description(self, run: str, agent: str, timeout: float) -> dict[str, Any]:
         """What a hook reads on its standard input."""
         return {"run": run, "agent": agent, "id": self.id, "host": self.host, "port": self.port,
                 "kind": self.kind, "method": self.method, "path": self.path, "waited": self.waited,
                 "waiting": self.waiting, "timeout": timeout}
-
-
-def printable(text: str, limit: int = 200) -> str:
-    """``text`` without control characters, at most ``limit`` long: a bottle chose these words."""
-    return "".join(c if c.isprintable() else "?" for c in text)[:limit]
 
 
 def parse_event(line: bytes) -> dict[str, Any] | None:
@@ -113,7 +110,7 @@ def refused(line: bytes) -> str:
         reply = json.loads(line)
     except ValueError:
         return ""
-    return printable(str(reply.get("error", ""))) if isinstance(reply, dict) and reply.get("ok") is False else ""
+    return printable(str(reply.get("error", "")), SHOWN) if isinstance(reply, dict) and reply.get("ok") is False else ""
 
 
 class Channel(Protocol):
@@ -181,7 +178,7 @@ class WatchProcess:
         code = self.process.wait()
         self.errors.seek(0)
         lines = self.errors.read()[-4096:].decode("utf-8", "replace").strip().splitlines()
-        said = self.refusal or (printable(lines[-1]) if lines else "")
+        said = self.refusal or (printable(lines[-1], SHOWN) if lines else "")
         return f"exit {code}" + (f": {said}" if said else "")
 
     @property

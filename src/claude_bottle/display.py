@@ -1,0 +1,22 @@
+"""Text a bottle chose, shown on the host's terminal: the hosts, paths and reasons the gate audited and asks
+about, the names of files a bottle changed in the workspace, a project file's text.
+
+Shown as it is, such text could move the cursor, clear the screen, set the title or the clipboard, or forge
+lines: a newline in a file's name starts what looks like another entry of the list around it. So every
+control character is shown as its escape (``\\x1b``, ``\\n``, ``\\u202e``), and only a block of text that is a
+file's own keeps its newlines and tabs.
+"""
+
+from __future__ import annotations
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` as one line: every character that is not printable (newline and tab included) shown as its
+    escape; at most ``limit`` characters."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return shown if limit is None else shown[:limit]
+
+
+def printable_lines(text: str) -> str:
+    """``text`` as lines (a file's text): newlines and tabs kept, every other control character escaped."""
+    return "\n".join("\t".join(map(printable, line.split("\t"))) for line in text.split("\n"))
