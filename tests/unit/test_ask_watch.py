@@ -87,6 +87,17 @@ def test_notifiers_take_the_words_as_arguments() -> None:
     assert notifier(lambda name: None, "linux") is None
 
 
+def test_a_desktop_notification_shows_a_path_s_markup_as_written() -> None:
+    """A plain-HTTP path may hold ``<b>`` or ``&#8238;`` (which would reverse what follows): a freedesktop
+    notification's body is markup, so what the bottle wrote is escaped; macOS shows plain text."""
+    question = Asked("q", "h.example", 80, "http", "GET", "/<b>x</b>&#8238;moc")
+    linux = notifier({"notify-send": "/usr/bin/notify-send"}.get, "linux")
+    mac = notifier({"osascript": "/usr/bin/osascript"}.get, "darwin")
+    assert linux is not None and mac is not None
+    assert linux("t", question.summary())[-1] == "h.example:80 GET /&lt;b&gt;x&lt;/b&gt;&amp;#8238;moc"
+    assert mac("t", question.summary())[-1] == "h.example:80 GET /<b>x</b>&#8238;moc"
+
+
 def test_a_notifier_that_fails_changes_nothing(tmp_path: Path) -> None:
     ask_watch.notify([str(tmp_path / "missing")])
     ask_watch.notify([sys.executable, "-c", "raise SystemExit(1)"])

@@ -18,6 +18,7 @@ start all leave the questions to ``approve`` and the gate's timeout.
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import shutil
@@ -260,7 +261,9 @@ def notifier(which: Callable[[str], str | None] = shutil.which,
                   "-e", "end run"]
         return lambda title, text: [osascript, *script, title, text]
     if notify_send := which("notify-send"):
-        return lambda title, text: [notify_send, "--app-name=claude-bottle", "--", title, text]
+        # A freedesktop notification's body is markup: a path's <b> or &#8238; (which reverses what follows)
+        # would be read as such. The bottle chose those words, so they are shown as written.
+        return lambda title, text: [notify_send, "--app-name=claude-bottle", "--", title, html.escape(text, False)]
     return None
 
 
