@@ -1,11 +1,12 @@
 """Ask mode: a proxy request to a destination outside the allowlist is held while the host decides.
 
-The gate holds the request (``Asks.ask``) after every check that applies before asking (the address guard,
-the API host, credential hosts, the run's denied entries: a denied entry is refused, never asked) and asks
-one question per pending target: requests to the same ``host:port`` share it, whatever their kind. The host
-answers through the control channel (gate/control.py: ``pending``, ``watch``, ``decide``); only the host can
-reach it. An answer acts on the run's policy before the held requests go on, so they and every later request
-to the target are decided by it:
+The gate holds the request (``Asks.ask``) after every check that applies before asking (the API host,
+credential hosts, the run's denied entries, and the address guard for an IP address: these are refused, never
+asked; a name is looked up only once allowed, gate/proxy.py) and asks one question per pending target:
+requests to the same ``host:port`` share it, whatever their kind. The host answers through the control
+channel (gate/control.py: ``pending``, ``watch``, ``decide``); only the host can reach it. An answer acts on
+the run's policy before the held requests go on, so they and every later request to the target are decided
+by it:
 
 - ``allow-once`` / ``allow-always``: the target joins the run's allowlist (as the ``allow`` operation does);
   "once" is this run, "always" is the same here and the host also writes it to the agent's file.
