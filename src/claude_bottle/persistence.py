@@ -358,6 +358,12 @@ class Plants:
         return [*found, look("another project's Claude transcripts, from a bottle of the same agent", "not visible",
                              transcripts)]
 
+    def reviewed(self) -> None:
+        """What the user does once they reviewed the changes: the folder whose name forged a line removed (on
+        Podman no bottle could start with it: runtime/podman_engine.py), and the review cleared."""
+        shutil.rmtree(self.workspace / FORGED_GIT.removesuffix("/.git"), ignore_errors=True)
+        self.forget()
+
     def forget(self) -> None:
         """Drop what the host recorded about the scratch projects (pending reviews, fingerprints)."""
         for workspace in (self.workspace, self.other):

@@ -16,7 +16,8 @@ import pytest
 
 from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
-from claude_bottle.errors import DockerError
+from claude_bottle.display import printable
+from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
 from claude_bottle.runtime import podman_engine
@@ -79,5 +80,27 @@ def test_start_is_refused_while_the_host_answers_on_the_bottles_bridge(
     with pytest.raises(DockerError, match=refused), started(launch, lambda line: None) as run:
         run.create_bottle(["true"], tty=False)
     flt = {"label": "claude-bottle.agent=exposed"}
+    assert [c.name for c in podman.containers.list(all=True, filters=flt)] == []
+    assert [n.name for n in podman.networks.list(filters=flt)] == []
+
+
+@pytest.mark.parametrize("folder", ["x,src=/etc,consistency=", "notes\n  (nothing else changed)", 'a"b'])
+def test_a_nested_git_whose_path_podman_would_misread_is_refused_leaving_nothing(
+    podman: docker.DockerClient, token: str, workspace: Path, monkeypatch: pytest.MonkeyPatch, folder: str,
+) -> None:
+    """The attack: a bottle leaves a ``.git`` in a folder whose name, written into the text of a ``--mount``
+    option by Podman's Docker-compatible API, reads as more options. The next bottle gets that ``.git``
+    read-only by its path, so ``x,src=/etc,consistency=`` would mount the host's /etc into it (which Podman
+    does, given such a mount). The start must refuse, naming the path, and leave nothing behind."""
+    monkeypatch.setenv("DOCKER_HOST", SOCKET)
+    (workspace / folder / ".git").mkdir(parents=True)
+    write_agent("nested", "")
+    launch = Launch(load_agent("nested", workspace), workspace, Credential.parse(token, "test"),
+                    parse_upstream("http://stub.invalid:8000"))
+    with pytest.raises(ConfigError, match="Podman cannot mount a path holding") as refused, \
+            started(launch, lambda line: None) as run:
+        run.create_bottle(["true"], tty=False)
+    assert printable(folder) in str(refused.value) and "\n" not in str(refused.value)
+    flt = {"label": "claude-bottle.agent=nested"}
     assert [c.name for c in podman.containers.list(all=True, filters=flt)] == []
     assert [n.name for n in podman.networks.list(filters=flt)] == []

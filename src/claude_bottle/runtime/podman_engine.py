@@ -10,11 +10,18 @@ from typing import Any
 import docker
 from docker.models.containers import Container
 
-from claude_bottle.errors import DockerError
+from claude_bottle.display import printable
+from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.runtime.docker_api import libpod
 from claude_bottle.runtime.docker_engine import DockerEngine
 from claude_bottle.runtime.engine import EngineInfo
 from claude_bottle.runtime.seam import ContainerSpec, NetworkInfo, NetworkSpec
+
+# Podman's Docker-compatible API writes each mount back as the text of a ``--mount`` option and parses that as
+# CSV: a ',' in a path starts another option (a workspace folder named ``x,src=/etc,consistency=`` with a
+# ``.git`` in it, which the next bottle gets read-only by its path, would mount the host's /etc there), and a
+# '"' or a line break ends the parse. A path holding one is refused (``unmountable``).
+CSV_SPECIAL = frozenset(',"')
 
 # Podman leaves IPv6 on in a container whose networks have none, so a bottle could send link-local packets to
 # its bridge, which rootless Podman keeps in its own network namespace, beyond any host firewall. Docker turns
@@ -42,7 +49,8 @@ class PodmanEngine(DockerEngine):
         uid to the user's subordinate ids, so a bottle running as the user's uid would be a stranger on the
         host, unable to write the workspace. A container joining another's network namespace joins its user
         namespace as well: the other's user (the bottle's, for verify's probe) is then the same user there,
-        under the same mapping."""
+        under the same mapping. A mount whose path Podman would misread is refused first (``unmountable``)."""
+        unmountable(spec)
         if spec.no_ipv6:
             options = {**options, "sysctls": PODMAN_SYSCTLS}
         if self.rootless and spec.host_user:
@@ -67,6 +75,19 @@ class PodmanEngine(DockerEngine):
             raise DockerError(f"cannot find the internal network just made ({spec.name})")
         subnets = tuple(str(s["subnet"]) for s in created.get("subnets") or [])
         return dataclasses.replace(found, subnets=subnets or found.subnets)
+
+
+def unmountable(spec: ContainerSpec) -> None:
+    """ConfigError for the first path among ``spec``'s mounts and binds that Podman's Docker-compatible API
+    would misread (``CSV_SPECIAL``, a control character): before anything of the container exists."""
+    paths = [*(path for mount in spec.mounts for path in (mount.source, mount.target)),
+             *(path for source, target, _ in spec.binds for path in (source, target))]
+    for path in paths:
+        if CSV_SPECIAL.intersection(path) or not path.isprintable():
+            raise ConfigError(f"{printable(path)}: Podman cannot mount a path holding ',', '\"' or a control "
+                              "character (its API would read the rest as more mount options, which a bottle could "
+                              "use to mount a host folder); rename or remove it (a bottle may have made it: look "
+                              "before you trust it), then start again")
 
 
 def create_in_userns(client: docker.DockerClient, image: str, userns: str, options: dict[str, Any]) -> Container:

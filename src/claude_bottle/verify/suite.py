@@ -41,7 +41,7 @@ def verify(agent: AgentConfig, progress: Progress, proxy: UpstreamProxy | None =
                 in_bottle(target.run, plants.first_script())
                 first = target.run.id
             outcomes += plants.after_first(first, env.credential.secret)
-            plants.forget()  # as the user would, once they had reviewed the changes
+            plants.reviewed()
             progress("the next bottle of the same project")
             with bottle_on(env, plants.workspace) as again:
                 output = in_bottle(again.run, plants.next_script())[1]
