@@ -20,7 +20,7 @@ from claude_bottle.runtime.seam import ContainerSpec, NetworkInfo, NetworkSpec
 # Podman's Docker-compatible API writes each mount back as the text of a ``--mount`` option and parses that as
 # CSV: a ',' in a path starts another option (a workspace folder named ``x,src=/etc,consistency=`` with a
 # ``.git`` in it, which the next bottle gets read-only by its path, would mount the host's /etc there), and a
-# '"' or a line break ends the parse. A path holding one is refused (``unmountable``).
+# '"' or a line break ends the parse. A path holding one is refused (``check_mount_paths``).
 CSV_SPECIAL = frozenset(',"')
 
 # Podman leaves IPv6 on in a container whose networks have none, so a bottle could send link-local packets to
@@ -49,8 +49,8 @@ class PodmanEngine(DockerEngine):
         uid to the user's subordinate ids, so a bottle running as the user's uid would be a stranger on the
         host, unable to write the workspace. A container joining another's network namespace joins its user
         namespace as well: the other's user (the bottle's, for verify's probe) is then the same user there,
-        under the same mapping. A mount whose path Podman would misread is refused first (``unmountable``)."""
-        unmountable(spec)
+        under the same mapping. A mount whose path Podman would misread is refused first (``check_mount_paths``)."""
+        check_mount_paths(spec)
         if spec.no_ipv6:
             options = {**options, "sysctls": PODMAN_SYSCTLS}
         if self.rootless and spec.host_user:
@@ -77,7 +77,7 @@ class PodmanEngine(DockerEngine):
         return dataclasses.replace(found, subnets=subnets or found.subnets)
 
 
-def unmountable(spec: ContainerSpec) -> None:
+def check_mount_paths(spec: ContainerSpec) -> None:
     """ConfigError for the first path among ``spec``'s mounts and binds that Podman's Docker-compatible API
     would misread (``CSV_SPECIAL``, a control character): before anything of the container exists."""
     paths = [*(path for mount in spec.mounts for path in (mount.source, mount.target)),
