@@ -35,10 +35,9 @@ from claude_bottle.errors import ConfigError
 from claude_bottle.verify.attack import Attack, Outcome, Verdict
 
 GROUP = "persistence across runs"
-# A folder's name (printf's escapes) that, shown as it is, would end its line in the review, forge another
-# ("nothing else changed") and clear the screen.
-FORGED = "notes\\n  (claude-bottle: nothing else changed)\\033[2J"
-FORGED_GIT = "notes\n  (claude-bottle: nothing else changed)\x1b[2J/.git"
+# A folder's name that, shown as it is, would end its line in the review, forge another ("nothing else
+# changed") and clear the screen.
+FORGED = "notes\n  (claude-bottle: nothing else changed)\x1b[2J"
 Shell = Callable[[str], tuple[int, str]]  # a script run in a bottle as the agent user: (exit code, output)
 GIT_SECONDS = 30
 RUNS_NOTHING = "the host's git runs nothing the bottle wrote"
@@ -192,7 +191,7 @@ class Plants:
             "mkdir -p /workspace/.claude && " + write("/workspace/.claude/settings.json", hooks(self.touch("hook2"))),
             write("/workspace/.mcp.json", {"mcpServers": {"x": {"command": "sh", "args": ["-c", self.touch("mcp")]}}}),
             # a repository whose folder's name would forge a line of the review, and clear the screen
-            f"mkdir -p \"$(printf '/workspace/{FORGED}')/.git\"",
+            f"mkdir -p \"$(printf '/workspace/%b' {shlex.quote(FORGED.encode('unicode_escape').decode())})/.git\"",
             # where a protected folder would be, a symlink to a host folder, for the next run to mount
             f"ln -s {self.loot} /workspace/.idea",
             # the bottle's own Claude state: hooks for later runs, a transcript for other projects to read
@@ -281,7 +280,7 @@ class Plants:
         return f"accepted: {', '.join(chosen) or 'the file'}", False
 
     def _review(self) -> Verdict:
-        planted = {".envrc", ".mcp.json", ".claude/settings.json", ".idea", FORGED_GIT}
+        planted = {".envrc", ".mcp.json", ".claude/settings.json", ".idea", f"{FORGED}/.git"}
         pending = trust.pending_review(self.workspace)
         reported = {c.path for c in pending}
         shown = trust.listing(pending)
@@ -291,8 +290,8 @@ class Plants:
             missed = planted - reported
             if missed:
                 return f"not reported: {', '.join(sorted(missed))}", False
-            lines = min(len(pending), trust.SHOWN_CHANGES) + (len(pending) > trust.SHOWN_CHANGES)
-            if len(shown.splitlines()) != lines or "\x1b" in shown:
+            forged = [line for line in shown.splitlines() if line.startswith("  notes")]
+            if "\x1b" in shown or len(forged) != 1 or "/.git: created" not in forged[0]:
                 return "reported, but a planted name forged lines of the report", False
             return f"reported {len(reported)} changes, one line each; the next start refused", True
         return "the next start would go ahead", False
@@ -361,7 +360,7 @@ class Plants:
     def reviewed(self) -> None:
         """What the user does once they reviewed the changes: the folder whose name forged a line removed (on
         Podman no bottle could start with it: runtime/podman_engine.py), and the review cleared."""
-        shutil.rmtree(self.workspace / FORGED_GIT.removesuffix("/.git"), ignore_errors=True)
+        shutil.rmtree(self.workspace / FORGED, ignore_errors=True)
         self.forget()
 
     def forget(self) -> None:
