@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ from claude_bottle.runtime import podman_engine
 from claude_bottle.runtime.docker_engine import DockerEngine
 from claude_bottle.runtime.docker_values import create_options
 from claude_bottle.runtime.podman_engine import PodmanEngine
+from claude_bottle.runtime.removal import remove_run
 from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.seam import ContainerSpec, NetworkSpec
 from claude_bottle.verify.standins import (
@@ -141,6 +146,42 @@ def test_an_engine_refusing_the_probe_is_said_as_verifys(tmp_path: Path) -> None
     engine.fail.add("create_container")
     with pytest.raises(DockerError, match=r"^verify: create_container failed"):
         run_probe(target, {})
+
+class DaemonEngine(ProbeEngine):
+    """Ctrl-C reaches the CLI while the engine creates a container, and the engine finishes the create
+    anyway, some time later, as a daemon does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.creating: list[threading.Thread] = []
+
+    def create_container(self, spec: ContainerSpec) -> Any:
+        creating = threading.Thread(target=lambda: (time.sleep(0.2), ProbeEngine.create_container(self, spec)))
+        self.creating.append(creating)
+        creating.start()
+        os.kill(os.getpid(), signal.SIGINT)
+        creating.join()
+        return self.container(spec.name)
+
+
+@pytest.mark.parametrize("created", ["probe", "stand-in"])
+def test_a_ctrl_c_while_the_engine_creates_leaves_nothing_once_removed(created: str, tmp_path: Path) -> None:
+    """The removal on the way out lists the run's containers: one the engine was still creating then would
+    outlive it."""
+    engine = DaemonEngine()
+    target = verification(engine, tmp_path)
+    run = target.run
+    engine.add_container(run.names.bottle, run.labels)
+    with pytest.raises(KeyboardInterrupt):
+        if created == "probe":
+            run_probe(target, {})
+        else:
+            stub_container(engine, "gate:1", "", "stub", run.names.container("stub"), run.labels)
+    remove_run(engine, run.id)
+    for creating in engine.creating:
+        creating.join()
+    assert engine.containers() == []
+
 
 # ---- the Docker and Podman implementations -------------------------------------------------------------------
 

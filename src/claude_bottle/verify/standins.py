@@ -38,6 +38,7 @@ from claude_bottle.policy.hosts import Allowlist, parse_pattern
 from claude_bottle.policy.mcp import McpServerRules
 from claude_bottle.policy.rules import HostRules, make_host_rules
 from claude_bottle.runtime.engines import open_engine
+from claude_bottle.runtime.interrupts import uninterrupted
 from claude_bottle.runtime.names import RunNames, state_volume
 from claude_bottle.runtime.removal import remove_run
 from claude_bottle.runtime.run import Run
@@ -175,11 +176,12 @@ def stub_container(engine: Engine, image: str, network: str, alias: str, name: s
     ``network`` as ``alias``, logging each request; with ``tls`` (a PEM file of a chain and key, mounted
     read-only), on HTTPS port ``TLS_PORT``."""
     port, served = (STUB_PORT, ()) if tls is None else (TLS_PORT, ("--tls", "/opt/stub/tls.pem"))
-    engine.create_container(ContainerSpec(
-        image, name, labels, entrypoint=("/opt/gate/bin/python", "-m", *program, "--listen", f"{alias}:{port}",
-                                         "--log", *served),
-        network=network, aliases=(alias,), binds=((str(tls), "/opt/stub/tls.pem", True),) if tls else (),
-        read_only=True))
+    with uninterrupted():
+        engine.create_container(ContainerSpec(
+            image, name, labels, entrypoint=("/opt/gate/bin/python", "-m", *program, "--listen", f"{alias}:{port}",
+                                             "--log", *served),
+            network=network, aliases=(alias,), binds=((str(tls), "/opt/stub/tls.pem", True),) if tls else (),
+            read_only=True))
     engine.start(name)
     _wait_for_log(engine, name, " on http", f"the {alias} container")
     return StandIn(engine, name, engine.address(name, network))
@@ -232,8 +234,9 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
             progress("starting the stub upstream and a host outside the bottle")
             ca, files = _https_files(Path(tls))
             with _verify_asked():
-                outside = engine.create_network(NetworkSpec(names.container("outside"), labels, internal=True,
-                                                            bridge=STAND_IN_BRIDGE + verify_hex))
+                with uninterrupted():
+                    outside = engine.create_network(NetworkSpec(names.container("outside"), labels, internal=True,
+                                                                bridge=STAND_IN_BRIDGE + verify_hex))
                 stub, canary, front = (stub_container(engine, gate_image, outside.name, alias,
                                                       names.container(alias), labels)
                                        for alias in ("stub", "canary", FRONT))
@@ -351,11 +354,12 @@ def run_probe(target: Verification, targets: dict[str, Any]) -> str:
     run = target.run
     engine, probe = run.engine, run.names.container("probe")
     with _verify_asked():
-        engine.create_container(ContainerSpec(
-            target.gate_image, probe, run.labels,
-            entrypoint=("/opt/gate/bin/python", "-m", "claude_bottle.verify.probe", json.dumps(targets)),
-            network_of=run.names.bottle, user=run.spec.user, read_only=True))
         try:
+            with uninterrupted():
+                engine.create_container(ContainerSpec(
+                    target.gate_image, probe, run.labels,
+                    entrypoint=("/opt/gate/bin/python", "-m", "claude_bottle.verify.probe", json.dumps(targets)),
+                    network_of=run.names.bottle, user=run.spec.user, read_only=True))
             engine.start(probe)
             status = engine.wait(probe, timeout=PROBE_SECONDS)
             output = b"".join(engine.logs(probe, stderr=False)).decode("utf-8", "replace")
