@@ -3,6 +3,9 @@ engine is asked for, and that nothing of a run outlives its removal but its pool
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -272,3 +275,66 @@ def test_a_start_interrupted_at_any_step_leaves_nothing_once_removed(workspace: 
         if not interrupted:
             break
     assert at > 10, "every step of a start was interrupted"
+
+
+class CreatedAnyway(BottleEngine):
+    """Ctrl-C reaches the CLI while the engine works on the ``at``-th create request of a start, and the
+    engine finishes that request a moment later anyway, as a daemon does. ``overlapped``: the requests the CLI
+    made meanwhile (its removal among them), which cannot know of what is being created."""
+
+    CREATES = frozenset({"create_network", "create_placeholder", "create_container", "create_volume"})
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.creates, self.in_flight, self.overlapped, self.cut = at, 0, False, [], ""
+
+    def __getattribute__(self, name: str) -> Any:
+        found = super().__getattribute__(name)
+        if name.startswith("_") or not callable(found) or not hasattr(Engine, name):
+            return found
+
+        def called(*args: Any, **kwargs: Any) -> Any:
+            if self.in_flight and threading.current_thread() is threading.main_thread():
+                self.overlapped.append(name)
+            if name not in self.CREATES:
+                return found(*args, **kwargs)
+            self.creates += 1
+            if self.creates != self.at:
+                return found(*args, **kwargs)
+            outcome: list[Any] = []
+
+            def finish() -> None:
+                time.sleep(0.2)
+                try:
+                    outcome.append(found(*args, **kwargs))
+                except BaseException as exc:  # raised in the caller's thread, as the engine's answer
+                    outcome.append(exc)
+                self.in_flight = False
+
+            self.in_flight, self.cut = True, name
+            creating = threading.Thread(target=finish)
+            creating.start()
+            os.kill(os.getpid(), signal.SIGINT)
+            creating.join()
+            if isinstance(outcome[0], BaseException):
+                raise outcome[0]
+            return outcome[0]
+        return called
+
+
+def test_a_ctrl_c_while_the_engine_creates_is_held_until_the_create_returns(workspace: Path) -> None:
+    """At every create request of a start: nothing is asked of the engine until that request has returned, so
+    the removal that follows finds what it created."""
+    for at in range(1, 20):
+        engine = CreatedAnyway(at)
+        run = new_run(engine, workspace)
+        with contextlib.suppress(KeyboardInterrupt):
+            run.start_gate()
+            run.start_bottle(["true"])
+        run.remove()
+        while engine.in_flight:
+            time.sleep(0.05)
+        assert engine.overlapped == [], f"interrupted in {engine.cut}, create request {at}"
+        if engine.creates < at:
+            break
+    assert at > 3, "every create request of a start was interrupted"

@@ -282,7 +282,8 @@ class Run:
                        "CLAUDE_BOTTLE_READY_FILE": READY_FILE,
                        "CLAUDE_BOTTLE_GATE": f"{self.gate_ip}:{API_PORT}"}  # watched by the entrypoint
         try:
-            state = self.engine.create_volume(state_volume(spec.agent, spec.workspace), self.names.volume_labels)
+            with uninterrupted():
+                state = self.engine.create_volume(state_volume(spec.agent, spec.workspace), self.names.volume_labels)
         except DockerError as exc:
             raise DockerError(f"cannot create the bottle: {exc}") from None
         volumes = {
