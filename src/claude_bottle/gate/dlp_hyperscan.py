@@ -14,7 +14,9 @@ reference's ``DlpRule.search`` on every view.
 
 The database is compiled once, at gate start, in block mode: the streaming scanner (gate/dlp_scanner.py)
 already hands each window whole. The callback is a module function, referenced for every scan. Scratch space
-is per thread: a scan never awaits, so scans at the same time can only be in different threads.
+is per thread: a scan never awaits, so scans at the same time can only be in different threads. ``scan`` is
+called with its arguments by position (data, callback, flags, context, scratch): the binding's parse of
+keywords costs about as much as a scan of a request head.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class HyperscanMatcher(DlpMatcher):
     def search(self, view: bytes, where: str, start: int, final: bool) -> Sequence[View]:
         hits: list[tuple[int, int]] = []  # (expression id, where its match ends)
         if self._database is not None:
-            self._database.scan(view, match_event_handler=_found, context=hits, scratch=self._scratch())
+            self._database.scan(view, _found, 0, hits, self._scratch())
         if not hits and not self._always:
             return self._unmarked
         needles = len(self.needles)
@@ -118,7 +120,7 @@ class HyperscanMatcher(DlpMatcher):
         if self._database is None:
             return True
         hits: list[tuple[int, int]] = []
-        self._database.scan(data, match_event_handler=_found, context=hits, scratch=self._scratch())
+        self._database.scan(data, _found, 0, hits, self._scratch())
         return not hits
 
     def _scratch(self) -> hyperscan.Scratch:

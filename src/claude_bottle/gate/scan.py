@@ -115,7 +115,7 @@ def _hyperscan_search(forms: Sequence[bytes]) -> Callable[[bytes], bool] | None:
         if scratch is None:
             scratch = local.scratch = hyperscan.Scratch(database)
         found: list[int] = []
-        database.scan(data, match_event_handler=_found, context=found, scratch=scratch)
+        database.scan(data, _found, 0, found, scratch)  # by position, as gate/dlp_hyperscan.py says why
         return bool(found)
 
     return search
