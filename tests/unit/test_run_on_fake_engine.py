@@ -3,7 +3,6 @@ engine is asked for, and that nothing of a run outlives its removal but its pool
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
@@ -20,7 +19,7 @@ from claude_bottle.errors import GateError
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.ready import Ready
 from claude_bottle.gate.settings import Endpoint
-from claude_bottle.launch import Launch, run_spec
+from claude_bottle.launch import Launch, interrupt, on_stop_signals, run_spec
 from claude_bottle.runtime import lifeline
 from claude_bottle.runtime.files import IMAGE_BUNDLE, bottle_files, policy_dir
 from claude_bottle.runtime.gate import GATE_ALIAS
@@ -328,12 +327,17 @@ def test_a_ctrl_c_while_the_engine_creates_is_held_until_the_create_returns(work
     for at in range(1, 20):
         engine = CreatedAnyway(at)
         run = new_run(engine, workspace)
-        with contextlib.suppress(KeyboardInterrupt):
-            run.start_gate()
-            run.start_bottle(["true"])
+        interrupted = False
+        try:
+            with on_stop_signals(interrupt):  # as the CLI's commands (Ctrl-C may be ignored where tests run)
+                run.start_gate()
+                run.start_bottle(["true"])
+        except KeyboardInterrupt:
+            interrupted = True
         run.remove()
         while engine.in_flight:
             time.sleep(0.05)
+        assert interrupted == (engine.creates >= at), f"create request {at}"
         assert engine.overlapped == [], f"interrupted in {engine.cut}, create request {at}"
         if engine.creates < at:
             break

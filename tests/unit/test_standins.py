@@ -20,7 +20,7 @@ from docker.models.containers import ContainerCollection
 from claude_bottle.agent.schema import parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import DockerError, GateError
-from claude_bottle.launch import Launch, run_spec
+from claude_bottle.launch import Launch, interrupt, on_stop_signals, run_spec
 from claude_bottle.runtime import podman_engine
 from claude_bottle.runtime.docker_engine import DockerEngine
 from claude_bottle.runtime.docker_values import create_options
@@ -172,7 +172,7 @@ def test_a_ctrl_c_while_the_engine_creates_leaves_nothing_once_removed(created: 
     target = verification(engine, tmp_path)
     run = target.run
     engine.add_container(run.names.bottle, run.labels)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), on_stop_signals(interrupt):  # as verify (Ctrl-C may be ignored here)
         if created == "probe":
             run_probe(target, {})
         else:
