@@ -120,7 +120,7 @@ class Run:
         """The gate joins the egress network, then the run's internal one, and listens on its internal address
         only. The token goes in over the attached stdin: never an argument, a variable or a file."""
         spec = self.spec
-        with uninterrupted(), ThreadPoolExecutor(2) as pool:  # its threads inherit the blocked signals
+        with uninterrupted(), ThreadPoolExecutor(2) as pool:  # held by this thread while its workers create
             internal, egress = pool.submit(self._internal_network), pool.submit(egress_network, self.engine)
             self.internal, self.egress = internal.result(), egress.result()
         beats = not self.engine.stdin_ends_with_client
