@@ -28,6 +28,7 @@ from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.runtime import engine, images
 from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.files import protective_mounts
+from claude_bottle.runtime.interrupts import STOP
 from claude_bottle.runtime.leftovers import mark_kept, remove_left_behind
 from claude_bottle.runtime.reaper import watch as watch_over
 from claude_bottle.runtime.run import Run
@@ -123,9 +124,6 @@ def claude_command(agent: AgentConfig, *extra: str) -> list[str]:
     return ["claude", *([] if chosen else ["--dangerously-skip-permissions"]), *arguments]
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 def interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -137,7 +135,7 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], None] | signal.Ha
     ``interrupt``: SIGTERM and SIGHUP unwind like Ctrl-C, so a run's finally-block removes what it created.
     ``SIG_IGN``: removal runs to the end; a second Ctrl-C (or a SIGTERM after a SIGHUP) cannot cut it short.
     """
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, handler) for sig in STOP}
     try:
         yield
     finally:

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what ends a run: held here, handled by launch.py
 
 
 @contextlib.contextmanager
