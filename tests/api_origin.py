@@ -69,7 +69,8 @@ class Origin:
     - ``close``: 200 with ``Connection: close``, then closes; ``then-close``: ``ok``, then closes it idle. ``hangup``: closes without an answer.
     - ``interim``: ``INTERIM`` (a 103) before its ``ok``; ``split``: ``ok`` in two writes, apart, its body cut.
     - ``echo``: 200 with the request's head as its body; ``echo-header``: ``ok`` with its Authorization
-      value in ``x-echo`` (a reflecting endpoint).
+      value in ``x-echo`` (a reflecting endpoint); ``echo-name``: ``ok`` with a header named after that
+      value's token in hex.
     - ``slow``: answers ``ok`` after the request's ``x-delay`` seconds.
     - ``silent``: never answers. ``hold``: answers ``ok`` once ``release`` is set (or ``HOLD_LIMIT`` passed).
     - ``sse``: a chunked event stream, ``FIRST_EVENTS`` events, then once released the ``LAST_EVENTS``
@@ -130,9 +131,9 @@ class Origin:
             {"type": "message", "seq": header_fields(seen.head).get("x-seq", ""), "content": []}).encode()
         if script == "echo":
             body = seen.head
-        extra = {"close": b"connection: close\r\n",
-                 "echo-header": b"x-echo: %b\r\n" % header_fields(seen.head).get("authorization", "").encode()
-                 }.get(script, b"")
+        authorization = header_fields(seen.head).get("authorization", "").encode()
+        extra = {"close": b"connection: close\r\n", "echo-header": b"x-echo: %b\r\n" % authorization,
+                 "echo-name": b"x-%b: 1\r\n" % authorization.split(b" ")[-1].hex().encode()}.get(script, b"")
         whole = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + extra
                  + b"content-length: %d\r\n\r\n" % len(body) + body)
         if script == "interim":

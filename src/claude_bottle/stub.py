@@ -7,6 +7,8 @@ request may steer it with a top-level ``"stub"`` object in its JSON body (Claude
   ``: sent_ns=<time.time_ns()>`` so a client can measure delivery delay.
 - ``{"mode": "echo"}``: answer with the request headers as JSON (a reflecting endpoint).
 - ``{"mode": "echo-header"}``: put the received credential headers in response headers.
+- ``{"mode": "echo-name"}``: name a response header after the received credential headers' values (the scheme
+  word cut off) in hex, which a header name may hold.
 - ``{"mode": "echo-split"}``: stream the received credential split across chunks, slowly.
 - ``{"mode": "echo-reason"}``: put the received credential in the status line's reason phrase.
 - ``{"mode": "echo-encoded", "encoding": "url" | "base64" | "base64-nopad"}``: answer with the received
@@ -296,6 +298,9 @@ class StubUpstream:
         elif mode == "echo-header":
             await self._json(conn, 200, message_json(block, model),
                              [(b"x-echo-" + n.lower(), v) for n, v in credentials])
+        elif mode == "echo-name":
+            await self._json(conn, 200, message_json(block, model),
+                             [(b"x-" + v.split(b" ", 1)[-1].hex().encode(), b"1") for _, v in credentials])
         elif mode == "echo-encoded":
             values = [v.split(b" ", 1)[-1] for _, v in credentials]
             encoding = steer.get("encoding")

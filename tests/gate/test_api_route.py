@@ -189,13 +189,13 @@ async def test_non_canonical_paths_refused(make_gate: GateFactory, stub: StubUps
     assert stub.requests == []
 
 
-@pytest.mark.parametrize("mode", ["echo", "echo-header", "echo-split"])
+@pytest.mark.parametrize("mode", ["echo", "echo-header", "echo-name", "echo-split"])
 async def test_reflected_credential_is_never_delivered(make_gate: GateFactory, stub: StubUpstream, mode: str) -> None:
     async with make_gate() as gate:
         response = await exchange(gate.api, messages_request({"model": "m", "stub": {"mode": mode}}), 3)
         record = gate.records()[-1]
     assert stub.requests, "the request reached the upstream"
-    assert gate.token.encode() not in response
+    assert gate.token.encode() not in response and gate.token.encode().hex().encode() not in response
     assert gate.token[:12].encode() not in response, "a prefix of the credential leaked"
     assert "credential" in record["reason"] and record["decision"] == "error"
 

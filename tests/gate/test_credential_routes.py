@@ -196,6 +196,20 @@ async def test_a_response_never_carries_the_value_back_encoded(make_gate: GateFa
     assert b"echo" not in body and sent not in body and base64.b64encode(sent).rstrip(b"=") not in body
 
 
+@pytest.mark.parametrize("scheme", [Scheme.BASIC, Scheme.BEARER])
+async def test_a_response_never_names_a_header_after_the_value(make_gate: GateFactory, hosts: Hosts,
+                                                               scheme: Scheme) -> None:
+    """A header's name may hold the value in hex: names are scanned as values are."""
+    ca, route = StandInCA(), route_to(hosts, scheme)
+    async with gate_with(make_gate, hosts, route, ca) as gate:
+        status, headers, body = await send(gate, ca, hosts.target(BOUND), post(
+            hosts.target(BOUND), payload={"model": "m", "stub": {"mode": "echo-name"}}))
+    sent = route.header()[1].split(b" ", 1)[1]
+    assert hosts.stub.requests, "the request reached the bound host"
+    assert status == 502, body
+    assert sent.hex() not in json.dumps(headers) and sent.hex().encode() not in body
+
+
 async def test_client_credential_headers_are_removed_whatever_their_spelling(make_gate: GateFactory,
                                                                             hosts: Hosts) -> None:
     ca, route = StandInCA(), route_to(hosts)

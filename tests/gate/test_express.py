@@ -107,12 +107,14 @@ async def test_a_streamed_answer_is_relayed_by_the_request_loop(
     assert lines(gate)[1]["bytes_down"] == len(body)
 
 
+@pytest.mark.parametrize("mode", ["echo", "echo-name"])
 async def test_a_reflected_credential_is_refused_as_on_the_coroutine_path(
-        make_gate: GateFactory, taken: list[ExpressExchange]) -> None:
+        make_gate: GateFactory, taken: list[ExpressExchange], mode: str) -> None:
     async with make_gate() as gate, client(gate) as api:
         await api.ask()
-        status, body = await api.ask({**SMALL, "stub": {"mode": "echo"}})
-    assert len(taken) == 1 and status == 502 and gate.token.encode() not in body
+        status, body = await api.ask({**SMALL, "stub": {"mode": mode}})
+    assert len(taken) == 1 and status == 502
+    assert gate.token.encode() not in body and gate.token.encode().hex().encode() not in body
     assert lines(gate)[1]["side"] == "upstream" and "credential" in lines(gate)[1]["reason"]
 
 

@@ -113,9 +113,11 @@ def test_large_windows_and_headers_searched_alike(hyperscan: bool) -> None:
         assert forms.found_in(filler + form + filler)
         assert not forms.found_in(filler + form[:-1] + filler)
         assert forms.in_headers([(b"content-type", b"text/plain"), (b"x-echo", b"a " + form)])
-        # a form split over two header values is not in either
+        assert forms.in_headers([(b"content-type", b"text/plain"), (b"x-" + form, b"1")]), "a header's name"
+        # a form split over two header values, or over a header's name and value, is not in either
         half = len(form) // 2
         assert not forms.in_headers([(b"x-a", form[:half]), (b"x-b", form[half:])])
+        assert not forms.in_headers([(form[:half], form[half:])])
 
 
 @pytest.mark.parametrize("hyperscan", [True, False], ids=["hyperscan", "standard"])
@@ -125,14 +127,16 @@ def test_a_whole_message_is_searched_as_its_headers_and_body_apart(hyperscan: bo
         half = len(form) // 2
         for headers, body in [([(b"x-a", b"1")], b"{" + form + b"}"), ([(b"x-echo", form)], b""),
                               ([(b"x-a", form[:half])], form[half:]), ([(b"x-a", b"1")], form[:-1] + b"\n"),
-                              ([(b"x-a", form[:half]), (b"x-b", form[half:])], b"")]:
+                              ([(b"x-a", form[:half]), (b"x-b", form[half:])], b""),
+                              ([(form, b"1")], b""), ([(b"x-a", form[:half])], form[half:])]:
             assert forms.in_message(headers, body) == (forms.in_headers(headers) or forms.found_in(body))
 
 
 def test_a_form_with_a_newline_is_searched_header_by_header() -> None:
     forms = SecretForms([b"ab\ncd"])
     assert not forms.in_headers([(b"x-a", b"ab"), (b"x-b", b"cd")])
-    assert forms.in_headers([(b"x-a", b"zab\ncd")])
+    assert forms.in_headers([(b"x-a", b"zab\ncd")]) and forms.in_headers([(b"zab\ncd", b"1")])
+    assert not forms.in_headers([(b"ab", b"cd")])
     assert not forms.in_message([(b"x-a", b"ab")], b"cd") and forms.in_message([(b"x-a", b"1")], b"ab\ncd")
 
 

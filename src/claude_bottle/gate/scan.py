@@ -60,17 +60,19 @@ class SecretForms:
         return SecretScanner(self)
 
     def in_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> bool:
-        """One of the forms occurs in a header value: one search over the values joined by a newline (which no
-        header value holds), or one per value for a form with a newline in it."""
+        """One of the forms occurs in a header's name or value. Names too: a name may hold any letter, digit
+        and ``-``, so a server can send a form (hex, say) back as a header's name. One search over the names
+        and values joined by a newline (which neither holds), or one per name and value for a form with a
+        newline in it."""
         if self._newline_free:
-            return self.found_in(b"\n".join([value for _, value in headers]))
-        return any(self.found_in(value) for _, value in headers)
+            return self.found_in(b"\n".join(map(b"\n".join, headers)))
+        return any(self.found_in(name) or self.found_in(value) for name, value in headers)
 
     def in_message(self, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> bool:
-        """One of the forms occurs in a header value or in ``body``: ``in_headers`` and the body searched in
-        one pass where no form has a newline (so none spans the newline that joins them)."""
+        """One of the forms occurs in a header's name or value or in ``body``: ``in_headers`` and the body
+        searched in one pass where no form has a newline (so none spans the newline that joins them)."""
         if self._newline_free:
-            return self.found_in(b"\n".join([*[value for _, value in headers], body]))
+            return self.found_in(b"\n".join([*map(b"\n".join, headers), body]))
         return self.in_headers(headers) or self.found_in(body)
 
     def held(self, window: bytes) -> int:
