@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -256,12 +257,16 @@ def test_the_probe_names_what_the_upstream_must_never_get() -> None:
     assert {a.proof for a in suite} == {None, *Proof}
 
 
-def test_the_credential_in_the_status_line_is_a_leak() -> None:
+@pytest.mark.parametrize("answer", [
+    lambda secret: b"HTTP/1.1 200 Bearer %b\r\n\r\n" % secret,  # in the status line, as is
+    lambda secret: b"HTTP/1.1 200 OK\r\nx-%b: 1\r\n\r\n" % secret.hex().encode(),  # a header named in hex
+    lambda secret: b"HTTP/1.1 200 OK\r\n\r\n%b" % base64.b64encode(secret),
+], ids=["status-line", "header-name-hex", "body-base64"])
+def test_the_credential_sent_back_in_any_form_is_a_leak(answer: Callable[[bytes], bytes]) -> None:
     target = Verification.__new__(Verification)
-    target.credential = Credential.parse("sk-ant-oat01-" + "s" * 60, "t")
-    outcome = Outcome("API route", "an upstream reflecting the credential (echo-reason)",
-                      "the credential never comes back", "HTTP/1.1 200 OK", False,
-                      f"HTTP/1.1 200 Bearer {target.credential.secret}\r\n\r\n", Proof.ANSWER)
+    target.credential = Credential.parse("sk-ant-oat01-" + "s_" * 30, "t")
+    outcome = Outcome("API route", "an upstream reflecting the credential", "the credential never comes back",
+                      "HTTP/1.1 200 OK", True, answer(target.credential.secret.encode()).decode(), Proof.ANSWER)
     assert judged_by_evidence(target, outcome).blocked is False
     safe = judged_by_evidence(target, dataclasses.replace(outcome, evidence="HTTP/1.1 200 OK\r\n\r\n"))
     assert safe.blocked is True

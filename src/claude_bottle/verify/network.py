@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from claude_bottle.gate.decode import reflected_forms
 from claude_bottle.gate.settings import Limits
 from claude_bottle.runtime.run import Run
 from claude_bottle.verify.attack import Attack, Outcome, Proof, Verdict
@@ -127,12 +128,13 @@ def network_attacks(target: Verification) -> list[Outcome]:
 
 
 def judged_by_evidence(target: Verification, outcome: Outcome) -> Outcome:
-    """What came back from the gate is the proof: the credential must never be in it, the attacker's key
+    """What came back from the gate is the proof: the credential must never be in it (in any form a server
+    may send it back in, gate/decode.py's ``reflected_forms``: as is, URL-encoded, base64, hex), the attacker's key
     must never reach the upstream, which must get the real credential instead, and a request asking the
     provider to reach out for the bottle must never reach the upstream. Which of these applies is the
     outcome's ``proof``."""
     secret = target.credential.secret
-    if secret in outcome.evidence:
+    if any(form.decode("ascii") in outcome.evidence for form in reflected_forms(secret.encode())):
         return dataclasses.replace(outcome, actual="the credential came back", blocked=False)
     if outcome.proof is Proof.ANSWER:
         return dataclasses.replace(outcome, actual=f"not in the answer: {outcome.actual}", blocked=True)

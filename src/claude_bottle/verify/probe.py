@@ -154,7 +154,7 @@ def attacks(targets: dict[str, Any]) -> list[Probe]:
     for method, path in (("GET", "/v1/files"), ("POST", "/api/oauth/claude_cli/create_api_key"),
                          ("GET", "/v1/models/../../api/oauth/profile"), ("GET", "/v1/%6d%65ssages")):
         via_api(f"{method} {path} (outside the policy)", method, path)
-    for mode in ("echo", "echo-header", "echo-split", "echo-reason"):
+    for mode in ("echo", "echo-header", "echo-name", "echo-split", "echo-reason"):
         via_api(f"an upstream reflecting the credential ({mode})", "POST", "/v1/messages",
                 {"model": "stub", "max_tokens": 1, "messages": [], "stub": {"mode": mode}},
                 expected=NEVER_COMES_BACK, proof=Proof.ANSWER)
