@@ -292,6 +292,7 @@ class StubUpstream:
         model = str(payload.get("model", "stub-model"))
         block = answer_block(payload, self.text)
         credentials = [(n, v) for n, v in request.headers if n.lower() in (b"authorization", b"x-api-key")]
+        values = [v.split(b" ", 1)[-1] for _, v in credentials]  # the scheme word cut off
         mode = steer.get("mode")
         if mode == "echo":
             await self._json(conn, 200, {"headers": [[n.decode(), v.decode()] for n, v in request.headers]})
@@ -300,9 +301,8 @@ class StubUpstream:
                              [(b"x-echo-" + n.lower(), v) for n, v in credentials])
         elif mode == "echo-name":
             await self._json(conn, 200, message_json(block, model),
-                             [(b"x-" + v.split(b" ", 1)[-1].hex().encode(), b"1") for _, v in credentials])
+                             [(b"x-" + v.hex().encode(), b"1") for v in values])
         elif mode == "echo-encoded":
-            values = [v.split(b" ", 1)[-1] for _, v in credentials]
             encoding = steer.get("encoding")
             if encoding == "url":
                 echoed = [urllib.parse.quote_from_bytes(v, safe="") for v in values]
