@@ -171,6 +171,15 @@ async def test_plain_http_to_a_bound_host_is_refused(make_gate: GateFactory, hos
     assert hosts.stub.requests == []
 
 
+async def test_a_trace_to_a_bound_host_is_refused(make_gate: GateFactory, hosts: Hosts) -> None:
+    """A TRACE's answer is the request as received: it would carry the route's header back."""
+    ca, target = StandInCA(), hosts.target(BOUND)
+    async with gate_with(make_gate, hosts, route_to(hosts), ca) as gate:
+        status, headers, _ = await send(gate, ca, target, f"TRACE / HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    assert status == 405 and "RFC 9110" in headers["x-deny-reason"]
+    assert hosts.stub.requests == []
+
+
 @pytest.mark.filterwarnings("ignore")
 def test_a_bound_host_cannot_be_opted_out_of_inspection() -> None:
     spec = parse_route_flag(f"github basic x-access-token {new_sentinel('github')} github.com")

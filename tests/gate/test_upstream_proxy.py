@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gzip
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -49,9 +50,13 @@ class FakeProxy:
 
     names: dict[str, str] = field(default_factory=dict)  # the proxy's own DNS
     refuse: set[str] = field(default_factory=set)  # hosts its policy refuses
-    password: str = PASSWORD  # the one it accepts
+    password: str | None = PASSWORD  # the one it accepts; None: it asks for no credentials
     log: list[str] = field(default_factory=list)
     authorizations: list[str] = field(default_factory=list)
+    heads: list[dict[str, str]] = field(default_factory=list)  # each request's headers, names in lower case
+    # Plain HTTP answered by the proxy itself with the request it received, as a TRACE's answer or a debugging
+    # error page would: "received" as is, "gzip" the same compressed, "decoded" with the Basic pair decoded.
+    echo: str = ""
     port: int = 0
     _server: asyncio.Server | None = None
 
@@ -61,15 +66,20 @@ class FakeProxy:
             line, *rest = head.split("\r\n")
             self.log.append(line)
             headers = dict(h.split(": ", 1) for h in rest if h)
-            given = {k.lower(): v for k, v in headers.items()}.get("proxy-authorization", "")
+            self.heads.append({k.lower(): v for k, v in headers.items()})
+            given = self.heads[-1].get("proxy-authorization", "")
             self.authorizations.append(given)
-            if given != "Basic " + base64.b64encode(f"{USER}:{self.password}".encode()).decode():
+            if self.password is not None and \
+                    given != "Basic " + base64.b64encode(f"{USER}:{self.password}".encode()).decode():
                 writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=x\r\n"
                              b"Content-Length: 0\r\nConnection: close\r\n\r\n")
                 return
             method, target, _ = line.split(" ")
             if method == "CONNECT" and target.rsplit(":", 1)[0] in self.refuse:
                 writer.write(b"HTTP/1.1 403 Forbidden by policy\r\nContent-Length: 0\r\n\r\n")
+                return
+            if method != "CONNECT" and self.echo:
+                writer.write(_echoed(head, self.echo))
                 return
             if method == "CONNECT":
                 host, port = target.rsplit(":", 1)
@@ -99,6 +109,18 @@ class FakeProxy:
 
     def setting(self, password: str = PASSWORD, no_proxy: str = "") -> UpstreamProxy:
         return UpstreamProxy.parse(f"http://{USER}:{password}@127.0.0.3:{self.port}", "test", no_proxy)
+
+
+def _echoed(head: str, how: str) -> bytes:
+    """A proxy's own answer holding the request head it received (see ``FakeProxy.echo``)."""
+    if how == "decoded":
+        pair = head.split("Proxy-Authorization: Basic ", 1)[1].split("\r\n", 1)[0]
+        head += f"(as user:password: {base64.b64decode(pair).decode()})"
+    body, coding = head.encode(), ""
+    if how == "gzip":
+        body, coding = gzip.compress(body), "Content-Encoding: gzip\r\n"
+    return (f"HTTP/1.1 200 OK\r\nContent-Type: message/http\r\n{coding}Content-Length: {len(body)}\r\n"
+            f"Connection: close\r\n\r\n").encode() + body
 
 
 def asked(proxy: FakeProxy) -> list[str]:
@@ -161,6 +183,43 @@ async def test_plain_http_goes_to_the_proxy_in_absolute_form(make_gate: GateFact
         server.close()
     assert parse_head(response)[0] == 200 and response.endswith(b"hello")
     assert asked(proxy) == [f"GET http://allowed.test:{port}/page HTTP/1.1"]
+
+
+@pytest.mark.parametrize("echo", ["received", "gzip", "decoded"])
+async def test_a_proxy_echoing_its_credentials_never_hands_them_to_the_client(
+        make_gate: GateFactory, proxy: FakeProxy, echo: str) -> None:
+    """The proxy answers a plain-HTTP request with the request it received, its Proxy-Authorization included:
+    the answer is refused, whether the credentials come as sent, compressed, or decoded."""
+    proxy.echo = echo
+    pair = base64.b64encode(f"{USER}:{PASSWORD}".encode())
+    async with make_gate(allow=("allowed.test:8080",), allow_private=LOOPBACK, resolver=resolver(),
+                         upstream_proxy=proxy.setting()) as gate:
+        response = await exchange(gate.proxy, b"GET http://allowed.test:8080/ HTTP/1.1\r\nHost: allowed.test:8080\r\n"
+                                              b"Accept-Encoding: gzip, br\r\n\r\n", 3)
+        await eventually(gate.records, what="the audit record")
+    assert asked(proxy) == ["GET http://allowed.test:8080/ HTTP/1.1"]
+    assert pair not in response and PASSWORD.encode() not in response and b"Basic" not in response, response
+    assert parse_head(response)[0] == 502
+    assert proxy.heads[-1]["accept-encoding"] == "identity", "the client's codings were passed on"
+    (record,) = gate.records()
+    assert record["side"] == "upstream" and PASSWORD not in str(record)
+
+
+async def test_a_trace_never_carries_the_proxys_credentials(make_gate: GateFactory, proxy: FakeProxy) -> None:
+    """A TRACE's answer is the request as received (RFC 9110 9.3.8): with the proxy's credentials added, the
+    gate sends none; without credentials to add, it goes as any request does."""
+    request = b"TRACE http://allowed.test:8080/ HTTP/1.1\r\nHost: allowed.test:8080\r\nMax-Forwards: 0\r\n\r\n"
+    proxy.echo = "received"
+    async with make_gate(allow=("allowed.test:8080",), allow_private=LOOPBACK, resolver=resolver(),
+                         upstream_proxy=proxy.setting()) as gate:
+        refused = await exchange(gate.proxy, request, 3)
+    assert parse_head(refused)[0] == 405 and b"RFC 9110" in refused
+    assert asked(proxy) == []
+    async with FakeProxy(password=None, echo="received") as open_proxy, make_gate(
+            allow=("allowed.test:8080",), allow_private=LOOPBACK, resolver=resolver(),
+            upstream_proxy=UpstreamProxy.parse(f"http://127.0.0.3:{open_proxy.port}", "test")) as gate:
+        passed = await exchange(gate.proxy, request, 3)
+    assert parse_head(passed)[0] == 200 and b"TRACE http://allowed.test:8080/ HTTP/1.1" in passed
 
 
 @pytest.mark.parametrize("target", ["unlisted.test:443", "private.test:443"])

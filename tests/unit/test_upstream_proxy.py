@@ -22,6 +22,16 @@ def test_without_credentials_no_authorization_and_port_80_by_default() -> None:
     assert (proxy.host, proxy.port, proxy.authorization, proxy.url) == ("::1", 80, None, "http://[::1]:80")
 
 
+@pytest.mark.parametrize(("url", "sent"), [
+    ("http://jsmith:a-long-proxy-password@proxy", ("anNtaXRoOmEtbG9uZy1wcm94eS1wYXNzd29yZA==", "a-long-proxy-password")),
+    ("http://jsmith:Winter2026!@proxy", ("anNtaXRoOldpbnRlcjIwMjYh",)),  # the password alone is too short
+    ("http://a:b@proxy", ()), ("http://proxy", ()),
+])
+def test_the_values_answers_are_searched_for_are_those_long_enough(url: str, sent: tuple[str, ...]) -> None:
+    """What a plain-HTTP answer through the proxy must not carry (gate/proxy.py), and the audit never shows."""
+    assert UpstreamProxy.parse(url, "test").sent() == sent
+
+
 @pytest.mark.parametrize("url", ["https://proxy:3128", "socks5://proxy:1080", "proxy:3128", "http://proxy:99999",
                                  "http://proxy:3128/path", "http://:3128"])
 def test_anything_else_is_refused_naming_the_setting_and_never_the_password(url: str) -> None:

@@ -66,9 +66,14 @@ def inspected(target: Target, ctx: GateContext) -> list[RequestFilter]:
 
 def client_credentials_removed(route: CredentialRoute) -> RequestFilter:
     """Remove every credential header the client sent (in any spelling) and its ``Accept-Encoding``; refuse a
-    request with a credential in its query (the server would read it; the gate does not rewrite URLs)."""
+    request with a credential in its query (the server would read it; the gate does not rewrite URLs), and a
+    TRACE, whose answer is the request as received, the route's credential included (RFC 9110 9.3.8: a client
+    sends no sensitive field in one)."""
 
     async def remove(request: Outbound) -> None:
+        if request.method == b"TRACE":
+            raise Refused(405, f"TRACE to a host credential route {route.spec.name} binds would carry its "
+                               "credential, which the answer echoes (RFC 9110 9.3.8): the gate sends no TRACE there")
         if (parameter := query_credential(request.target)) is not None:
             raise Refused(403, f"a credential in the query (parameter {parameter}) on a host credential route "
                                f"{route.spec.name} binds: only the route's own credential goes there")

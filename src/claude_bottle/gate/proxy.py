@@ -5,7 +5,8 @@ then every resolved address against the address guard. A name is resolved only o
 allowlist refuses, or that waits for the user's answer, is never looked up, since the lookup would carry it to a
 DNS server the bottle may choose (exfiltration in the name). The gate dials exactly an address it vetted. No
 credential is added to this traffic, except a credential route's on the terminated requests to its bound
-hosts (gate/inspection.py); those hosts are reached over terminated TLS only.
+hosts (gate/inspection.py), which are reached over terminated TLS only, and an upstream proxy's on the
+plain-HTTP requests sent to it, whose answers are then searched for it as a route's are.
 
 A tunnel is decided a third time on its first flight: after the 200, nothing goes upstream until the
 client's first bytes are a TLS ClientHello naming the CONNECT host (unless raw TCP is allowed there), so an
@@ -30,7 +31,7 @@ from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import Inbound, ResponseFilter, forward, outbound, set_headers
 from claude_bottle.gate.http1 import ProtocolError, Request, Response, State, header_values
-from claude_bottle.gate.inspection import answered, inspected
+from claude_bottle.gate.inspection import IDENTITY, answered, identity_only, inspected, reflection_scan
 from claude_bottle.gate.routes import route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
@@ -152,6 +153,11 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
     if route is not None and method != "CONNECT":
         raise Refused(403, f"{target} is bound to credential route {route.spec.name}, which is reached over TLS "
                            "only (https://), never plain HTTP")
+    proxy = ctx.dialer.via(target.host) if method != "CONNECT" else None
+    if method == "TRACE" and proxy is not None and proxy.authorization is not None:
+        # The proxy, or a server it hands the header on to, answers a TRACE with the request it received.
+        raise Refused(405, f"TRACE through the upstream proxy {proxy.url} would carry its credentials, which "
+                           "the answer echoes (RFC 9110 9.3.8): the gate sends no TRACE there")
     if not ctx.tunnels.take():
         raise Refused(503, f"too many concurrent tunnels (limit {ctx.tunnels.limit})")
     try:
@@ -173,13 +179,17 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
                                                                    (b"connection", b"close")]),
                                *inspected(target, ctx)]
             response_filters = answered(target, ctx)
-            proxy = ctx.dialer.via(target.host)
             sent = path
             if proxy is not None:  # absolute form to the upstream proxy, its credentials last (after DLP)
                 sent = f"http://{host}{path}"
+                checks: list[ResponseFilter] = []
                 if proxy.authorization is not None:
-                    request_filters.append(set_headers(frozenset(), [(b"proxy-authorization", proxy.authorization)]))
-                response_filters = [_proxy_answer(proxy, f"GET {sent[:80]}"), *response_filters]
+                    # A proxy's error page, or a server it hands the header on to, may echo the credentials:
+                    # the answer comes unencoded and is searched for them, as a credential route's is.
+                    request_filters.append(set_headers(frozenset({b"accept-encoding"}),
+                                                       [(b"proxy-authorization", proxy.authorization), *IDENTITY]))
+                    checks = [identity_only, reflection_scan(ctx.config.reflected_forms)]
+                response_filters = [_proxy_answer(proxy, f"{method} {sent[:80]}"), *checks, *response_filters]
             await forward(conn, outbound(conn, request, sent.encode(), limits.idle_timeout),
                           lambda: dialled(ctx.dialer, addresses, target), record,
                           limits.idle_timeout, request_filters, response_filters)

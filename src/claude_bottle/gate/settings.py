@@ -129,8 +129,10 @@ class GateSettings:
 
     @property
     def injected_secrets(self) -> tuple[str, ...]:
-        """The real values the gate sends upstream: the audit redacts them, responses must not carry them."""
-        return (self.credential.secret, *(value for route in self.routes for value in route.sent()))
+        """The real values the gate sends upstream (the API credential, the routes' values, the upstream proxy's
+        credentials): the audit redacts them, responses must not carry them."""
+        proxy = self.upstream_proxy.sent() if self.upstream_proxy is not None else ()
+        return (self.credential.secret, *(value for route in self.routes for value in route.sent()), *proxy)
 
     @functools.cached_property
     def reflected_forms(self) -> SecretForms:

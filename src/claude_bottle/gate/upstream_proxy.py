@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 from claude_bottle.errors import ConfigError
+from claude_bottle.gate.dlp_rules import MIN_SECRET_BYTES
 from claude_bottle.gate.failures import UpstreamSide
 
 MAX_ANSWER_BYTES = 16 * 1024  # a CONNECT answer's head; a proxy sending more is broken
@@ -91,6 +92,15 @@ class UpstreamProxy:
         if not self.username:
             return None
         return b"Basic " + base64.b64encode(f"{self.username}:{self.password}".encode())
+
+    def sent(self) -> tuple[str, ...]:
+        """What of the credentials a proxy or server echoing a plain-HTTP request's headers would hand back: the
+        encoded pair as sent, and the password. Only values of at least ``MIN_SECRET_BYTES``: the answers are
+        searched for them, and a shorter one would be found in ordinary answers by chance."""
+        if self.authorization is None:
+            return ()
+        values = (self.authorization.decode().split(" ", 1)[1], self.password)
+        return tuple(value for value in values if len(value.encode()) >= MIN_SECRET_BYTES)
 
     def bypasses(self, host: str) -> bool:
         """Whether ``host`` (a normalized name or address literal) is dialled directly, per ``NO_PROXY``."""
