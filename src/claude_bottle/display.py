@@ -1,5 +1,6 @@
 """Text a bottle chose, shown on the host's terminal: the hosts, paths and reasons the gate audited and asks
-about, the names of files a bottle changed in the workspace, a project file's text.
+about, the names of files a bottle changed in the workspace, a project file's text, and what a bottle writes
+on its standard output and error when they are a terminal (``TerminalText``).
 
 Shown as it is, such text could move the cursor, clear the screen, set the title or the clipboard, or forge
 lines: a newline in a file's name starts what looks like another entry of the list around it. So every
@@ -8,6 +9,8 @@ file's own keeps its newlines and tabs.
 """
 
 from __future__ import annotations
+
+import codecs
 
 
 def printable(text: str, limit: int | None = None) -> str:
@@ -20,3 +23,17 @@ def printable(text: str, limit: int | None = None) -> str:
 def printable_lines(text: str) -> str:
     """``text`` as lines (a file's text): newlines and tabs kept, every other control character escaped."""
     return "\n".join("\t".join(map(printable, line.split("\t"))) for line in text.split("\n"))
+
+
+class TerminalText:
+    """A bottle's output stream, shown on a terminal as ``printable_lines`` shows a file's text: bytes decoded
+    as UTF-8 as they come (a character split between two reads waits for its rest; a byte that is not UTF-8
+    shows as ``\\xNN``), newlines and tabs kept, every other control character shown as its escape. So a
+    hijacked agent writing to the stream cannot set the clipboard, the title or the cursor, or have the
+    terminal answer a query into what reads it next (the host's shell, once the run ends)."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
+
+    def feed(self, data: bytes, final: bool = False) -> str:
+        return printable_lines(self._decoder.decode(data, final))

@@ -8,19 +8,21 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any, TextIO
 
 from claude_bottle import trust, workspace
 from claude_bottle.agent.mounts import check_mounts
 from claude_bottle.agent.schema import AgentConfig, McpServer
 from claude_bottle.claude_code import LATEST
 from claude_bottle.credentials import Credential
+from claude_bottle.display import TerminalText
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import Upstream
@@ -40,6 +42,7 @@ EXTRA_CA_VARIABLE = "CLAUDE_BOTTLE_EXTRA_CA_CERTS"
 HOST_CA_VARIABLE = "CLAUDE_BOTTLE_HOST_CA_CERTS"  # "0" (or no, false, off): the images do not trust the host's CAs
 
 Progress = Callable[[str], None]
+COPY_SECONDS = 5  # for what the bottle wrote last to reach the terminal once the engine's client has exited
 
 
 def host_ca_enabled(environ: dict[str, str]) -> bool:
@@ -272,16 +275,22 @@ def forwarded_signals(engine: Engine, container: str) -> Iterator[None]:
 
 def run_attached(launch: Launch, command: list[str], progress: Progress, notice: Progress | None = None) -> int:
     """``command`` in a bottle without a terminal, its standard streams this process's own: standard input
-    (unless a terminal) streamed in, standard output and error out byte for byte, by the engine's own client
-    (``Engine.attach_command``); signals forwarded; its exit code returned. Nothing else is written to
-    standard output."""
+    (unless a terminal) streamed in, standard output and error out by the engine's own client
+    (``Engine.attach_command``), byte for byte, or where one is a terminal, with its control characters shown
+    as escapes (``shown_on``); signals forwarded; its exit code returned. Nothing else is written to standard
+    output."""
     stdin = not sys.stdin.isatty()
     with started(launch, progress, notice=notice) as run:
         engine, bottle = run.engine, run.names.bottle
         run.create_held_bottle(command, stdin)
         # Started now, its entrypoint waits for the gate meanwhile. In a session of its own: a Ctrl-C at the
         # terminal reaches this process only, which forwards it once.
-        client = subprocess.Popen(engine.attach_command(bottle, interactive=stdin), start_new_session=True)
+        terminals = [stream.isatty() for stream in (sys.stdout, sys.stderr)]
+        pipes = [subprocess.PIPE if terminal else None for terminal in terminals]
+        client = subprocess.Popen(engine.attach_command(bottle, interactive=stdin), start_new_session=True,
+                                  stdout=pipes[0], stderr=pipes[1])
+        copies = [shown_on(pipe, stream) for pipe, stream in ((client.stdout, sys.stdout), (client.stderr, sys.stderr))
+                  if pipe is not None]
         try:
             run.release()
             with forwarded_signals(engine, bottle):
@@ -290,6 +299,8 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
             if client.poll() is None:
                 client.kill()
                 client.wait()
+            for copy in copies:
+                copy.join(COPY_SECONDS)
         info = engine.container(bottle)
         if info is not None and info.status == "created":
             raise DockerError(f"cannot start the bottle: `{' '.join(engine.attach_command(bottle, stdin))}` "
@@ -298,6 +309,31 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
         with ThreadPoolExecutor(1) as pool:
             pool.submit(run.stop_gate)
             return engine.wait(bottle)
+
+
+def shown_on(pipe: IO[bytes], terminal: TextIO) -> threading.Thread:
+    """Copy what the bottle writes on ``pipe`` to ``terminal`` as it comes, its control characters shown as
+    escapes (display.py's ``TerminalText``): the terminal shows them and obeys none. In a thread of its own,
+    ended by the pipe's end."""
+    out = getattr(terminal, "buffer", None)
+    shown = TerminalText()
+
+    def show(text: str) -> None:
+        if out is None:
+            terminal.write(text)
+        else:
+            out.write(text.encode(terminal.encoding or "utf-8", "backslashreplace"))
+        terminal.flush()
+
+    def copy() -> None:
+        with pipe, contextlib.suppress(OSError):
+            while data := os.read(pipe.fileno(), 65536):
+                show(shown.feed(data))
+            show(shown.feed(b"", final=True))
+
+    thread = threading.Thread(target=copy, name="terminal-copy", daemon=True)
+    thread.start()
+    return thread
 
 
 def run_in_terminal(launch: Launch, command: list[str], progress: Progress, keep: bool = False,

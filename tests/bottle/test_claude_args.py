@@ -5,8 +5,12 @@ resume across runs of a workspace."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -19,11 +23,15 @@ pytestmark = pytest.mark.docker
 AGENT = "claude-args"
 
 
+def cli(upstream: Upstream, *args: str) -> list[str]:
+    return [sys.executable, "-m", "claude_bottle", "run", AGENT, *args, "--upstream", upstream.url,
+            "--upstream-network", upstream.network]
+
+
 def run(upstream: Upstream, workspace: Path, *args: str, claude_args: tuple[str, ...] = (),
         stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """``claude-bottle run AGENT ARGS -- CLAUDE_ARGS`` against the stub, standard error not a terminal."""
-    command = [sys.executable, "-m", "claude_bottle", "run", AGENT, *args, "--upstream", upstream.url,
-               "--upstream-network", upstream.network]
+    command = cli(upstream, *args)
     return subprocess.run([*command, *(("--", *claude_args) if claude_args else ())], input=stdin,
                           stdin=None if stdin is not None else subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=240, cwd=workspace)
@@ -73,3 +81,38 @@ def test_claude_codes_errors_and_exit_code_are_the_commands(
     assert result.stdout == ""
     assert "unknown option '--no-such-option'" in result.stderr
 
+
+
+def test_on_a_terminal_the_bottles_control_sequences_are_shown_not_obeyed(
+        upstream: Upstream, workspace: Path, agent: str) -> None:
+    """A hijacked agent writes a clipboard write (OSC 52) and a screen clear to Claude Code's standard output
+    (every /proc/PID/fd/1 it may open but its own): on a terminal they arrive as text, and Claude Code's answer
+    after them as ever."""
+    sequence = r"\033]52;c;cHduZWQ=\007\033[2J"
+    attack = (f"run: own=$(readlink /proc/$$/fd/1); for f in /proc/[0-9]*/fd/1; do [ \"$(readlink $f)\" = \"$own\" ] "
+              f"|| printf '{sequence}' > $f; done 2>/dev/null; echo planted")
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(cli(upstream, "-p", attack), stdin=subprocess.DEVNULL, stdout=follower,
+                               stderr=subprocess.PIPE, cwd=workspace)
+    os.close(follower)
+    shown, deadline = b"", time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([leader], [], [], 1)[0]:
+                if process.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # EIO: every end of the terminal but ours is closed
+                break
+            if not data:
+                break
+            shown += data
+    finally:
+        os.close(leader)
+        _, errors = process.communicate(timeout=60)
+    assert process.returncode == 0, errors
+    assert b"\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J" in shown, shown
+    assert b"\x1b" not in shown, "the terminal got a control sequence from the bottle"
+    assert b"Tool said: planted" in shown

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from claude_bottle.display import printable, printable_lines
+import io
+import os
+
+from claude_bottle.display import TerminalText, printable, printable_lines
+from claude_bottle.launch import shown_on
 
 
 def test_one_line_shows_every_control_character_as_its_escape() -> None:
@@ -12,3 +16,25 @@ def test_one_line_shows_every_control_character_as_its_escape() -> None:
 
 def test_a_file_s_text_keeps_its_lines_and_tabs_only() -> None:
     assert printable_lines("a\x1b[2Jb\n\tc\x07\r\n") == "a\\x1b[2Jb\n\tc\\x07\\r\n"
+
+
+def test_a_stream_is_shown_as_lines_whatever_its_reads() -> None:
+    """An OSC 52 clipboard write, a C1 CSI (U+009B) and a byte that is not UTF-8 are shown, not obeyed; a
+    character split between two reads is whole."""
+    written = "é\x1b]52;c;cHduZWQ=\x07\u009b2J\tok\n".encode() + b"\xff"
+    for cut in range(len(written) + 1):
+        shown = TerminalText()
+        assert shown.feed(written[:cut]) + shown.feed(written[cut:], final=True) == \
+            "é\\x1b]52;c;cHduZWQ=\\x07\\x9b2J\tok\n\\xff"
+
+
+def test_a_pipe_is_copied_to_the_terminal_as_it_comes_until_its_end() -> None:
+    read, write = os.pipe()
+    terminal = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    copy = shown_on(os.fdopen(read, "rb"), terminal)
+    os.write(write, "Tool said: \x1b[2Jok \xe2".encode("latin-1"))
+    os.write(write, b"\x82\xac\n")  # the rest of a euro sign
+    os.close(write)
+    copy.join(5)
+    assert not copy.is_alive()
+    assert terminal.buffer.getvalue() == "Tool said: \\x1b[2Jok €\n".encode()  # type: ignore[attr-defined]
