@@ -67,11 +67,11 @@ def inspected(target: Target, ctx: GateContext) -> list[RequestFilter]:
 def client_credentials_removed(route: CredentialRoute) -> RequestFilter:
     """Remove every credential header the client sent (in any spelling) and its ``Accept-Encoding``; refuse a
     request with a credential in its query (the server would read it; the gate does not rewrite URLs), and a
-    TRACE, whose answer is the request as received, the route's credential included (RFC 9110 9.3.8: a client
-    sends no sensitive field in one)."""
+    TRACE (or a request naming it in an override header or ``_method`` parameter), whose answer is the request
+    as received, the route's credential included (RFC 9110 9.3.8: a client sends no sensitive field in one)."""
 
     async def remove(request: Outbound) -> None:
-        if request.method == b"TRACE":
+        if request.method == b"TRACE" or "TRACE" in map(str.upper, method_overrides(request.headers, request.target)):
             raise Refused(405, f"TRACE to a host credential route {route.spec.name} binds would carry its "
                                "credential, which the answer echoes (RFC 9110 9.3.8): the gate sends no TRACE there")
         if (parameter := query_credential(request.target)) is not None:
