@@ -184,9 +184,10 @@ def in_terminal(command: list[str], cwd: Path, env: dict[str, str]) -> pexpect.s
 
 
 def leftovers(client: docker.DockerClient, agent: str) -> list[str]:
-    """Containers and networks of an agent's runs still present."""
+    """Containers and networks of an agent's runs still present. A container removed between the engine's list
+    and its inspection (what the callers wait for) is not one."""
     flt = {"label": f"claude-bottle.agent={agent}"}
-    return [c.name for c in client.containers.list(all=True, filters=flt)] + \
+    return [c.name for c in client.containers.list(all=True, filters=flt, ignore_removed=True)] + \
         [n.name for n in client.networks.list(filters=flt)]
 
 
