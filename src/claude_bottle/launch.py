@@ -285,10 +285,9 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
         run.create_held_bottle(command, stdin)
         # Started now, its entrypoint waits for the gate meanwhile. In a session of its own: a Ctrl-C at the
         # terminal reaches this process only, which forwards it once.
-        terminals = [stream.isatty() for stream in (sys.stdout, sys.stderr)]
-        pipes = [subprocess.PIPE if terminal else None for terminal in terminals]
         client = subprocess.Popen(engine.attach_command(bottle, interactive=stdin), start_new_session=True,
-                                  stdout=pipes[0], stderr=pipes[1])
+                                  stdout=subprocess.PIPE if sys.stdout.isatty() else None,
+                                  stderr=subprocess.PIPE if sys.stderr.isatty() else None)
         copies = [shown_on(pipe, stream) for pipe, stream in ((client.stdout, sys.stdout), (client.stderr, sys.stderr))
                   if pipe is not None]
         try:
@@ -315,14 +314,10 @@ def shown_on(pipe: IO[bytes], terminal: TextIO) -> threading.Thread:
     """Copy what the bottle writes on ``pipe`` to ``terminal`` as it comes, its control characters shown as
     escapes (display.py's ``TerminalText``): the terminal shows them and obeys none. In a thread of its own,
     ended by the pipe's end."""
-    out = getattr(terminal, "buffer", None)
     shown = TerminalText()
 
     def show(text: str) -> None:
-        if out is None:
-            terminal.write(text)
-        else:
-            out.write(text.encode(terminal.encoding or "utf-8", "backslashreplace"))
+        terminal.buffer.write(text.encode(terminal.encoding or "utf-8", "backslashreplace"))
         terminal.flush()
 
     def copy() -> None:

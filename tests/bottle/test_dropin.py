@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import secrets
 import signal
 import subprocess
@@ -67,10 +68,11 @@ def test_on_a_terminal_claude_code_gets_one(client: docker.DockerClient, environ
     assert leftovers(client, AGENT) == []
 
 
-def sleeping_drop_in(client: docker.DockerClient, environ: dict[str, str], workspace: Path) -> subprocess.Popen[bytes]:
+def sleeping_drop_in(client: docker.DockerClient, environ: dict[str, str], workspace: Path,
+                     stdout: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
     """The drop-in with Claude Code mid-run: its Bash tool running ``sleep 600`` in the bottle."""
     process = subprocess.Popen([str(DROP_IN), "-p", "run: sleep 600"], cwd=workspace, env=environ,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and process.poll() is None:
         bottles = client.containers.list(filters={"label": f"claude-bottle.agent={AGENT}", "name": "-bottle"})
@@ -106,11 +108,19 @@ def test_a_signal_reaches_claude_code_and_its_exit_is_the_drop_ins(
     assert leftovers(client, AGENT) == []
 
 
+@pytest.mark.parametrize("terminal", [False, True], ids=["piped", "output-on-a-terminal"])
 def test_the_drop_in_killed_outright_leaves_no_container(
-        client: docker.DockerClient, environ: dict[str, str], workspace: Path) -> None:
-    process = sleeping_drop_in(client, environ, workspace)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(30)
+        client: docker.DockerClient, environ: dict[str, str], workspace: Path, terminal: bool) -> None:
+    """Also with its output on a terminal, which it copies through a thread of its own."""
+    leader, follower = pty.openpty() if terminal else (-1, subprocess.PIPE)
+    try:
+        process = sleeping_drop_in(client, environ, workspace, follower)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(30)
+    finally:
+        if terminal:
+            os.close(leader)
+            os.close(follower)
     deadline = time.monotonic() + GONE_SECONDS
     while leftovers(client, AGENT) and time.monotonic() < deadline:
         time.sleep(0.2)
