@@ -11,6 +11,12 @@ file's own keeps its newlines and tabs.
 from __future__ import annotations
 
 import codecs
+import unicodedata
+
+# In prose, what a terminal draws as spacing or joins, and never obeys: the spaces of other scripts (U+3000 in
+# Japanese and Chinese, U+00A0, U+202F) and the joiners that Persian, the Indic scripts and emoji sequences
+# need (U+200C, U+200D). A bidi override (U+202E) or a tag character stays escaped.
+_JOINERS = frozenset("\u200c\u200d")
 
 
 def printable(text: str, limit: int | None = None) -> str:
@@ -25,10 +31,17 @@ def printable_lines(text: str) -> str:
     return "\n".join("\t".join(map(printable, line.split("\t"))) for line in text.split("\n"))
 
 
+def _prose(c: str) -> str:
+    """``c`` as a bottle's prose shows it on a terminal."""
+    if c.isprintable() or c == "\n" or c == "\t" or c in _JOINERS or unicodedata.category(c) == "Zs":
+        return c
+    return repr(c)[1:-1]
+
+
 class TerminalText:
-    """A bottle's output stream, shown on a terminal as ``printable_lines`` shows a file's text: bytes decoded
-    as UTF-8 as they come (a character split between two reads waits for its rest; a byte that is not UTF-8
-    shows as ``\\xNN``), newlines and tabs kept, every other control character shown as its escape. So a
+    """A bottle's output stream, shown on a terminal: bytes decoded as UTF-8 as they come (a character split
+    between two reads waits for its rest; a byte that is not UTF-8 shows as ``\\xNN``); newlines, tabs, every
+    script's spaces and the joiners kept (``_prose``), every other control character shown as its escape. So a
     hijacked agent writing to the stream cannot set the clipboard, the title or the cursor, or have the
     terminal answer a query into what reads it next (the host's shell, once the run ends)."""
 
@@ -36,4 +49,5 @@ class TerminalText:
         self._decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
 
     def feed(self, data: bytes, final: bool = False) -> str:
-        return printable_lines(self._decoder.decode(data, final))
+        text = self._decoder.decode(data, final)
+        return text if text.isprintable() else "".join(map(_prose, text))

@@ -38,3 +38,11 @@ def test_a_pipe_is_copied_to_the_terminal_as_it_comes_until_its_end() -> None:
     copy.join(5)
     assert not copy.is_alive()
     assert terminal.buffer.getvalue() == "Tool said: \\x1b[2Jok €\n".encode()  # type: ignore[attr-defined]
+
+
+def test_prose_keeps_every_script_s_spaces_and_the_joiners() -> None:
+    """Japanese text's ideographic space, a no-break space, Persian's zero-width non-joiner and an emoji's
+    zero-width joiner are drawn, not obeyed: shown as written. A bidi override and a tag character are not."""
+    prose = "東京\u3000大阪 10\u00a0MB \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 👨\u200d👩\u200d👧\n"
+    assert TerminalText().feed(prose.encode(), final=True) == prose
+    assert TerminalText().feed("a\u202eb\U000e0041\u2028".encode(), final=True) == "a\\u202eb\\U000e0041\\u2028"
