@@ -81,6 +81,14 @@ def test_the_flag_round_trips_and_bad_ones_say_how_to_write_them() -> None:
     (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "delete_issue", "name": "get_issue"}}',
      "duplicate keys"),
     (b'{"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"n": NaN}}', "NaN"),
+    # Read as one by a server that matches names regardless of case (Go's encoding/json: the last one wins,
+    # and U+017F is an s, U+212A a k).
+    *[(b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "get_issue", "%s": "delete_issue"}}'
+       % key.encode(), "letter case") for key in ("NAME", "Name", "nAmE")],
+    ('{"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"task": 1, "ta\u017fk": 2}}'.encode(), "letter case"),
+    ('{"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"kind": 1, "\u212aind": 2}}'.encode(), "letter case"),
+    (b'{"jsonrpc": "2.0", "id": 1, "result": {}, "Method": "tools/call", "Params": {"name": "delete_issue"}}',
+     "response carries members"),
     ('{"jsonrpc": "2.0", "id": 1, "method": "x"}'.encode("utf-16"), "UTF-8"),
     (b'\xef\xbb\xbf{"jsonrpc": "2.0", "id": 1, "method": "x"}', "UTF-8"),
     (b"[" + b",".join([b'{"jsonrpc": "2.0", "method": "x"}'] * 101) + b"]", "batch"),

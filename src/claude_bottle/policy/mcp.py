@@ -187,6 +187,14 @@ def parse_messages(body: bytes) -> tuple[list[Message], bool]:
     return [_message(item) for item in items], batch
 
 
+def _one_reading(members: dict[str, Any], where: str) -> None:
+    """Refuse ``members`` if two of its names are one to a server that matches names regardless of case (Go's
+    encoding/json does, and folds U+017F to s and U+212A to k: ``{"name": "get_issue", "NAME": "delete_issue"}``
+    would run the second there, after the gate judged the first)."""
+    if len({name.casefold() for name in members}) != len(members):
+        raise MalformedJsonRpc(f"{where} has members whose names differ in letter case only")
+
+
 def _message(item: Any) -> Message:
     if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
         raise MalformedJsonRpc('a message is not a JSON-RPC 2.0 object ({"jsonrpc": "2.0", ...})')
@@ -197,6 +205,8 @@ def _message(item: Any) -> Message:
         if "id" not in item or ("result" in item) == ("error" in item):
             raise MalformedJsonRpc("a message has no method, and is not a response (an id and one of result or "
                                    "error)")
+        if set(item) - {"jsonrpc", "id", "result", "error"}:  # a "Method" a lenient server reads as a request
+            raise MalformedJsonRpc("a response carries members JSON-RPC does not define")
         return Message("", ident, None)
     method, params = item["method"], item.get("params")
     if not isinstance(method, str) or not method:
@@ -205,6 +215,8 @@ def _message(item: Any) -> Message:
         raise MalformedJsonRpc(f"{method}: params is neither an object nor an array")
     if set(item) - {"jsonrpc", "id", "method", "params"}:
         raise MalformedJsonRpc(f"{method}: a request carries members JSON-RPC does not define")
+    if isinstance(params, dict):
+        _one_reading(params, f"{method}: params")
     tool = ""
     if method == "tools/call":
         named = params.get("name") if isinstance(params, dict) else None
