@@ -27,6 +27,7 @@ from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import Upstream
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
+from claude_bottle.relay import TerminalRelay
 from claude_bottle.runtime import engine, images
 from claude_bottle.runtime.engines import open_engine
 from claude_bottle.runtime.files import protective_mounts
@@ -333,18 +334,28 @@ def shown_on(pipe: IO[bytes], terminal: TextIO) -> threading.Thread:
 
 def run_in_terminal(launch: Launch, command: list[str], progress: Progress, keep: bool = False,
                     notice: Progress | None = None) -> int:
-    """``command`` in a bottle in this terminal; the engine's own client handles the terminal (raw mode,
-    resizing: ``Engine.attach_command``), so Ctrl-C is a key Claude Code reads, and signals sent to this
-    process are forwarded. Its exit code."""
+    """``command`` in a bottle in this terminal: the engine's client on a terminal this process relays
+    (relay.py: keys in as typed, Ctrl-C one of them; the interface out without what reaches past the screen);
+    signals sent to this process forwarded. Its exit code."""
     with started(launch, progress, keep=keep, notice=notice) as run:
         engine, bottle = run.engine, run.names.bottle
         run.create_bottle(command, tty=True)
         progress(f"starting Claude Code in {launch.workspace}")
-        client = subprocess.Popen(engine.attach_command(bottle, interactive=sys.stdin.isatty()))
+        return attached_on_terminal(engine.attach_command(bottle, interactive=sys.stdin.isatty()),
+                                    forwarded_signals(engine, bottle))
+
+
+def attached_on_terminal(client: list[str], signals: contextlib.AbstractContextManager[object]) -> int:
+    """The engine's ``client`` command on this terminal, through a relay where standard output is one (else
+    as it is), ``signals`` handled meanwhile. Its exit code."""
+    if not sys.stdout.isatty():
+        process = subprocess.Popen(client)
         try:
-            with forwarded_signals(engine, bottle):
-                return client.wait()
+            with signals:
+                return process.wait()
         finally:
-            if client.poll() is None:
-                client.kill()
-                client.wait()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    with TerminalRelay(client) as relay, signals:
+        return relay.wait()

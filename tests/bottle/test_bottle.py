@@ -262,6 +262,12 @@ def test_ls_logs_exec_and_stop(running: Run, upstream: Upstream, workspace: Path
         whoami = subprocess.run([*CLI, "exec", *agent, "--", "id", "-u"], capture_output=True, text=True,
                                 timeout=60, stdin=subprocess.DEVNULL, cwd=workspace)
         assert whoami.returncode == 0 and whoami.stdout.strip() == running.spec.user.split(":")[0], whoami.stderr
+    # On a terminal: what the command writes is drawn there, but never writes the clipboard.
+    child = pexpect.spawn(CLI[0], [*CLI[1:], "exec", "probe", "--", "printf", r"a\033]52;c;cHduZWQ=\007\033[1mb\n"],
+                          cwd=str(workspace), timeout=60)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and b"a\x1b[1mb" in child.before and b"52;" not in child.before, child.before
 
     stopped = subprocess.run([*CLI, "stop", "probe"], capture_output=True, text=True, timeout=120)
     assert stopped.returncode == 0 and running.id in stopped.stdout

@@ -4,6 +4,7 @@ resume across runs of a workspace."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -14,10 +15,11 @@ import time
 import uuid
 from pathlib import Path
 
+import pexpect
 import pytest
 
 from claude_bottle.stub import DEFAULT_TEXT
-from tests.bottle.conftest import Upstream, write_agent
+from tests.bottle.conftest import Upstream, on_screen, write_agent
 
 pytestmark = pytest.mark.docker
 AGENT = "claude-args"
@@ -116,3 +118,35 @@ def test_on_a_terminal_the_bottles_control_sequences_are_shown_not_obeyed(
     assert b"\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J" in shown, shown
     assert b"\x1b" not in shown, "the terminal got a control sequence from the bottle"
     assert b"Tool said: planted" in shown
+
+
+def test_an_interactive_bottle_draws_its_interface_but_reaches_nothing_past_the_screen(
+        upstream: Upstream, workspace: Path, agent: str) -> None:
+    """In ``start`` a hijacked agent writes to Claude Code's own terminal: a clipboard write, a request for
+    the window's title as typed input and a device control string. Claude Code's interface is drawn and
+    answers; none of the three reaches the user's terminal."""
+    (workspace / "attack.sh").write_text(
+        'own=$(readlink /proc/$$/fd/1)\n'
+        'for f in /proc/[0-9]*/fd/1; do [ "$(readlink $f)" = "$own" ] || '
+        r"printf '\033]52;c;cHduZWQ=\007\033[21t\033P$qm\033\\' > $f; done 2>/dev/null" "\n"
+        "echo planted\n")
+    child = pexpect.spawn(sys.executable, ["-m", "claude_bottle", "start", AGENT, "--upstream", upstream.url,
+                                           "--upstream-network", upstream.network],
+                          cwd=str(workspace), timeout=120, dimensions=(40, 140), encoding="utf-8",
+                          codec_errors="replace")
+    child.logfile_read = shown = io.StringIO()
+    try:
+        child.expect(on_screen("bypass permissions on"))
+        child.send("run: sh /workspace/attack.sh")
+        time.sleep(0.5)
+        child.send("\r")
+        child.expect(on_screen("Tool said: planted"))
+        child.sendcontrol("c")
+        time.sleep(0.3)
+        child.sendcontrol("c")
+        child.expect(pexpect.EOF, timeout=60)
+    finally:
+        child.close(force=child.isalive())
+    assert "\x1b[?2004h" in shown.getvalue(), "Claude Code's interface set its modes"
+    for dropped in ("\x1b]52", "52;c;cHduZWQ=", "\x1b[21t", "\x1bP"):
+        assert dropped not in shown.getvalue()

@@ -12,10 +12,14 @@ def exec_in(agent: str | None, workspace: str | None, command: list[str]) -> int
     this terminal; its exit code."""
     from pathlib import Path
 
+    from claude_bottle.launch import attached_on_terminal, interrupt, on_stop_signals
     from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.listing import bottle_of
 
     place = Path(workspace or os.getcwd()).expanduser().resolve()
     engine = open_engine()
     bottle = bottle_of(engine, agent, place)
-    return subprocess.call(engine.exec_command(bottle.name, command, tty=sys.stdin.isatty()))
+    client = engine.exec_command(bottle.name, command, tty=sys.stdin.isatty())
+    if not sys.stdin.isatty():  # no terminal: the streams byte for byte, as a pipe wants them
+        return subprocess.call(client)
+    return attached_on_terminal(client, on_stop_signals(interrupt))  # unwound: the terminal restored
