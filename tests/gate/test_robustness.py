@@ -251,3 +251,46 @@ async def test_a_client_stalling_mid_upload_is_answered_408_as_its_own_fault(mak
     assert record["decision"] == "error" and record["status"] == 408
     assert "client idle too long" in record["reason"] and "upstream" not in record["reason"]
     assert record["bytes_up"] == 0, "the ten bytes are within the tail DLP holds back: none went upstream"
+
+
+# A request whose body the gate keeps whole to judge it, 512 KiB long, of which 400 KiB are sent: on the API
+# listener a Messages request, on the proxy's an MCP server's call (never dialled: its body is judged first).
+HELD = {"api": ("POST /v1/messages HTTP/1.1\r\nHost: gate\r\n", "api"),
+        "proxy": ("POST http://127.0.0.2:9/mcp HTTP/1.1\r\nHost: 127.0.0.2:9\r\n", "proxy")}
+HELD_LENGTH, HELD_SENT = 512 * 1024, 400 * 1024
+
+
+async def held_body(gate: RunningGate, listener: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    endpoint = getattr(gate, listener)
+    reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+    head, _ = HELD[listener]
+    writer.write(f"{head}Content-Type: application/json\r\nContent-Length: {HELD_LENGTH}\r\n\r\n".encode()
+                 + b"[" + b" " * (HELD_SENT - 1))
+    await writer.drain()
+    return reader, writer
+
+
+@pytest.mark.parametrize("listener", ["api", "proxy"])
+async def test_bodies_held_past_a_listeners_budget_are_refused_503_and_the_budget_comes_back(
+        make_gate: GateFactory, listener: str) -> None:
+    """What a listener's exchanges hold of request bodies to judge them is bounded (here 1 MiB): two bodies
+    of 400 KiB are held, a third is refused 503 at once rather than held, the other listener serves meanwhile,
+    and once the two exchanges end a body is held again."""
+    async with make_gate(allow_private=("127.0.0.0/8",), mcp_servers=("tracker 127.0.0.2:9",),
+                         api_held_bytes=1 << 20, proxy_held_bytes=1 << 20) as gate:
+        held = [await held_body(gate, listener) for _ in range(2)]
+        await asyncio.sleep(0.3)
+        reader, writer = await held_body(gate, listener)
+        status, headers = await asyncio.wait_for(read_head(reader), 5)
+        writer.close()
+        assert status == 503 and "request bodies to judge already (at most 1 MiB at once)" in headers["x-deny-reason"]
+        await still_serving(gate)
+        for _, other in held:
+            other.close()
+        await asyncio.sleep(0.3)
+        reader, writer = await held_body(gate, listener)
+        with pytest.raises(TimeoutError):  # held, not refused
+            await asyncio.wait_for(reader.read(1), 0.5)
+        writer.close()
+    refusals = [r for r in gate.records() if r["status"] == 503]
+    assert len(refusals) == 1 and refusals[0]["listener"] == listener

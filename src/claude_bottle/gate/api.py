@@ -102,8 +102,8 @@ class ApiRoute:
         idle = config.limits.idle_timeout
         body = None if conn.they_are_waiting_for_100_continue else conn.arrived_body()
         if body is None:
-            await forward(conn, outbound(conn, request, target, idle), lambda: Pooled(ctx.api_pool), record, idle,
-                          self.messages_filters if messages else self.filters, self.response_filters)
+            await forward(conn, outbound(conn, request, target, idle, ctx.api_bodies), lambda: Pooled(ctx.api_pool),
+                          record, idle, self.messages_filters if messages else self.filters, self.response_filters)
             return
         head, verdict = self._checked(request, target, body, messages, config)
         if verdict is not None:
@@ -198,12 +198,12 @@ def messages_streamed(policy: MessagesPolicy, max_bytes: int) -> RequestFilter:
 
     async def hold(request: Outbound) -> None:
         if not isinstance(request.body, bytes):
-            request.body = _judged(request.body, policy, max_bytes, request.decided)
+            request.body = _judged(request.body, policy, max_bytes, request)
 
     return hold
 
 
-async def _judged(body: AsyncIterator[bytes], policy: MessagesPolicy, max_bytes: int, decided: list[Decision]
+async def _judged(body: AsyncIterator[bytes], policy: MessagesPolicy, max_bytes: int, request: Outbound
                   ) -> AsyncIterator[bytes]:
     """``body`` less its held end, then (``Refused`` if the policy refuses the whole, or it is over
     ``max_bytes``: 413) the end. The body is kept to be judged, as it was when read whole before. Pieces go on
@@ -215,6 +215,7 @@ async def _judged(body: AsyncIterator[bytes], policy: MessagesPolicy, max_bytes:
     async for chunk in body:
         if size + len(chunk) > max_bytes:
             raise too_large(max_bytes)
+        request.hold(len(chunk))
         parts.append(chunk)
         held.append(chunk)
         if chunk and chunk[-1] not in JSON_WHITESPACE:  # the common case, with no copy
@@ -227,7 +228,7 @@ async def _judged(body: AsyncIterator[bytes], policy: MessagesPolicy, max_bytes:
             piece = held.popleft()
             passed += len(piece)
             yield piece
-    decided.append(_verdict(policy, b"".join(parts)))
+    request.decided.append(_verdict(policy, b"".join(parts)))
     for piece in held:
         yield piece
 

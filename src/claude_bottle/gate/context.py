@@ -9,6 +9,7 @@ from typing import Protocol
 
 from claude_bottle.gate.ask import Asks
 from claude_bottle.gate.audit import AuditLog
+from claude_bottle.gate.forward import HeldBodies
 from claude_bottle.gate.resolver import Resolver
 from claude_bottle.gate.settings import GateSettings
 from claude_bottle.gate.tunnel import TunnelSlots
@@ -33,5 +34,7 @@ class GateContext:
     dialer: Dialer  # every other connection out: direct, or through the upstream proxy
     upstream_tls: ssl.SSLContext  # toward proxied hosts the gate terminates: system store + extra CAs, http/1.1
     tunnels: TunnelSlots  # the proxy's open tunnels, against --max-tunnels
+    api_bodies: HeldBodies  # request bodies held whole to be judged, on each listener
+    proxy_bodies: HeldBodies
     ca: LeafIssuer | None = None  # None: no termination, every tunnel is opaque (still under the name check)
     asks: Asks | None = None  # ask mode's pending questions (gate/ask.py); None: an unlisted target is refused

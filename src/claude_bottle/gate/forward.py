@@ -50,6 +50,26 @@ FRAMING_HEADERS = frozenset({b"content-length", b"transfer-encoding", b"expect"}
 _NOT_FORWARDED = HOP_BY_HOP | FRAMING_HEADERS
 
 
+class HeldBodies:
+    """The bytes of request bodies one listener's exchanges hold whole to judge them (the Messages policy, an
+    MCP server's calls, the ``_method`` fields of a ruled host's form), against ``limit``: past it a body is
+    refused (503, its connection closed) rather than held. Only what stays held counts: a join or a parse
+    runs one at a time on the gate's one thread, so the gate's memory limit has room for the largest."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        if self.held + size > self.limit:
+            raise Refused(503, f"the gate holds {self.held >> 20} MiB of request bodies to judge already (at most "
+                               f"{self.limit >> 20} MiB at once); try again once they are through", close=True)
+        self.held += size
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+
+
 @dataclass
 class Outbound:
     """The request as it will go upstream. ``headers`` hold no framing; ``body`` is a stream of chunks, or
@@ -63,6 +83,20 @@ class Outbound:
     chunked: bool  # the client sent the body chunked
     # Verdicts a body stream reached on the whole body, once it had passed: recorded after the body went up.
     decided: list[Decision] = field(default_factory=list)
+    holding: HeldBodies | None = None  # where the bytes of its body a filter holds whole are counted
+    held: int = 0
+
+    def hold(self, size: int) -> None:
+        """``size`` more bytes of the body held whole, until the exchange ends (``Refused`` 503 past the
+        listener's limit)."""
+        if self.holding is not None:
+            self.holding.take(size)
+            self.held += size
+
+    def let_go(self) -> None:
+        if self.holding is not None:
+            self.holding.give_back(self.held)
+            self.held = 0
 
     @property
     def path(self) -> str:
@@ -96,9 +130,10 @@ ResponseFilter = Callable[[Inbound], None]
 OriginFactory = Callable[[], contextlib.AbstractAsyncContextManager[HttpConnection]]
 
 
-def outbound(conn: HttpConnection, request: Request, target: bytes, idle: float) -> Outbound:
+def outbound(conn: HttpConnection, request: Request, target: bytes, idle: float, holding: HeldBodies
+             ) -> Outbound:
     """``request`` as it arrived, to go upstream to ``target``, its body to be read from ``conn`` (or already
-    there, whole: a small request comes in one piece)."""
+    there, whole: a small request comes in one piece); what filters hold of it whole counted in ``holding``."""
     arrived = None if conn.they_are_waiting_for_100_continue else conn.arrived_body()
     return Outbound(
         method=request.method,
@@ -107,6 +142,7 @@ def outbound(conn: HttpConnection, request: Request, target: bytes, idle: float)
         body=client_body(conn, idle) if arrived is None else arrived,
         length=request.content_length,
         chunked=request.chunked,
+        holding=holding,
     )
 
 
@@ -136,6 +172,7 @@ async def read_whole(request: Outbound, max_bytes: int) -> bytes:
         size += len(chunk)
         if size > max_bytes:
             raise too_large(max_bytes)
+        request.hold(len(chunk))
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -156,31 +193,35 @@ async def forward(
 ) -> None:
     """One exchange: the filters, then the request up (its body as it arrives), the response down chunk by
     chunk; a body that is all there goes with its head, in one write. Raises ``Refused``, ``ClientSide`` or
-    ``UpstreamSide``; the caller answers (failures.answer)."""
-    for request_filter in request_filters:
-        verdict = await request_filter(request)
-        if verdict is not None:
-            record.passed(verdict)
-    body = request.body
-    # A streamed body's first piece, before any upstream connection: a refusal there costs the upstream nothing.
-    first = None if isinstance(body, bytes) else await anext(body, None)
-    async with open_origin() as origin:
-        head = Request(request.method, request.target, [*request.headers, *request.framing()])
-        if isinstance(body, bytes):
-            record.bytes_up += len(body)
-            await origin.send_whole(head, body)
-        else:
-            await origin.send(head)
-            if first is not None:
-                record.bytes_up += len(first)
-                await origin.send(Data(first))
-                async for chunk in body:
-                    record.bytes_up += len(chunk)
-                    await origin.send(Data(chunk))
-            await origin.send(EndOfMessage())
-        for verdict in request.decided:
-            record.passed(verdict)
-        await relay(conn, origin, record, idle, response_filters)
+    ``UpstreamSide``; the caller answers (failures.answer). What the filters held of the body is let go at
+    the end."""
+    try:
+        for request_filter in request_filters:
+            verdict = await request_filter(request)
+            if verdict is not None:
+                record.passed(verdict)
+        body = request.body
+        # A streamed body's first piece, before any upstream connection: a refusal there costs the upstream nothing.
+        first = None if isinstance(body, bytes) else await anext(body, None)
+        async with open_origin() as origin:
+            head = Request(request.method, request.target, [*request.headers, *request.framing()])
+            if isinstance(body, bytes):
+                record.bytes_up += len(body)
+                await origin.send_whole(head, body)
+            else:
+                await origin.send(head)
+                if first is not None:
+                    record.bytes_up += len(first)
+                    await origin.send(Data(first))
+                    async for chunk in body:
+                        record.bytes_up += len(chunk)
+                        await origin.send(Data(chunk))
+                await origin.send(EndOfMessage())
+            for verdict in request.decided:
+                record.passed(verdict)
+            await relay(conn, origin, record, idle, response_filters)
+    finally:
+        request.let_go()
 
 
 async def relay(conn: HttpConnection, origin: HttpConnection, record: AuditRecord, idle: float,

@@ -198,6 +198,7 @@ async def _overrides_judged(body: AsyncIterator[bytes], request: Outbound,
         size += len(chunk)
         if size > max_bytes:
             raise too_large(max_bytes)
+        request.hold(len(chunk))
         if parts:
             yield parts[-1]
         parts.append(chunk)

@@ -190,7 +190,7 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
                                                        [(b"proxy-authorization", proxy.authorization), *IDENTITY]))
                     checks = [identity_only, reflection_scan(ctx.config.reflected_forms)]
                 response_filters = [_proxy_answer(proxy, f"{method} {sent[:80]}"), *checks, *response_filters]
-            await forward(conn, outbound(conn, request, sent.encode(), limits.idle_timeout),
+            await forward(conn, outbound(conn, request, sent.encode(), limits.idle_timeout, ctx.proxy_bodies),
                           lambda: dialled(ctx.dialer, addresses, target), record,
                           limits.idle_timeout, request_filters, response_filters)
     finally:

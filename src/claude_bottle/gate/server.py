@@ -34,6 +34,7 @@ from claude_bottle.gate.control import ControlRequest, Events
 from claude_bottle.gate.dlp import engine_note
 from claude_bottle.gate.endpoints import serve_http
 from claude_bottle.gate.failures import Refused, UpstreamSide
+from claude_bottle.gate.forward import HeldBodies
 from claude_bottle.gate.http1 import State
 from claude_bottle.gate.lifeline import watch
 from claude_bottle.gate.memory import keep_large_buffers
@@ -94,6 +95,8 @@ class Gate:
             dialer=dialer,
             upstream_tls=self.config.ssl_context(),
             tunnels=TunnelSlots(limits.max_tunnels),
+            api_bodies=HeldBodies(limits.api_held_bytes),
+            proxy_bodies=HeldBodies(limits.proxy_held_bytes),
             ca=self.ca,
             asks=Asks(self.config.ask_timeout, self.config.ask_limit, self._asked, self._decided)
             if self.config.ask else None,

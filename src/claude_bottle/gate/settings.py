@@ -81,6 +81,10 @@ class Limits:
     max_connections: int = 512  # open client connections per listener; more are answered 503 and closed
     max_header_bytes: int = 32 * 1024
     max_body_bytes: int = MAX_BODY_BYTES  # a body kept whole to be judged (Messages; a form under [[egress]] rules)
+    # Of bodies kept whole, what a listener's exchanges may hold at once (more: 503): the gate's memory bounds a
+    # bottle that sends many at once, and a flood on the proxy listener leaves the API route's its own.
+    api_held_bytes: int = 96 << 20
+    proxy_held_bytes: int = 64 << 20
     drain_seconds: float = 10.0  # after SIGTERM, how long in-flight exchanges may finish
 
 

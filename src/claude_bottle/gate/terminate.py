@@ -193,7 +193,7 @@ def _exchange(target: Target, origin: KeptOrigin, ctx: GateContext, learned: boo
         record.decided(Decision(True, f"inspected request in a tunnel to {target}"
                                       f"{' (learn mode: would deny)' if learned else ''}", learned=learned,
                                  unlisted=unlisted))
-        await forward(conn, outbound(conn, request, request.target, idle), origin.use, record, idle,
+        await forward(conn, outbound(conn, request, request.target, idle, ctx.proxy_bodies), origin.use, record, idle,
                       request_filters, response_filters)
 
     return exchange

@@ -24,7 +24,10 @@ GATE_PYTHON = "/opt/gate/bin/python"
 # for a small /tmp, and limits on its processes and memory.
 GATE_TMPFS = {"/tmp": "size=16m"}
 GATE_PIDS_LIMIT = 256
-GATE_MEMORY = "256m"
+# Memory: about 55 MB in use, what each listener may hold of request bodies to judge (gate/settings.py
+# ``Limits``: 96 and 64 MiB), and one join and one parse at a time of the largest body (32 MiB; a JSON array of
+# 16 million small numbers parses to about 230 MB of objects).
+GATE_MEMORY = "512m"
 GATE_READY_SECONDS = 30
 GATE_STOP_SECONDS = 3
 GATE_ALIAS = "gate"  # the gate's name on the internal network, where the engine resolves names there (Docker)
