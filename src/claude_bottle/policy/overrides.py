@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from email import policy as email_policy
 from email.message import EmailMessage
 from email.parser import BytesParser
@@ -60,8 +60,8 @@ def body_method_overrides(headers: Iterable[tuple[bytes, bytes]], body: bytes) -
     ``body_overrides_read``): in a URL-encoded form (the name and value percent-decoded, ``+`` a space, ``&``
     or ``;`` between fields), in a multipart body (the part's name plain or RFC 2231-encoded, its value as
     written and transfer-decoded), or a JSON object's top-level ``_method``. Every Content-Type given is read;
-    none, or an empty one, means a URL-encoded form, as Rack reads it. ``BodyUnread`` for a multipart body of
-    more than ``MAX_PARTS`` parts."""
+    none, or an empty one, means a URL-encoded form, as Rack reads it. ``BodyUnread`` for a form of more than
+    ``MAX_PARTS`` fields or a multipart body of more than ``MAX_PARTS`` parts."""
     types = [value for name, value in headers if name == b"content-type"] or [FORM]
     named = [field for value in types if (kind := _body_kind(value)) is not None
              for field in _BODY_READERS[kind](value, body)]
@@ -80,11 +80,12 @@ def _body_kind(content_type: bytes) -> str | None:
 
 
 # A field named _method in a URL-encoded body, its name as written (any of its characters percent-encoded), and
-# its value: found by one scan of the body, whatever its size or number of fields.
-_FORM_METHOD_FIELD = re.compile(rb"(?:^|(?<=[&;]))(?:_|%5[fF])(?:m|%6[dD])(?:e|%65)(?:t|%74)(?:h|%68)(?:o|%6[fF])"
+# its value: matched where a field begins.
+_FORM_METHOD_FIELD = re.compile(rb"(?:_|%5[fF])(?:m|%6[dD])(?:e|%65)(?:t|%74)(?:h|%68)(?:o|%6[fF])"
                                 rb"(?:d|%64)(?:=([^&;]*))?(?=[&;]|$)")
-# Rack's limit on a multipart body's parts (PHP reads 1,000 fields, Tomcat 50 parts); a server may raise it, so a
-# body with more is refused rather than read in part.
+# Rack's limit on a form's fields and a multipart body's parts (PHP reads 1,000 fields, Express 1,000, Tomcat 50
+# parts); a server may raise it, so a body with more is refused rather than read in part. It also bounds what
+# judging a form costs the gate's one thread, whatever the body's bytes.
 MAX_PARTS = 4096
 MAX_PART_HEAD = 8 * 1024
 _PART_HEAD_END = re.compile(rb"\r?\n\r?\n")
@@ -98,7 +99,17 @@ class BodyUnread(ValueError):
 
 
 def _form_fields(content_type: bytes, body: bytes) -> list[bytes]:
-    return [_form_decoded(value) for value in _FORM_METHOD_FIELD.findall(body)]
+    if body.count(b"&") + body.count(b";") >= MAX_PARTS:
+        raise BodyUnread(f"a form of more than {MAX_PARTS} fields")
+    starts = [0, *_after(body, b"&"), *_after(body, b";")]  # where each field begins
+    return [_form_decoded(m[1] or b"") for at in sorted(starts) if (m := _FORM_METHOD_FIELD.match(body, at))]
+
+
+def _after(body: bytes, separator: bytes) -> Iterator[int]:
+    at = body.find(separator)
+    while at >= 0:
+        yield at + 1
+        at = body.find(separator, at + 1)
 
 
 def _form_decoded(text: bytes) -> bytes:
@@ -140,6 +151,8 @@ def _parsed(head: bytes) -> EmailMessage:
 
 def _json_field(content_type: bytes, body: bytes) -> list[bytes]:
     if not body.lstrip(b" \t\r\n").startswith(b"{"):  # only an object has a top-level field
+        return []
+    if b"method" not in body and b"\\u" not in body:  # its letters as written, or escaped: no field names it
         return []
     try:
         value = json.loads(body)
