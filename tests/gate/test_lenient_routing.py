@@ -102,8 +102,9 @@ async def test_a_post_whose_body_names_another_method_is_judged_as_that_method(
 
 
 @pytest.mark.parametrize(("coding", "encode"), [
-    ("gzip", gzip.compress), ("deflate", zlib.compress), ("br", brotli.compress),
-    ("gzip, br", lambda data: brotli.compress(gzip.compress(data))),
+    # (gzip without a time in its header: the body sent is compared with one compressed again)
+    ("gzip", lambda data: gzip.compress(data, mtime=0)), ("deflate", zlib.compress), ("br", brotli.compress),
+    ("gzip, br", lambda data: brotli.compress(gzip.compress(data, mtime=0))),
 ], ids=["gzip", "deflate", "br", "gzip-then-br"])
 async def test_an_encoded_body_is_judged_as_the_server_decodes_it(make_gate: GateFactory, plain: StubUpstream,
                                                                   coding: str, encode: Callable[[bytes], bytes]
