@@ -272,3 +272,38 @@ async def test_through_an_upstream_proxy_the_route_and_dlp_hold_as_without_one(
     assert SECRET not in "".join(proxy.log + proxy.authorizations)
     assert [r["rule"] for r in gate.records() if r["method"] == "POST" and r["decision"] == "deny"] == [
         "[dlp] held-secret"]
+
+
+async def test_a_bound_host_is_never_reached_on_another_port(make_gate: GateFactory, hosts: Hosts) -> None:
+    """A route binds its host on its ports only; the host's other ports are refused even where the allowlist
+    names them (a preset's bare name allows 80; here the stub's own port), by CONNECT and in plain HTTP, so
+    the client's own credential never reaches the host beside the route."""
+    route = CredentialRoute(RouteSpec("github", ((BOUND, 443),), Scheme.BEARER, "", new_sentinel("github")), SECRET)
+    resolver = StaticResolver({BOUND: [ipaddress.ip_address("127.0.0.2")]})
+    target = hosts.target(BOUND)
+    async with make_gate(allow=(BOUND, target), allow_private=("127.0.0.0/8",), resolver=resolver,
+                         ca=StandInCA(), routes=(route,)) as gate:
+        reader, writer = await asyncio.open_connection(gate.proxy.host, gate.proxy.port)
+        writer.write(f"GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\nAuthorization: Bearer {ATTACKER}\r\n\r\n"
+                     .encode())
+        plain, headers = await read_head(reader)
+        writer.close()
+        tunnel, _, _, writer = await connect_via(gate.proxy, target)
+        writer.close()
+    assert plain == tunnel == 403, (plain, tunnel)
+    assert f"{BOUND} is bound to credential route github on port 443: it is reached there only, never on port " \
+           f"{hosts.stub.port}" in headers["x-deny-reason"]
+    assert hosts.stub.requests == []
+
+
+@pytest.mark.parametrize("query", ["page=2#&access_token=X", "#&private_token=X", "a=1#x&token=X"])
+async def test_a_fragment_in_a_tunnels_request_target_is_refused(make_gate: GateFactory, hosts: Hosts,
+                                                                 query: str) -> None:
+    """What follows a '#' is the query to a server that does not cut it there (Go's net/http reads a target so):
+    a credential after it would pass the query's check, so a fragment is refused, as in plain HTTP."""
+    ca = StandInCA()
+    async with gate_with(make_gate, hosts, route_to(hosts), ca) as gate:
+        status, headers, _ = await send(gate, ca, hosts.target(BOUND), post(
+            hosts.target(BOUND), path=f"/v1/messages?{query.replace('X', ATTACKER)}"))
+    assert status == 400 and "a fragment (#)" in headers["x-deny-reason"]
+    assert hosts.stub.requests == []

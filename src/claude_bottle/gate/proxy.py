@@ -32,7 +32,7 @@ from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import Inbound, ResponseFilter, forward, outbound, set_headers
 from claude_bottle.gate.http1 import ProtocolError, Request, Response, State, header_values
 from claude_bottle.gate.inspection import IDENTITY, answered, identity_only, inspected, reflection_scan
-from claude_bottle.gate.routes import route_for
+from claude_bottle.gate.routes import bound_elsewhere, route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted
 from claude_bottle.gate.tunnel import Traffic, TunnelIdle, relay
@@ -139,6 +139,10 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
         # What follows a CONNECT head is not HTTP: answer and close.
         raise Refused(400, str(exc), close=method == "CONNECT") from None
 
+    if (elsewhere := bound_elsewhere(ctx.config.routes, target)) is not None:  # refused before it is asked about
+        ports = ", ".join(str(port) for host, port in elsewhere.spec.hosts if host == target.host)
+        raise Refused(403, f"{target.host} is bound to credential route {elsewhere.spec.name} on port {ports}: it "
+                           f"is reached there only, never on port {target.port}", close=method == "CONNECT")
     decision = ctx.egress.decide_tunnel(target) if method == "CONNECT" else ctx.egress.decide_target(target)
     if not decision.allow and decision.unlisted and ctx.asks is not None:
         if target.ip is not None:  # an address: the guard first, never ask about what it refuses

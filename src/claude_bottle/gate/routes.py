@@ -216,3 +216,15 @@ def route_for(routes: Sequence[CredentialRoute], target: Target) -> CredentialRo
         if route.spec.binds(target):
             return route
     return None
+
+
+def bound_elsewhere(routes: Sequence[CredentialRoute], target: Target) -> CredentialRoute | None:
+    """The route that binds ``target``'s host on other ports than its own, if any: on that port the host is
+    never reached (plain HTTP to port 80 of a host bound on 443 would carry the client's own credential, not
+    stripped, and no rule of the route would apply)."""
+    if route_for(routes, target) is not None:
+        return None
+    for route in routes:
+        if any(host == target.host for host, _ in route.spec.hosts):
+            return route
+    return None

@@ -187,6 +187,8 @@ def _exchange(target: Target, origin: KeptOrigin, ctx: GateContext, learned: boo
         idle = ctx.config.limits.idle_timeout
         record.target = str(target)
         record.path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
+        if b"#" in request.target:  # as in plain HTTP: some servers read what follows as part of the query
+            raise Refused(400, "a fragment (#) does not belong in a request target")
         problem = host_problem(request, target)
         if problem is not None:
             raise Refused(421, problem)
