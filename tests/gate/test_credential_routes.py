@@ -171,13 +171,21 @@ async def test_plain_http_to_a_bound_host_is_refused(make_gate: GateFactory, hos
     assert hosts.stub.requests == []
 
 
-@pytest.mark.parametrize(("line", "extra"), [("TRACE /", ""), ("POST /", "X-HTTP-Method-Override: trace\r\n"),
-                                             ("POST /?_method=TRACE", ""), ("POST /", "X_Method_Override: TRACE\r\n")])
-async def test_a_trace_to_a_bound_host_is_refused(make_gate: GateFactory, hosts: Hosts, line: str, extra: str) -> None:
+FORM, JSON = "Content-Type: application/x-www-form-urlencoded\r\n", "Content-Type: application/json\r\n"
+
+
+@pytest.mark.parametrize(("line", "extra", "body"), [
+    ("TRACE /", "", ""), ("POST /", "X-HTTP-Method-Override: trace\r\n", ""), ("POST /?_method=TRACE", "", ""),
+    ("POST /", "X_Method_Override: TRACE\r\n", ""), ("POST /", FORM, "a=1&_method=trace"),
+    ("POST /", JSON, '{"_method": "TRACE"}'),
+    ("POST /", FORM, "x=" + "a" * 300_000 + "&_method=TRACE"),  # streamed: its end held until it is read
+], ids=["trace", "header", "query", "header-spelling", "form", "json", "streamed-form"])
+async def test_a_trace_to_a_bound_host_is_refused(make_gate: GateFactory, hosts: Hosts, line: str, extra: str,
+                                                  body: str) -> None:
     """A TRACE's answer is the request as received: it would carry the route's header back. So is one that a
     lenient server reads as a TRACE."""
     ca, target = StandInCA(), hosts.target(BOUND)
-    request = f"{line} HTTP/1.1\r\nHost: {target}\r\n{extra}Content-Length: 0\r\n\r\n".encode()
+    request = f"{line} HTTP/1.1\r\nHost: {target}\r\n{extra}Content-Length: {len(body)}\r\n\r\n{body}".encode()
     async with gate_with(make_gate, hosts, route_to(hosts), ca) as gate:
         status, headers, _ = await send(gate, ca, target, request)
     assert status == 405 and "RFC 9110" in headers["x-deny-reason"]

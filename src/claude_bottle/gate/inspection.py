@@ -61,24 +61,43 @@ def inspected(target: Target, ctx: GateContext) -> list[RequestFilter]:
     route = route_for(config.routes, target)
     if route is None:
         return judged if mcp is None else [set_headers(frozenset({b"accept-encoding"}), IDENTITY), *judged]
-    return [client_credentials_removed(route), *judged, own_credential(route)]
+    return [client_credentials_removed(route, config.limits.max_body_bytes), *judged, own_credential(route)]
 
 
-def client_credentials_removed(route: CredentialRoute) -> RequestFilter:
+def client_credentials_removed(route: CredentialRoute, max_bytes: int) -> RequestFilter:
     """Remove every credential header the client sent (in any spelling) and its ``Accept-Encoding``; refuse a
     request with a credential in its query (the server would read it; the gate does not rewrite URLs), and a
-    TRACE (or a request naming it in an override header or ``_method`` parameter), whose answer is the request
-    as received, the route's credential included (RFC 9110 9.3.8: a client sends no sensitive field in one)."""
+    TRACE (or a request naming it in an override header, a ``_method`` parameter or a ``_method`` field of its
+    body, judged as ``request_rules`` judges one, up to ``max_bytes``), whose answer is the request as
+    received, the route's credential included (RFC 9110 9.3.8: a client sends no sensitive field in one)."""
+    def trace() -> Refused:
+        return Refused(405, f"TRACE to a host credential route {route.spec.name} binds would carry its credential, "
+                            "which the answer echoes (RFC 9110 9.3.8): the gate sends no TRACE there")
+
+    def no_trace_in(request: Outbound, body: bytes) -> None:
+        try:
+            named = _body_methods(request, body)
+        except BodyUnread as exc:
+            raise Refused(400, f"{exc}: its _method fields are not all read, and no TRACE goes to a host "
+                               f"credential route {route.spec.name} binds") from None
+        except UndecodableBody as exc:
+            raise Refused(exc.status, str(exc)) from None
+        if "TRACE" in map(str.upper, named):
+            raise trace()
 
     async def remove(request: Outbound) -> None:
         if request.method == b"TRACE" or "TRACE" in map(str.upper, method_overrides(request.headers, request.target)):
-            raise Refused(405, f"TRACE to a host credential route {route.spec.name} binds would carry its "
-                               "credential, which the answer echoes (RFC 9110 9.3.8): the gate sends no TRACE there")
+            raise trace()
         if (parameter := query_credential(request.target)) is not None:
             raise Refused(403, f"a credential in the query (parameter {parameter}) on a host credential route "
                                f"{route.spec.name} binds: only the route's own credential goes there")
         request.headers = [(n, v) for n, v in request.headers
                            if not is_client_credential(n) and n.lower() != b"accept-encoding"]
+        if body_overrides_read(request.method, request.headers):
+            if isinstance(request.body, bytes):
+                no_trace_in(request, request.body)
+            else:
+                request.body = _overrides_judged(request.body, request, no_trace_in, max_bytes)
 
     return remove
 
@@ -163,11 +182,7 @@ def request_rules(policy: RequestPolicy, target: Target, max_bytes: int) -> Requ
 
     def decide_body(request: Outbound, body: bytes) -> Decision:
         try:
-            named = body_method_overrides(request.headers, body)
-            if codings := content_codings(header_values(request.headers, b"content-encoding")):
-                # Express's body parsers inflate a body before method-override reads it; Rack reads it as sent.
-                decoder = BodyDecoder(codings)
-                named += body_method_overrides(request.headers, decoder.feed(body) + decoder.finish())
+            named = _body_methods(request, body)
         except BodyUnread as exc:
             raise Refused(400, f"{exc}: its _method fields are not all read; [[egress]] rules for {target} judge "
                                "every method a request names", rule=f"[[egress]] {target} method override") from None
@@ -187,11 +202,23 @@ def request_rules(policy: RequestPolicy, target: Target, max_bytes: int) -> Requ
     return judge
 
 
+def _body_methods(request: Outbound, body: bytes) -> tuple[str, ...]:
+    """The methods ``body``'s ``_method`` fields name, as sent and, with a Content-Encoding, decoded: Express's
+    body parsers inflate a body before method-override reads it; Rack reads it as sent. ``BodyUnread``,
+    ``UndecodableBody``."""
+    named = body_method_overrides(request.headers, body)
+    if codings := content_codings(header_values(request.headers, b"content-encoding")):
+        decoder = BodyDecoder(codings)
+        named += body_method_overrides(request.headers, decoder.feed(body) + decoder.finish())
+    return named
+
+
 async def _overrides_judged(body: AsyncIterator[bytes], request: Outbound,
-                            decide: Callable[[Outbound, bytes], Decision], max_bytes: int) -> AsyncIterator[bytes]:
+                            decide: Callable[[Outbound, bytes], Decision | None], max_bytes: int
+                            ) -> AsyncIterator[bytes]:
     """``body`` as it arrives less its last piece, held back until the ``_method`` fields of the whole body
-    are judged (``Refused`` then: the forward path resets the upstream connection); the verdict goes to
-    ``request.decided``."""
+    are judged (``Refused`` then: the forward path resets the upstream connection); the verdict, if any, goes
+    to ``request.decided``."""
     parts: list[bytes] = []
     size = 0
     async for chunk in body:
@@ -202,7 +229,8 @@ async def _overrides_judged(body: AsyncIterator[bytes], request: Outbound,
         if parts:
             yield parts[-1]
         parts.append(chunk)
-    request.decided.append(decide(request, b"".join(parts)))
+    if (verdict := decide(request, b"".join(parts))) is not None:
+        request.decided.append(verdict)
     if parts:
         yield parts[-1]
 
