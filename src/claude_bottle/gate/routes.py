@@ -37,7 +37,8 @@ _USERNAME = re.compile(r"[A-Za-z0-9_.@+-]{1,100}")
 # Every header a client can present a credential in, by its canonical name (lower case, '-' for '_').
 CLIENT_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"proxy-authorization", b"cookie",
                                        b"private-token", b"x-auth-token", b"job-token", b"x-access-token",
-                                       b"x-gitlab-token", b"x-github-token", b"x-npm-token", b"api-key"})
+                                       b"x-gitlab-token", b"x-github-token", b"x-npm-token", b"api-key",
+                                       b"deploy-token", b"x-jfrog-art-api", b"x-api-token"})
 # Query parameters that carry a credential on the APIs routes serve (GitHub, GitLab, package registries);
 # compared with '-' read as '_' and in any case.
 CREDENTIAL_QUERY_PARAMETERS = frozenset({"access_token", "private_token", "job_token", "oauth_token",
