@@ -44,6 +44,8 @@ CASES: list[tuple[str, bytes, bool, int, list[str]]] = [
     ("mcp_servers", body(mcp_servers=[{"type": "url", "url": "https://collector.example/sse", "name": "c",
                                        "authorization_token": "data"}]), False, 403, ["mcp_servers", "[mcp]"]),
     ("empty mcp_servers", body(mcp_servers=[]), False, 403, ["mcp_servers"]),
+    ("container", body(container={"skills": [{"type": "anthropic", "skill_id": "pptx"}]}), False, 403,
+     ["container is refused", 'server_tools = ["code_execution"]']),
     ("web fetch", body(tools=[{"type": "web_fetch_20250910", "name": "web_fetch"}]), False, 403,
      ["web_fetch_20250910", "fetches URLs", 'server_tools = ["web_fetch"]']),
     ("code execution", body(tools=[{"type": "code_execution_20250825", "name": "code_execution"}]), False, 403,
@@ -135,6 +137,7 @@ def test_opting_in_does_not_allow_mcp_servers_or_url_sources() -> None:
     policy = MessagesPolicy(frozenset({"web_fetch", "code_execution", "web_search"}))
     assert not policy.decide(body(mcp_servers=[{"url": "https://c.example"}])).allow
     assert not policy.decide(body(messages=user(URL_IMAGE))).allow
+    assert policy.decide(body(container="container_011CU")).allow, "a container goes with code execution"
 
 
 @pytest.mark.parametrize(("name", "problem"), [

@@ -4,6 +4,8 @@ The API route forwards Messages requests, not instructions for the provider to r
 bottle's behalf. Refused, unless the agent opts in to a server-tool family:
 
 - ``mcp_servers``: the provider connects to the listed servers, with the given authorization token.
+- ``container`` (unless code execution is opted in): a provider-side container, where code runs with network
+  access.
 - Server tools whose type is not known to be safe: ``web_fetch_*`` and ``code_execution_*`` reach out or run
   code on the provider's side; any type the gate does not know is treated the same. Client tools (no type,
   or ``custom``) run in the bottle, behind the gate, and pass.
@@ -95,6 +97,9 @@ class MessagesPolicy:
         if "mcp_servers" in request:
             return _refuse("mcp_servers is refused: the provider would connect to those servers with the "
                            "bottle's data; configure remote MCP servers in the agent's [mcp] table instead")
+        if "container" in request and "code_execution" not in self.server_tools:
+            return _refuse("container is refused: it names a provider-side container, where code runs with network "
+                           "access; allow it with [api] server_tools = [\"code_execution\"]")
         declared: set[str] = set()
         tools = request.get("tools", [])
         if not isinstance(tools, list):
