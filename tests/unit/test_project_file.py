@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from claude_bottle import trust
 from claude_bottle.agent.load import load_agent
-from claude_bottle.agent.project import PROJECT_FORBIDDEN, read_project_file
+from claude_bottle.agent.project import PROJECT_EFFECTS, PROJECT_FORBIDDEN, read_project_file
+from claude_bottle.agent.schema import AGENT_KEYS
 from claude_bottle.cli import cli
 from claude_bottle.errors import ConfigError
 
@@ -80,6 +81,8 @@ def test_approval_belongs_to_its_workspace(project: Path, tmp_path: Path) -> Non
     ("runtime", 'runtime = "runc"\n'),
     ("upstream_proxy", 'upstream_proxy = "http://collector.example:3128"\n'),
     ("ask_command", 'ask_command = ["sh", "-c", "exit 0"]\n'),
+    ("allow_tcp", 'allow_tcp = ["collector.example:443"]\n'),  # tunnels carrying any bytes, unread
+    ("api", '[api]\nserver_tools = ["web_fetch"]\n'),  # the provider fetching URLs for the bottle
 ])
 def test_forbidden_keys_are_refused_even_when_approved(project: Path, key: str, body: str) -> None:
     write(project, "version = 1\n" + body)
@@ -87,7 +90,13 @@ def test_forbidden_keys_are_refused_even_when_approved(project: Path, key: str, 
     with pytest.raises(ConfigError, match=rf"{key}: not allowed in a project file .*agents"):
         load_agent(None, project)
     assert set(PROJECT_FORBIDDEN) == {"upstream", "mounts", "allow_private", "extra_ca_certificates",
-                                      "credentials", "runtime", "upstream_proxy", "ask_command"}
+                                      "credentials", "runtime", "upstream_proxy", "ask_command", "allow_tcp", "api"}
+
+
+def test_every_key_of_an_agent_is_forbidden_to_a_project_file_or_named_by_trust() -> None:
+    """What ``claude-bottle trust`` lists under "It sets:" is every key the file sets: none passes unnamed."""
+    assert AGENT_KEYS - {"version"} == set(PROJECT_FORBIDDEN) | set(PROJECT_EFFECTS)
+    assert not set(PROJECT_FORBIDDEN) & set(PROJECT_EFFECTS)
 
 
 def test_a_symlinked_project_file_is_refused(project: Path, tmp_path: Path) -> None:

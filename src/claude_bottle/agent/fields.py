@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Set
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ class Fields:
     def fail(self, key: str, problem: str) -> ConfigError:
         return ConfigError(f"{self.source}: {self.prefix}{key}: {problem}")
 
-    def check_keys(self, allowed: set[str]) -> None:
+    def check_keys(self, allowed: Set[str]) -> None:
         for key in self.data:
             if key not in allowed:
                 raise self.fail(key, f"unknown key (known: {', '.join(sorted(allowed))})")

@@ -30,6 +30,8 @@ PROJECT_FORBIDDEN = {
     "credentials": "it decides which of your credentials go where, and may run commands on your machine",
     "runtime": "it chooses the kernel boundary between the bottle and your machine",
     "ask_command": "it runs a command on your machine, and it decides what the bottle may reach",
+    "allow_tcp": "it lets tunnels to those hosts carry any bytes, unseen: no TLS name check, no rules, no DLP",
+    "api": "it lets the provider fetch URLs or run code with network access for the bottle (server tools)",
 }
 # What a project file may not turn off, even once approved: inspection of a host, and DLP rules.
 PROJECT_FORBIDDEN_WEAKER = {
@@ -76,6 +78,8 @@ PROJECT_EFFECTS = {
     "extra_packages": "Debian packages in the bottle image",
     "claude": "Claude Code's version, model and arguments",
     "resources": "the bottle's memory, CPU and process limits",
+    "ask": "ask mode: unlisted destinations wait for your answer",
+    "ask_timeout": "how long ask mode waits for your answer",
 }
 
 

@@ -128,12 +128,16 @@ class AgentConfig:
         return compose_allowlist(self.allow.patterns, self.egress, bound, implied=remote)
 
 
+# The keys of an agent's file (a project file may set some of them: agent/project.py).
+AGENT_KEYS = frozenset({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
+                        "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp",
+                        "credentials", "runtime", "upstream_proxy", "ask", "ask_timeout", "ask_command"})
+
+
 def parse_agent(name: str, data: dict[str, Any], source: str) -> AgentConfig:
     """The agent ``name`` from its parsed TOML ``data``; ``source`` (the file) is named in every error."""
     top = Fields(data, source)
-    top.check_keys({"version", "allow", "allow_tcp", "presets", "allow_private", "env", "mounts", "resources",
-                    "claude", "extra_ca_certificates", "extra_packages", "mcp", "upstream", "api", "egress", "dlp",
-                    "credentials", "runtime", "upstream_proxy", "ask", "ask_timeout", "ask_command"})
+    top.check_keys(AGENT_KEYS)
     if data.get("version") != CONFIG_VERSION:
         raise top.fail("version", f"must be {CONFIG_VERSION} (add `version = {CONFIG_VERSION}` at the top)")
 
