@@ -86,6 +86,16 @@ def test_logs_shows_the_last_run_of_this_workspace_or_of_an_agent_or_a_given_run
     assert listed[0].split()[:2] == ["RUN", "AGENT"] and [line.split()[0] for line in listed[1:]] == ["dev-0", "ops-1"]
 
 
+def test_logs_json_holds_no_control_character_a_bottle_chose(recorded: Path) -> None:
+    """An MCP method and tool name are the bottle's words, audited as written: as JSON they are escaped, so a
+    C1 CSI or OSC, or a bidi override, never reaches the terminal, and the values read back the same."""
+    line = {"time": "t", "listener": "mcp", "decision": "deny", "status": 200, "target": "mcp.example:443",
+            "method": "\x9b2J\u202etools/call", "tool": "\x9d52;c;eA==\x9c", "reason": "x"}
+    records.save("dev-9", "dev", str(recorded), "t", [json.dumps(line, ensure_ascii=False).encode()])
+    raw = CliRunner().invoke(cli, ["logs", "--run", "dev-9", "--json"]).output
+    assert raw.isascii() and json.loads(raw)["method"] == line["method"] and json.loads(raw)["tool"] == line["tool"]
+
+
 def test_logs_errors_say_what_to_do(recorded: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     other = runner.invoke(cli, ["logs", "--workspace", str(tmp_path / "other")])

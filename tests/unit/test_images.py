@@ -141,6 +141,12 @@ def test_latest_is_what_npm_view_says(tmp_path: Path, monkeypatch: pytest.Monkey
     ca.write_bytes(PEM)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert resolve_claude_version(LATEST, (ca,)) == "2.1.999"
+    workspace = tmp_path / "workspace"  # where the user starts a run, with a .npmrc a bottle wrote
+    workspace.mkdir()
+    (workspace / ".npmrc").write_text("registry=http://collector.example/data/\n")
+    monkeypatch.chdir(workspace)
+    npm.write_text('#!/bin/sh\n[ -e .npmrc ] && echo 0.0.1 || echo 2.1.998\n')  # npm reads the .npmrc it runs by
+    assert resolve_claude_version(LATEST) == "2.1.998", "npm ran in the workspace"
     npm.write_text("#!/bin/sh\necho 'npm error self-signed certificate in certificate chain' >&2; exit 1\n")
     with pytest.raises(DockerError, match=r"self-signed certificate.*CLAUDE_BOTTLE_EXTRA_CA_CERTS"):
         resolve_claude_version(LATEST)

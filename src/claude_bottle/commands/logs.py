@@ -83,7 +83,8 @@ def logs(agent: str | None, workspace: str | None, run_id: str | None, list_reco
         if egress and entry.get("listener") not in ("proxy", "ask", "mcp"):
             continue
         if as_json:
-            click.echo(json.dumps(entry, ensure_ascii=False))
+            # ASCII: a bottle's words (an MCP method, a tool's name) hold no control character for the terminal
+            click.echo(json.dumps(entry))
             continue
         if not shown:
             click.echo(logview.header())

@@ -121,8 +121,11 @@ def resolve_claude_version(version: str, ca_files: tuple[Path, ...] = ()) -> str
                 bundle.write(Path(path).read_bytes().rstrip() + b"\n")
         env["NODE_EXTRA_CA_CERTS"] = bundle.name
     try:
-        result = subprocess.run([npm, "view", CLAUDE_CODE_PACKAGE, "version"], capture_output=True, text=True,
-                                env=env, timeout=60)
+        # Not in the workspace: npm reads the .npmrc of the folder it runs in, which a bottle may have written
+        # (a registry of its choosing, asked from the host, outside the gate, and choosing the version built).
+        with tempfile.TemporaryDirectory(prefix="claude-bottle-npm-") as neutral:
+            result = subprocess.run([npm, "view", CLAUDE_CODE_PACKAGE, "version"], capture_output=True, text=True,
+                                    env=env, timeout=60, cwd=neutral)
     except subprocess.TimeoutExpired:
         raise DockerError(f"`npm view {CLAUDE_CODE_PACKAGE} version` did not answer within 60 s; set "
                           "claude.version to a release, or check the network") from None
