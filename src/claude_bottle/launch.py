@@ -287,10 +287,8 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
         # Started now, its entrypoint waits for the gate meanwhile. In a session of its own: a Ctrl-C at the
         # terminal reaches this process only, which forwards it once.
         client = subprocess.Popen(engine.attach_command(bottle, interactive=stdin), start_new_session=True,
-                                  stdout=subprocess.PIPE if sys.stdout.isatty() else None,
-                                  stderr=subprocess.PIPE if sys.stderr.isatty() else None)
-        copies = [shown_on(pipe, stream) for pipe, stream in ((client.stdout, sys.stdout), (client.stderr, sys.stderr))
-                  if pipe is not None]
+                                  **output_streams())
+        copies = shown_copies(client)
         try:
             run.release()
             with forwarded_signals(engine, bottle):
@@ -309,6 +307,37 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
         with ThreadPoolExecutor(1) as pool:
             pool.submit(run.stop_gate)
             return engine.wait(bottle)
+
+
+def output_streams() -> dict[str, Any]:
+    """The engine client's standard output and error: this process's own, but a pipe for one that is a
+    terminal, which ``shown_copies`` then shows."""
+    return {"stdout": subprocess.PIPE if sys.stdout.isatty() else None,
+            "stderr": subprocess.PIPE if sys.stderr.isatty() else None}
+
+
+def shown_copies(client: subprocess.Popen[bytes]) -> list[threading.Thread]:
+    """What ``client`` writes on the pipes ``output_streams`` gave it, copied to this process's terminals."""
+    return [shown_on(pipe, stream) for pipe, stream in ((client.stdout, sys.stdout), (client.stderr, sys.stderr))
+            if pipe is not None]
+
+
+def with_shown_output(client: list[str]) -> int:
+    """The engine's ``client`` command with this process's standard streams, byte for byte, but an output that is
+    a terminal gets the bottle's bytes through ``shown_on``. Its exit code."""
+    if not (sys.stdout.isatty() or sys.stderr.isatty()):
+        return subprocess.call(client)
+    process = subprocess.Popen(client, **output_streams())
+    copies = shown_copies(process)
+    try:
+        with on_stop_signals(interrupt):
+            return process.wait()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for copy in copies:
+            copy.join(COPY_SECONDS)
 
 
 def shown_on(pipe: IO[bytes], terminal: TextIO) -> threading.Thread:

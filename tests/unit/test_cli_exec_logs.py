@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pty
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +48,43 @@ def test_exec_runs_what_follows_the_double_dash_as_the_bottles_own_user(
     result = CliRunner().invoke(cli, ["exec", "--workspace", str(tmp_path), *args])
     assert result.exit_code == 0, result.output
     assert docker_exec == [["engine", "exec", "-i", "claude-bottle-dev-1-bottle", *command]]
+
+
+# exec_in on an engine whose exec is the command itself, run here: what it writes is what a bottle wrote.
+EXEC_ON_A_TERMINAL = """
+import sys
+from claude_bottle.commands.exec import exec_in
+from claude_bottle.runtime import engines
+from claude_bottle.runtime.names import RunNames
+from tests.fake_engine import FakeEngine
+
+engine = FakeEngine()
+run = RunNames("dev-1", "dev", sys.argv[1])
+engine.add_container(run.gate, run.labels)
+engine.add_container(run.bottle, run.labels)
+engine.exec_command = lambda name, argv, tty: argv
+engines.open_engine = lambda: engine
+sys.exit(exec_in("dev", sys.argv[1], [sys.executable, "-c", sys.argv[2]]))
+"""
+
+
+def test_exec_without_a_terminal_for_input_shows_a_terminal_output_s_control_characters(tmp_path: Path) -> None:
+    """`claude-bottle exec -- CMD < /dev/null` on a terminal: a clipboard write and a screen clear the bottle
+    writes are shown as escapes, not obeyed; the exit code is the command's."""
+    written = r"import sys; sys.stdout.write('\x1b]52;c;eA==\x07\x1b[2Jdone\n'); sys.exit(3)"
+    leader, follower = pty.openpty()
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-c", EXEC_ON_A_TERMINAL, str(tmp_path), written],
+                             stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, cwd=root,
+                             env={**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"})
+    os.close(follower)
+    shown = b""
+    with contextlib.suppress(OSError):  # EIO once every writer is gone
+        while data := os.read(leader, 65536):
+            shown += data
+    os.close(leader)
+    assert child.wait(30) == 3
+    assert b"\\x1b]52;c;eA==\\x07\\x1b[2Jdone" in shown and b"\x1b" not in shown, shown
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 
@@ -12,7 +11,7 @@ def exec_in(agent: str | None, workspace: str | None, command: list[str]) -> int
     this terminal; its exit code."""
     from pathlib import Path
 
-    from claude_bottle.launch import attached_on_terminal, interrupt, on_stop_signals
+    from claude_bottle.launch import attached_on_terminal, interrupt, on_stop_signals, with_shown_output
     from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.listing import bottle_of
 
@@ -20,6 +19,6 @@ def exec_in(agent: str | None, workspace: str | None, command: list[str]) -> int
     engine = open_engine()
     bottle = bottle_of(engine, agent, place)
     client = engine.exec_command(bottle.name, command, tty=sys.stdin.isatty())
-    if not sys.stdin.isatty():  # no terminal: the streams byte for byte, as a pipe wants them
-        return subprocess.call(client)
+    if not sys.stdin.isatty():  # the streams byte for byte, as a pipe wants them; a terminal's shown
+        return with_shown_output(client)
     return attached_on_terminal(client, on_stop_signals(interrupt))  # unwound: the terminal restored
