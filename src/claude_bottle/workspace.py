@@ -34,6 +34,10 @@ PROTECTED = (
 )
 # Of a .git directory only what makes git run something: its config and hooks, and where it points.
 GIT_SIGNED = ("config", "config.worktree", "commondir", "hooks")
+# A folder git takes for a repository itself, with no .git entry (a bare repository: git looks for one in every
+# folder it searches, and runs what its config says, as core.fsmonitor on `git status`): HEAD and objects/ and
+# refs/, or HEAD and a commondir file that points to the rest.
+_BARE = ({"HEAD", "objects", "refs"}, {"HEAD", "commondir"})
 WALK_LIMIT = 100_000
 ENTRY_LIMIT = 20_000
 HASH_LIMIT = 16 * 1024 * 1024
@@ -59,8 +63,10 @@ class Change:
 
 
 def nested_git(workspace: Path, limit: int | None = None) -> tuple[list[str], bool]:
-    """Relative paths of every ``.git`` entry below the top level (a repository, a gitfile, a symlink),
-    breadth first, and whether the walk saw every entry (False once it passed ``limit``, or WALK_LIMIT)."""
+    """Relative paths of every ``.git`` entry below the top level (a repository, a gitfile, a symlink), and of
+    what makes git run something in every folder laid out as a repository (``_BARE``, the workspace itself
+    included: its HEAD and ``GIT_SIGNED``), breadth first, and whether the walk saw every entry (False once it
+    passed ``limit``, or WALK_LIMIT)."""
     limit = WALK_LIMIT if limit is None else limit
     found: list[str] = []
     seen = 0
@@ -72,6 +78,9 @@ def nested_git(workspace: Path, limit: int | None = None) -> tuple[list[str], bo
                 children = sorted(entries, key=lambda e: e.name)
         except OSError:
             continue  # unreadable or gone: nothing the host's tools could read there either
+        names = {entry.name for entry in children}
+        if any(layout <= names for layout in _BARE):
+            found += [f"{relative}/{name}" if relative else name for name in ("HEAD", *GIT_SIGNED)]
         for entry in children:
             seen += 1
             if seen > limit:
@@ -86,9 +95,10 @@ def nested_git(workspace: Path, limit: int | None = None) -> tuple[list[str], bo
 
 
 def protected_paths(workspace: Path) -> tuple[list[str], bool]:
-    """``PROTECTED`` and the nested ``.git`` entries, and whether the search for the latter was complete."""
+    """``PROTECTED`` and the nested ``.git`` entries and repository layouts, and whether the search for them
+    was complete."""
     nested, complete = nested_git(workspace)
-    return [*PROTECTED, *nested], complete
+    return list(dict.fromkeys([*PROTECTED, *nested])), complete
 
 
 def _kind(mode: int) -> str:

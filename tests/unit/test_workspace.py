@@ -4,6 +4,7 @@ records a run's changes for review, killed runs included."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -156,6 +157,38 @@ def test_a_git_that_is_neither_a_directory_nor_a_file_is_refused(project: Path, 
 
 
 # ---- the watch ---------------------------------------------------------------------------------------------
+
+def plant_bare_repository(folder: Path, canary: Path) -> None:
+    """What a bottle can write with no .git entry: git takes ``folder`` itself for a repository (HEAD, objects/,
+    refs/) and runs its config's core.fsmonitor on `git status`, which a shell prompt runs at every `cd`."""
+    (folder / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "objects").mkdir()
+    (folder / "refs").mkdir()
+    (folder / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tbare = false\n\tworktree = .\n"
+                                   f'\tfsmonitor = "touch {canary}; false"\n')
+
+
+@pytest.mark.parametrize("where", ["", "src"], ids=["workspace-without-git", "folder-of-a-repository"])
+def test_a_repository_planted_without_a_git_entry_is_reported(project: Path, tmp_path: Path, where: str) -> None:
+    if not where:  # a workspace that is no repository: the run mounts an empty read-only .git, removed after
+        shutil.rmtree(project / ".git")
+    canary = tmp_path / "ran"
+    watch = trust.Watch(project, "t-bare")
+    watch.begin()
+    if not where:
+        (project / ".git").mkdir()
+    plant_bare_repository(project / where, canary)
+    reports: list[str] = []
+    found = [c.path for c in watch.end(reports.append)]
+    home = tmp_path / "home"
+    home.mkdir()
+    subprocess.run(["git", "status"], cwd=project / where, capture_output=True, check=False,
+                   env={"PATH": os.environ["PATH"], "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"})
+    assert canary.exists(), "the host's git ran what the plant said: the plant is real"
+    assert f"{where}/config".lstrip("/") in found and f"{where}/HEAD".lstrip("/") in found, found
+    with pytest.raises(ConfigError, match="config: created"):
+        trust.check(project)
+
 
 def test_a_run_that_changed_nothing_leaves_nothing_to_review(project: Path) -> None:
     watch = trust.Watch(project, "t-1")
