@@ -286,19 +286,10 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
         run.create_held_bottle(command, stdin)
         # Started now, its entrypoint waits for the gate meanwhile. In a session of its own: a Ctrl-C at the
         # terminal reaches this process only, which forwards it once.
-        client = subprocess.Popen(engine.attach_command(bottle, interactive=stdin), start_new_session=True,
-                                  **output_streams())
-        copies = shown_copies(client)
-        try:
+        with engine_client(engine.attach_command(bottle, interactive=stdin), start_new_session=True) as client:
             run.release()
             with forwarded_signals(engine, bottle):
                 client.wait()
-        finally:
-            if client.poll() is None:
-                client.kill()
-                client.wait()
-            for copy in copies:
-                copy.join(COPY_SECONDS)
         info = engine.container(bottle)
         if info is not None and info.status == "created":
             raise DockerError(f"cannot start the bottle: `{' '.join(engine.attach_command(bottle, stdin))}` "
@@ -309,29 +300,18 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
             return engine.wait(bottle)
 
 
-def output_streams() -> dict[str, Any]:
-    """The engine client's standard output and error: this process's own, but a pipe for one that is a
-    terminal, which ``shown_copies`` then shows."""
-    return {"stdout": subprocess.PIPE if sys.stdout.isatty() else None,
-            "stderr": subprocess.PIPE if sys.stderr.isatty() else None}
-
-
-def shown_copies(client: subprocess.Popen[bytes]) -> list[threading.Thread]:
-    """What ``client`` writes on the pipes ``output_streams`` gave it, copied to this process's terminals."""
-    return [shown_on(pipe, stream) for pipe, stream in ((client.stdout, sys.stdout), (client.stderr, sys.stderr))
-            if pipe is not None]
-
-
-def with_shown_output(client: list[str]) -> int:
-    """The engine's ``client`` command with this process's standard streams, byte for byte, but an output that is
-    a terminal gets the bottle's bytes through ``shown_on``. Its exit code."""
-    if not (sys.stdout.isatty() or sys.stderr.isatty()):
-        return subprocess.call(client)
-    process = subprocess.Popen(client, **output_streams())
-    copies = shown_copies(process)
+@contextlib.contextmanager
+def engine_client(command: list[str], start_new_session: bool = False) -> Iterator[subprocess.Popen[bytes]]:
+    """The engine's client ``command`` with this process's standard streams, byte for byte, but an output that
+    is a terminal gets the bottle's bytes through ``shown_on``; killed on the way out if still running, and its
+    last output shown."""
+    out, err = sys.stdout.isatty(), sys.stderr.isatty()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE if out else None,
+                               stderr=subprocess.PIPE if err else None, start_new_session=start_new_session)
+    copies = [shown_on(pipe, stream) for pipe, stream in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))
+              if pipe is not None]
     try:
-        with on_stop_signals(interrupt):
-            return process.wait()
+        yield process
     finally:
         if process.poll() is None:
             process.kill()
@@ -376,15 +356,9 @@ def run_in_terminal(launch: Launch, command: list[str], progress: Progress, keep
 
 def attached_on_terminal(client: list[str], signals: contextlib.AbstractContextManager[object]) -> int:
     """The engine's ``client`` command on this terminal, through a relay where standard output is one (else
-    as it is), ``signals`` handled meanwhile. Its exit code."""
+    ``engine_client``), ``signals`` handled meanwhile. Its exit code."""
     if not sys.stdout.isatty():
-        process = subprocess.Popen(client)
-        try:
-            with signals:
-                return process.wait()
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        with engine_client(client) as process, signals:
+            return process.wait()
     with TerminalRelay(client) as relay, signals:
         return relay.wait()

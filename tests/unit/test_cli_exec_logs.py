@@ -8,13 +8,15 @@ import os
 import pty
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from claude_bottle import records
+from claude_bottle import launch, records
 from claude_bottle.cli import cli
 from claude_bottle.errors import DockerError
 from claude_bottle.runtime import engines
@@ -33,7 +35,12 @@ def docker_exec(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
         engine.add_container(run.gate, run.labels)
         engine.add_container(run.bottle, run.labels)
     monkeypatch.setattr(engines, "open_engine", lambda: engine)
-    monkeypatch.setattr("subprocess.call", lambda argv: calls.append(argv) or 0)
+    @contextlib.contextmanager
+    def client(argv: list[str]) -> Iterator[Any]:
+        calls.append(argv)
+        yield SimpleNamespace(wait=lambda: 0)
+
+    monkeypatch.setattr(launch, "engine_client", client)
     return calls
 
 

@@ -11,7 +11,7 @@ def exec_in(agent: str | None, workspace: str | None, command: list[str]) -> int
     this terminal; its exit code."""
     from pathlib import Path
 
-    from claude_bottle.launch import attached_on_terminal, interrupt, on_stop_signals, with_shown_output
+    from claude_bottle.launch import attached_on_terminal, engine_client, interrupt, on_stop_signals
     from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.listing import bottle_of
 
@@ -19,6 +19,8 @@ def exec_in(agent: str | None, workspace: str | None, command: list[str]) -> int
     engine = open_engine()
     bottle = bottle_of(engine, agent, place)
     client = engine.exec_command(bottle.name, command, tty=sys.stdin.isatty())
+    signals = on_stop_signals(interrupt)  # unwound: the client killed, the terminal restored
     if not sys.stdin.isatty():  # the streams byte for byte, as a pipe wants them; a terminal's shown
-        return with_shown_output(client)
-    return attached_on_terminal(client, on_stop_signals(interrupt))  # unwound: the terminal restored
+        with engine_client(client) as process, signals:
+            return process.wait()
+    return attached_on_terminal(client, signals)
