@@ -103,10 +103,12 @@ def clear_review(workspace: Path, reviewed: list[ws.Change]) -> None:
             (workspace_state_dir(workspace) / REVIEW).unlink()
 
 
-def listing(changes: list[ws.Change]) -> str:
-    lines = [f"  {printable(c.describe())}" for c in changes[:SHOWN_CHANGES]]  # one line each, whatever the name
-    if len(changes) > SHOWN_CHANGES:
-        lines.append(f"  ... and {len(changes) - SHOWN_CHANGES} more")
+def listing(changes: list[ws.Change], shown: int | None = SHOWN_CHANGES) -> str:
+    """One line per change, whatever its name; past ``shown`` a count that points to ``trust``, which lists
+    them all (``shown=None``): nothing is approved unseen."""
+    lines = [f"  {printable(c.describe())}" for c in changes[:shown]]
+    if shown is not None and len(changes) > shown:
+        lines.append(f"  ... and {len(changes) - shown} more (`claude-bottle trust` lists them all)")
     return "\n".join(lines)
 
 

@@ -181,6 +181,17 @@ def test_trust_clears_reviewed_changes(project: Path) -> None:
     trust.check(project)
 
 
+def test_trust_lists_every_change_it_clears_however_many_came_first(project: Path) -> None:
+    from claude_bottle.workspace import Change
+
+    decoys = [Change(f"a{i:03}/.git", None, "directory") for i in range(trust.SHOWN_CHANGES + 10)]
+    trust._add_review(project, [*decoys, Change("zz/.envrc", None, "file, mode 0644, 8 bytes, sha256 00")])
+    with pytest.raises(ConfigError, match=r"\.\.\. and 11 more \(`claude-bottle trust` lists them all\)"):
+        trust.check(project)  # a start and a run's end keep it short
+    code, output = invoke(project, "--yes")
+    assert code == 0 and "zz/.envrc: created" in output and " more" not in output
+
+
 @pytest.mark.parametrize("command", [["build"], ["run", "-p", "hi"], ["start"], ["verify"]])
 def test_every_command_that_reads_the_project_file_refuses_an_unapproved_one(
     project: Path, command: list[str], monkeypatch: pytest.MonkeyPatch,

@@ -29,7 +29,8 @@ def review(directory: str | None, yes: bool) -> None:
         click.echo("It sets:\n" + "\n".join(f"  {printable(line)}" for line in summary))
     if changes:
         click.echo(f"Bottles changed these files in {path}, which can run code on your machine:\n"
-                   f"{trust.listing(changes)}\nLook at them (git diff, an editor that does not run them) first.")
+                   f"{trust.listing(changes, shown=None)}\n"
+                   "Look at them (git diff, an editor that does not run them) first.")
     if not new_project and not changes:
         click.echo(f"nothing to approve in {path}")
         return
