@@ -27,6 +27,7 @@ from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import Upstream
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
+from claude_bottle.paths import workspace_state_dir
 from claude_bottle.relay import TerminalRelay
 from claude_bottle.runtime import engine, images
 from claude_bottle.runtime.engines import open_engine
@@ -89,13 +90,41 @@ def build_images(engine: Engine, agent: AgentConfig, progress: Progress,
 
 
 def workspace_of(path: str | None) -> Path:
-    workspace = Path(path or os.getcwd()).expanduser().resolve()
+    given = Path(path).expanduser().absolute() if path else _logical_cwd()
+    workspace = given.resolve()
     if not workspace.is_dir():
         raise ConfigError(f"--workspace {workspace}: not a directory")
+    _refuse_a_planted_way_out(given, workspace)
     if workspace == Path("/") or workspace == Path.home():
         raise ConfigError(f"refusing to mount {workspace} as the workspace: run from a project directory "
                           "or pass --workspace DIR")
     return workspace
+
+
+def _logical_cwd() -> Path:
+    """The current directory as the shell reached it (``$PWD``, symbolic links kept), when it is that."""
+    physical = Path(os.getcwd())
+    logical = os.environ.get("PWD", "")
+    if logical.startswith("/") and Path(logical).resolve() == physical:
+        return Path(logical)
+    return physical
+
+
+def _refuse_a_planted_way_out(given: Path, workspace: Path) -> None:
+    """Refuse a path that leaves an earlier workspace through a symbolic link in it: a bottle may have made
+    that link (``docs`` -> ``~/.ssh``), and the user who follows it would mount its target into the next one."""
+    parts = given.parts
+    for depth in range(2, len(parts) + 1):
+        link = Path(*parts[:depth])
+        if not link.is_symlink():
+            continue
+        parent = link.parent.resolve()
+        target = link.resolve()
+        for earlier in (parent, *parent.parents):
+            if workspace_state_dir(earlier).is_dir() and not target.is_relative_to(earlier):
+                raise ConfigError(
+                    f"{given} goes through {link}, a symbolic link that leaves {earlier}: bottles have run in "
+                    f"that workspace and could have made it. If you mean its target, pass --workspace {workspace}")
 
 
 @dataclass(frozen=True)

@@ -261,3 +261,29 @@ def test_the_empty_git_directory_made_for_the_mount_is_removed(project: Path) ->
     (project / ".git").mkdir()  # what the engine does on the host for the read-only mount
     assert watch.end(print) == []
     assert not (project / ".git").exists()
+
+
+def test_a_link_out_of_an_earlier_workspace_is_not_followed_into_the_next(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from claude_bottle.launch import workspace_of
+
+    keys = tmp_path / "home" / ".ssh"
+    keys.mkdir(parents=True)
+    (project / "src" / "docs").symlink_to(keys)  # what a bottle may leave behind
+    (project / "current").symlink_to(project / "src")
+    watch = trust.Watch(project, "t-link")
+    watch.begin()
+    watch.end(lambda _: None)  # a run has been here
+    monkeypatch.chdir(project / "src" / "docs")
+    monkeypatch.setenv("PWD", str(project / "src" / "docs"))  # the shell followed the link
+    with pytest.raises(ConfigError, match=rf"goes through {project}/src/docs, a symbolic link that leaves "
+                                          rf"{project}.*pass --workspace {keys}"):
+        workspace_of(None)
+    with pytest.raises(ConfigError, match="a symbolic link that leaves"):
+        workspace_of(str(project / "src" / "docs"))
+    assert workspace_of(str(keys)) == keys  # named as itself, it is the user's choice
+    assert workspace_of(str(project / "current")) == project / "src"  # a link that stays inside
+    monkeypatch.setenv("PWD", "/elsewhere")  # a $PWD that is not the current directory is not read
+    assert workspace_of(None) == keys
+    (tmp_path / "code").symlink_to(project)
+    assert workspace_of(str(tmp_path / "code")) == project  # the way in to a workspace, from outside it
