@@ -54,15 +54,15 @@ class TerminalText:
         return text if text.isprintable() else "".join(map(_prose, text))
 
 
-# What a terminal interface needs, and nothing that reaches past the screen. Claude Code draws with cursor
-# moves, colours, modes (the alternate screen, bracketed paste, focus and mouse reports, synchronized output),
-# keyboard protocol settings and queries whose answers are fixed (its version, device attributes); it names
-# the window (OSC 0-2), links (OSC 8), sets or asks colours (OSC 4, 10-19, 104, 110-119) and shows progress
-# (OSC 9;4). Everything else is dropped: the clipboard (OSC 52, iTerm2's 1337), file transfers (kitty's 5113,
-# its graphics' APC, which reads a host file by name), device control strings (a tmux passthrough carries any
-# of these to the terminal around it; DECRQSS), the window's title or size reported back as typed input
-# (CSI t), printing (CSI i), the encoding switched (ESC %: in Latin-1 a character's second byte is a C1
-# control), the answerback (ENQ) and any other control character.
+# What a terminal interface needs, and nothing that reaches past the screen. Claude Code draws with cursor moves,
+# colours, modes (the alternate screen, bracketed paste, focus and mouse reports, synchronized output), keyboard
+# protocol settings and queries whose answers are fixed (its version, device attributes); it names the window (OSC
+# 0-2), links to web pages and files (OSC 8), sets or asks colours (OSC 4, 10-19, 104, 110-119) and shows progress
+# (OSC 9;4). Everything else is dropped: the clipboard (OSC 52, iTerm2's 1337), file transfers (kitty's 5113, its
+# graphics' APC, which reads a host file by name), device control strings (a tmux passthrough carries any of these to
+# the terminal around it; DECRQSS), the window's title or size reported back as typed input (CSI t), printing (CSI
+# i), the encoding switched (ESC %: in Latin-1 a character's second byte is a C1 control), the answerback (ENQ) and
+# any other control character.
 _SPECIAL = re.compile(r"[\x00-\x06\x0b\x0c\x10-\x1f\x7f-\x9f]")
 _SEQUENCE = re.compile(
     r"(?:\x1b\[|\x9b)(?P<params>[0-?]*)(?P<inter>[ -/]*)(?P<final>[@-~])"  # CSI
@@ -73,6 +73,9 @@ _PARTIAL = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*|(?:\x1b\]|\x9d)[^\x00-\x1f\x
 _STRING_END = re.compile(r"\x1b\\?|[\x9c\x18\x1a]")  # ST, CAN, SUB; a lone ESC ends it too (and begins anew)
 _OSC_END = re.compile(r"\x1b\\?|[\x07\x9c\x18\x1a]")
 _OSC_ALLOWED = frozenset({"0", "1", "2", "4", "8", *map(str, range(10, 20)), "104", *map(str, range(110, 120))})
+# A link's target: a web page or a file, which a click opens in a viewer; never a scheme that makes an
+# application act (``vscode://`` runs an extension's command, ``ssh:`` connects) behind text the bottle chose.
+_LINK_TARGET = re.compile(r"(?i)(?:https?|file):|$")
 _ESC_ALLOWED = re.compile(r"[78=>DEHMNOc]|[()*+][ -/]*[0-~]")
 _HELD_AT_MOST = 8192  # characters of an unfinished sequence waiting for its rest; past it, dropped
 
@@ -86,6 +89,8 @@ def interface_sequence(match: re.Match[str]) -> str:
         return f"\x1b[{params}{inter}{final}"
     if (text := match["osc"]) is not None:
         number = text.split(";", 1)[0]
+        if number == "8" and not _LINK_TARGET.match(text.split(";", 2)[-1]):
+            return ""
         if number in _OSC_ALLOWED or text.startswith("9;4;"):
             return f"\x1b]{text}" + ("\x07" if match["end"] == "\x07" else "\x1b\\")
         return ""

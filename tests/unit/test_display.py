@@ -84,6 +84,8 @@ def test_an_interface_s_sequences_reach_the_terminal_as_written_whatever_its_rea
     b"\x1bX" + b"x" * 10000 + b"\x1b\\",  # SOS
     b"\x1b]7;file://host/etc\x07",  # a working directory for the next tab
     b"\x1b]777;notify;a;b\x07",
+    b"\x1b]8;;vscode://vscode.git/clone?url=x\x1b\\",  # a link that makes an application act
+    b"\x1b]8;id=1;ssh://host\x07",
 ])
 def test_what_reaches_past_the_screen_is_dropped_whatever_its_reads(attack: bytes) -> None:
     written = b"before " + attack + b" after\r\n"
