@@ -73,9 +73,10 @@ _PARTIAL = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*|(?:\x1b\]|\x9d)[^\x00-\x1f\x
 _STRING_END = re.compile(r"\x1b\\?|[\x9c\x18\x1a]")  # ST, CAN, SUB; a lone ESC ends it too (and begins anew)
 _OSC_END = re.compile(r"\x1b\\?|[\x07\x9c\x18\x1a]")
 _OSC_ALLOWED = frozenset({"0", "1", "2", "4", "8", *map(str, range(10, 20)), "104", *map(str, range(110, 120))})
-# A link's target: a web page or a file, which a click opens in a viewer; never a scheme that makes an
-# application act (``vscode://`` runs an extension's command, ``ssh:`` connects) behind text the bottle chose.
-_LINK_TARGET = re.compile(r"(?i)(?:https?|file):|$")
+# A link's target: a web page or a local file, which a click opens in a viewer; never a scheme that makes an
+# application act (``vscode://`` runs an extension's command, ``ssh:`` connects) or a file on another host (on
+# Windows ``file://host/share`` signs in to that host) behind text the bottle chose.
+_LINK_TARGET = re.compile(r"(?i)(?:https?://|file:///|file://localhost/)|$")
 _ESC_ALLOWED = re.compile(r"[78=>DEHMNOc]|[()*+][ -/]*[0-~]")
 _HELD_AT_MOST = 8192  # characters of an unfinished sequence waiting for its rest; past it, dropped
 

@@ -86,6 +86,7 @@ def test_an_interface_s_sequences_reach_the_terminal_as_written_whatever_its_rea
     b"\x1b]777;notify;a;b\x07",
     b"\x1b]8;;vscode://vscode.git/clone?url=x\x1b\\",  # a link that makes an application act
     b"\x1b]8;id=1;ssh://host\x07",
+    b"\x1b]8;;file://host/share\x07",  # a file on another host (Windows signs in to it)
 ])
 def test_what_reaches_past_the_screen_is_dropped_whatever_its_reads(attack: bytes) -> None:
     written = b"before " + attack + b" after\r\n"
