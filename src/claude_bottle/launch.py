@@ -18,7 +18,7 @@ from types import FrameType
 from typing import IO, Any, TextIO
 
 from claude_bottle import trust, workspace
-from claude_bottle.agent.mounts import check_mounts
+from claude_bottle.agent.mounts import Mount, check_mounts
 from claude_bottle.agent.schema import AgentConfig, McpServer
 from claude_bottle.claude_code import LATEST
 from claude_bottle.credentials import Credential
@@ -72,6 +72,20 @@ def build_inputs(agent: AgentConfig, environ: dict[str, str] | None = None,
         extra_ca_files=tuple(dict.fromkeys(from_host + listed)),
         extra_packages=agent.extra_packages,
     )
+
+
+def check_ca_files(inputs: images.BuildInputs, workspace: Path, mounts: tuple[Mount, ...] = ()) -> None:
+    """No CA certificate the images, the gate and the host trust may lie where the bottle writes (by its real
+    path: a symlink or a relative path too): the workspace and the agent's writable mounts. The bottle would add a
+    CA of its own there for the next run."""
+    writable = [(Path(os.path.realpath(workspace)), "the workspace"),
+                *((mount.source, f"the writable mount {mount.origin}") for mount in mounts if not mount.read_only)]
+    for path in inputs.extra_ca_files:
+        real = Path(os.path.realpath(path))
+        for place, what in writable:
+            if real.is_relative_to(place):
+                raise ConfigError(f"extra CA certificate {path} lies in {what} ({place}), which the bottle can "
+                                  "write: keep it elsewhere (docs/engines.md#tls-inspection)")
 
 
 def build_images(engine: Engine, agent: AgentConfig, progress: Progress,
@@ -236,6 +250,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         agent = launch.agent
         trust.check(launch.workspace)
         check_mounts(agent.mounts, launch.workspace)
+        check_ca_files(build_inputs(agent), launch.workspace, agent.mounts)
         user = bottle_user(os.getuid(), os.getgid(), launch.workspace)
         found = workspace.protected_paths(launch.workspace)
         protective_mounts(launch.workspace, found[0])  # a .git that cannot be mounted safely fails here

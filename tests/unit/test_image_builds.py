@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from claude_bottle import launch
+from claude_bottle.agent.mounts import Mount
 from claude_bottle.agent.schema import AgentConfig, parse_agent
 from claude_bottle.credentials import Credential
-from claude_bottle.errors import DockerError
+from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
 from claude_bottle.launch import build_images
 from claude_bottle.runtime import images
@@ -147,3 +148,40 @@ def test_a_runs_automatic_build_goes_through_the_runs_proxy(
     with pytest.raises(DockerError, match="stop after the build"), launch.started(run, lambda line: None):
         pass
     assert asked == [proxy]
+
+
+@pytest.mark.parametrize("how", ["agent", "variable", "mount"])
+def test_a_ca_certificate_where_the_bottle_writes_is_refused_before_anything_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str,
+) -> None:
+    """The bottle writes the workspace and its writable mounts: a CA certificate there would be its choice of whom
+    the next run's gate, images and host trust (a CA of its own added to the file). Named by the agent, or by a
+    relative path in $CLAUDE_BOTTLE_EXTRA_CA_CERTS resolved in the workspace (the drop-in's current directory)."""
+    built: list[AgentConfig] = []
+
+    def recording(engine: object, agent: AgentConfig, *rest: object) -> None:
+        built.append(agent)
+        raise DockerError("the images were built")
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(launch, "open_engine", FakeEngine)
+    monkeypatch.setattr(launch, "build_images", recording)
+    project, shared = tmp_path / "project", tmp_path / "shared"
+    project.mkdir()
+    project.chmod(0o777)  # the bottle's user may write it whoever runs the test
+    folder = shared if how == "mount" else project / "certs"
+    folder.mkdir()
+    (folder / "corp.crt").write_bytes(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    agent = AgentConfig(extra_ca_certificates=(folder / "corp.crt",))
+    if how == "variable":
+        agent = AgentConfig()
+        monkeypatch.chdir(project)
+        monkeypatch.setenv(launch.EXTRA_CA_VARIABLE, "certs/corp.crt")
+    elif how == "mount":
+        agent = AgentConfig(extra_ca_certificates=(folder / "corp.crt",),
+                            mounts=(Mount(shared, "/shared", False, "dev.toml: mounts[0].source"),))
+    run = launch.Launch(agent, project, Credential.parse(make_token(), "t"))
+    with pytest.raises(ConfigError, match="which the bottle can write") as caught, \
+            launch.started(run, lambda line: None):
+        pass
+    assert "corp.crt" in str(caught.value) and built == []
