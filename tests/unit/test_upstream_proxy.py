@@ -111,7 +111,7 @@ def test_doctor_names_the_proxy_and_whether_the_api_answers_through_it() -> None
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     ok, line = upstream_proxy_check({"HTTPS_PROXY": f"http://u:secret@127.0.0.1:{port}"}, timeout=3)
-    assert not ok and f"cannot reach the upstream proxy http://u@127.0.0.1:{port}" in line and "secret" not in line
+    assert not ok and f"upstream proxy: http://u@127.0.0.1:{port}: cannot reach the upstream proxy http://127.0.0.1:{port}" in line and "secret" not in line
     assert "a proxy on the host's loopback is not reachable from the gate's container" in line
 
     server = socket.create_server(("127.0.0.1", 0))

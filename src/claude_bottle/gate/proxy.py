@@ -160,7 +160,7 @@ async def proxy_exchange(conn: HttpConnection, request: Request, record: AuditRe
     proxy = ctx.dialer.via(target.host) if method != "CONNECT" else None
     if method == "TRACE" and proxy is not None and proxy.authorization is not None:
         # The proxy, or a server it hands the header on to, answers a TRACE with the request it received.
-        raise Refused(405, f"TRACE through the upstream proxy {proxy.url} would carry its credentials, which "
+        raise Refused(405, f"TRACE through the upstream proxy {proxy.address} would carry its credentials, which "
                            "the answer echoes (RFC 9110 9.3.8): the gate sends no TRACE there")
     if not ctx.tunnels.take():
         raise Refused(503, f"too many concurrent tunnels (limit {ctx.tunnels.limit})")

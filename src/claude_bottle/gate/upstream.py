@@ -101,7 +101,7 @@ class Dialer:
             async with asyncio.timeout(self.timeout):
                 return await open_http(proxy.host, proxy.port)
         except TimeoutError:
-            raise UpstreamSide(504, f"the upstream proxy {proxy.url} did not answer within {self.timeout:g}s"
+            raise UpstreamSide(504, f"the upstream proxy {proxy.address} did not answer within {self.timeout:g}s"
                                ) from None
         except OSError as exc:
             raise unreachable(proxy, exc) from None
@@ -116,7 +116,7 @@ class Dialer:
         except TimeoutError:
             if sock is not None:
                 sock.close()
-            raise UpstreamSide(504, f"no connection to {name}:{port} through the upstream proxy {proxy.url} within "
+            raise UpstreamSide(504, f"no connection to {name}:{port} through the upstream proxy {proxy.address} within "
                                     f"{self.timeout:g}s") from None
         except OSError as exc:  # TLS with the destination, through the tunnel
             if sock is not None:

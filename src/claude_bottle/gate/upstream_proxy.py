@@ -65,9 +65,15 @@ class UpstreamProxy:
 
     @property
     def url(self) -> str:
-        """The proxy's URL without its password: safe for messages, arguments and the audit."""
+        """The proxy's URL without its password: the gate's argument, and what the host shows."""
         user = f"{quote(self.username, safe='')}@" if self.username else ""
         return f"http://{user}{_bracketed(self.host)}:{self.port}"
+
+    @property
+    def address(self) -> str:
+        """The proxy's URL without its credentials: what failures name, for they reach the bottle too (the user
+        name is half of the credentials, and often a person's login)."""
+        return f"http://{_bracketed(self.host)}:{self.port}"
 
     def environment(self) -> dict[str, str]:
         """The proxy variables (both spellings) that curl, apt, npm and pip read, WITH the password: only for
@@ -141,7 +147,7 @@ async def open_tunnel(proxy: UpstreamProxy, host: str, port: int) -> socket.sock
         return sock
     except OSError as exc:
         sock.close()
-        raise UpstreamSide(502, f"the upstream proxy {proxy.url} dropped the connection: {exc.strerror or exc}"
+        raise UpstreamSide(502, f"the upstream proxy {proxy.address} dropped the connection: {exc.strerror or exc}"
                            ) from None
     except BaseException:
         sock.close()
@@ -154,17 +160,17 @@ def unreachable(proxy: UpstreamProxy, exc: OSError) -> UpstreamSide:
     hint = ("; a proxy on the host's loopback is not reachable from the gate's container: give an address the "
             "containers reach, or --upstream-proxy none") if proxy.host == "localhost" or (
                 address is not None and address.is_loopback) else ""
-    return UpstreamSide(502, f"cannot reach the upstream proxy {proxy.url}: {exc.strerror or exc}{hint}")
+    return UpstreamSide(502, f"cannot reach the upstream proxy {proxy.address}: {exc.strerror or exc}{hint}")
 
 
 def refusal(proxy: UpstreamProxy, status: int, reason: str, request: str) -> UpstreamSide:
     """The proxy answered ``request`` with a non-success ``status``: what the user must know."""
     if status == 407:
         given = "refused the credentials" if proxy.username else "requires credentials and none were given"
-        return UpstreamSide(502, f"the upstream proxy {proxy.url} {given} (407 Proxy Authentication Required): "
+        return UpstreamSide(502, f"the upstream proxy {proxy.address} {given} (407 Proxy Authentication Required): "
                                  "set USER:PASSWORD in its URL, or USER in it and the password with "
                                  "`claude-bottle login proxy`")
-    return UpstreamSide(502, f"the upstream proxy {proxy.url} refused {request}: {status} {reason}".rstrip())
+    return UpstreamSide(502, f"the upstream proxy {proxy.address} refused {request}: {status} {reason}".rstrip())
 
 
 async def _connect(host: str, port: int) -> socket.socket:
@@ -193,10 +199,10 @@ async def _answer(loop: asyncio.AbstractEventLoop, sock: socket.socket, proxy: U
     head = bytearray()
     while not head.endswith(b"\r\n\r\n"):
         if len(head) >= MAX_ANSWER_BYTES:
-            raise UpstreamSide(502, f"the upstream proxy {proxy.url} sent an overlong answer to CONNECT")
+            raise UpstreamSide(502, f"the upstream proxy {proxy.address} sent an overlong answer to CONNECT")
         byte = await loop.sock_recv(sock, 1)
         if not byte:
-            raise UpstreamSide(502, f"the upstream proxy {proxy.url} closed the connection before answering "
+            raise UpstreamSide(502, f"the upstream proxy {proxy.address} closed the connection before answering "
                                     "CONNECT")
         head += byte
     return bytes(head)
@@ -207,7 +213,7 @@ def _status(head: bytes, proxy: UpstreamProxy) -> tuple[int, str]:
     version, _, rest = line.partition(" ")
     code, _, reason = rest.partition(" ")
     if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
-        raise UpstreamSide(502, f"the upstream proxy {proxy.url} answered CONNECT with {line[:80]!r}")
+        raise UpstreamSide(502, f"the upstream proxy {proxy.address} answered CONNECT with {line[:80]!r}")
     return int(code), reason.strip()
 
 
