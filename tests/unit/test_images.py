@@ -64,6 +64,8 @@ def test_gate_context_holds_this_package_and_pinned_requirements() -> None:
 @pytest.mark.parametrize(("inputs", "words"), [
     (BuildInputs(extra_packages=("git; rm -rf /",)), "is not a Debian package name"),
     (BuildInputs(extra_packages=("",)), "is not a Debian package name"),
+    (BuildInputs(extra_packages=("-oDPkg::Pre-Invoke::=touch",)), "is not a Debian package name"),  # an apt option
+    (BuildInputs(extra_packages=("curl\u0662",)), "is not a Debian package name"),
     (BuildInputs(extra_ca_files=(Path("/nonexistent.crt"),)), "extra CA certificate /nonexistent.crt"),
 ])
 def test_bad_inputs_are_refused(inputs: BuildInputs, words: str) -> None:

@@ -146,10 +146,16 @@ def _context_file(name: str) -> bytes:
     return resources.files("claude_bottle.runtime").joinpath(f"dockerfiles/{name}").read_bytes()
 
 
+# A name, with an architecture (``:arm64``) or a version (``=1.2-3``) if wanted. Never a leading ``-``: apt-get
+# reads that as its own option (``-oDPkg::Pre-Invoke::=...`` runs a command in the build).
+_DEBIAN_PACKAGE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9+.:=~-]*", re.ASCII)
+
+
 def bottle_spec(inputs: BuildInputs) -> ImageSpec:
     for package in inputs.extra_packages:
-        if not package or not all(c.isalnum() or c in "+-.:=~" for c in package):
-            raise ConfigError(f"extra package {package!r} is not a Debian package name")
+        if not _DEBIAN_PACKAGE.fullmatch(package):
+            raise ConfigError(f"extra package {package!r} is not a Debian package name (a letter or digit, then "
+                              "letters, digits and + - . : = ~)")
     return ImageSpec(
         "bottle",
         {"Dockerfile": _context_file("bottle.Dockerfile"), "bottle-entry.sh": _context_file("bottle-entry.sh"),
