@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import gzip
+import re
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -55,7 +56,8 @@ class FakeProxy:
     authorizations: list[str] = field(default_factory=list)
     heads: list[dict[str, str]] = field(default_factory=list)  # each request's headers, names in lower case
     # Plain HTTP answered by the proxy itself with the request it received, as a TRACE's answer or a debugging
-    # error page would: "received" as is, "gzip" the same compressed, "decoded" with the Basic pair decoded.
+    # error page would: "received" as is, "gzip" the same compressed, "decoded" with the Basic pair decoded,
+    # "decoded only" the pair decoded in place of the header's value.
     echo: str = ""
     port: int = 0
     _server: asyncio.Server | None = None
@@ -113,9 +115,11 @@ class FakeProxy:
 
 def _echoed(head: str, how: str) -> bytes:
     """A proxy's own answer holding the request head it received (see ``FakeProxy.echo``)."""
-    if how == "decoded":
-        pair = head.split("Proxy-Authorization: Basic ", 1)[1].split("\r\n", 1)[0]
-        head += f"(as user:password: {base64.b64decode(pair).decode()})"
+    if how in ("decoded", "decoded only"):
+        encoded = re.search(r"(?i)\r\nproxy-authorization: basic ([^\r]+)", head)[1]  # type: ignore[index]
+        if how == "decoded only":
+            head = head.replace(encoded, "(hidden)")
+        head += f"(as user:password: {base64.b64decode(encoded).decode()})"
     body, coding = head.encode(), ""
     if how == "gzip":
         body, coding = gzip.compress(body), "Content-Encoding: gzip\r\n"
@@ -185,24 +189,28 @@ async def test_plain_http_goes_to_the_proxy_in_absolute_form(make_gate: GateFact
     assert asked(proxy) == [f"GET http://allowed.test:{port}/page HTTP/1.1"]
 
 
-@pytest.mark.parametrize("echo", ["received", "gzip", "decoded"])
+@pytest.mark.parametrize(("echo", "password"), [("received", PASSWORD), ("gzip", PASSWORD), ("decoded", PASSWORD),
+                                                ("decoded only", "Winter2026!")])
 async def test_a_proxy_echoing_its_credentials_never_hands_them_to_the_client(
-        make_gate: GateFactory, proxy: FakeProxy, echo: str) -> None:
+        make_gate: GateFactory, proxy: FakeProxy, echo: str, password: str) -> None:
     """The proxy answers a plain-HTTP request with the request it received, its Proxy-Authorization included:
-    the answer is refused, whether the credentials come as sent, compressed, or decoded."""
-    proxy.echo = echo
-    pair = base64.b64encode(f"{USER}:{PASSWORD}".encode())
+    the answer is refused, whether the credentials come as sent, compressed, or decoded (a password too short
+    to be searched for alone is found with its user name)."""
+    proxy.echo, proxy.password = echo, password
+    pair = base64.b64encode(f"{USER}:{password}".encode())
     async with make_gate(allow=("allowed.test:8080",), allow_private=LOOPBACK, resolver=resolver(),
-                         upstream_proxy=proxy.setting()) as gate:
+                         upstream_proxy=proxy.setting(password)) as gate:
         response = await exchange(gate.proxy, b"GET http://allowed.test:8080/ HTTP/1.1\r\nHost: allowed.test:8080\r\n"
                                               b"Accept-Encoding: gzip, br\r\n\r\n", 3)
         await eventually(gate.records, what="the audit record")
     assert asked(proxy) == ["GET http://allowed.test:8080/ HTTP/1.1"]
-    assert pair not in response and PASSWORD.encode() not in response and b"Basic" not in response, response
-    assert parse_head(response)[0] == 502
+    assert pair not in response and password.encode() not in response and b"Basic" not in response, response
+    assert parse_head(response)[0] == 502, response
     assert proxy.heads[-1]["accept-encoding"] == "identity", "the client's codings were passed on"
     (record,) = gate.records()
-    assert record["side"] == "upstream" and PASSWORD not in str(record)
+    assert record["side"] == "upstream" and password not in str(record), record
+    refusal = "an encoded body" if echo == "gzip" else "response carried a credential the gate injects"
+    assert refusal in record["reason"], record  # refused for what it carried, not a proxy that failed
 
 
 async def test_a_trace_never_carries_the_proxys_credentials(make_gate: GateFactory, proxy: FakeProxy) -> None:

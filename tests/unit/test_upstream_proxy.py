@@ -23,9 +23,11 @@ def test_without_credentials_no_authorization_and_port_80_by_default() -> None:
 
 
 @pytest.mark.parametrize(("url", "sent"), [
-    ("http://jsmith:a-long-proxy-password@proxy", ("anNtaXRoOmEtbG9uZy1wcm94eS1wYXNzd29yZA==", "a-long-proxy-password")),
-    ("http://jsmith:Winter2026!@proxy", ("anNtaXRoOldpbnRlcjIwMjYh",)),  # the password alone is too short
+    ("http://jsmith:a-long-proxy-password@proxy", ("anNtaXRoOmEtbG9uZy1wcm94eS1wYXNzd29yZA==",
+                                                   "jsmith:a-long-proxy-password", "a-long-proxy-password")),
+    ("http://jsmith:Winter2026!@proxy", ("anNtaXRoOldpbnRlcjIwMjYh", "jsmith:Winter2026!")),  # the password: too short
     ("http://a:b@proxy", ()), ("http://proxy", ()),
+    ("http://a-long-user-name-only@proxy", ("YS1sb25nLXVzZXItbmFtZS1vbmx5Og==",)),  # no password: no pair
 ])
 def test_the_values_answers_are_searched_for_are_those_long_enough(url: str, sent: tuple[str, ...]) -> None:
     """What a plain-HTTP answer through the proxy must not carry (gate/proxy.py), and the audit never shows."""

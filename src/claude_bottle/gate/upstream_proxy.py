@@ -101,11 +101,13 @@ class UpstreamProxy:
 
     def sent(self) -> tuple[str, ...]:
         """What of the credentials a proxy or server echoing a plain-HTTP request's headers would hand back: the
-        encoded pair as sent, and the password. Only values of at least ``MIN_SECRET_BYTES``: the answers are
-        searched for them, and a shorter one would be found in ordinary answers by chance."""
+        encoded pair as sent, the pair decoded (a page that shows what it was sent decodes it), and the password.
+        Only values of at least ``MIN_SECRET_BYTES``: the answers are searched for them, and a shorter one would
+        be found in ordinary answers by chance."""
         if self.authorization is None:
             return ()
-        values = (self.authorization.decode().split(" ", 1)[1], self.password)
+        pair = f"{self.username}:{self.password}" if self.password else ""
+        values = (self.authorization.decode().split(" ", 1)[1], pair, self.password)
         return tuple(value for value in values if len(value.encode()) >= MIN_SECRET_BYTES)
 
     def bypasses(self, host: str) -> bool:
