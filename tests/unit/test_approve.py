@@ -39,6 +39,29 @@ def test_the_board_lists_questions_in_order_and_drops_those_decided_elsewhere() 
     assert board.current() is None and "no request is waiting" in board.render(12.0)
 
 
+# A name as long as DNS allows (253 characters) whose first labels are a host the user trusts: cut where the
+# row or the line ends, the domain it is in (the part that decides where the data goes) and the port vanish.
+LONG_HOST = "registry.npmjs.org." + ".".join(["mirror-cache-edge-node-0123456789-us-east-1"] * 4) + ".exfil.example"
+
+
+def test_a_long_destination_is_shown_whole_in_the_list_and_only_its_path_is_cut() -> None:
+    assert len(LONG_HOST) <= 253
+    board = Board("dev-1234", "dev")
+    board.apply(asked("q1", LONG_HOST, 8443, kind="http", method="POST", path="/" + "p" * 500), 0.0)
+    screen = board.render(1.0)
+    assert f"> {LONG_HOST}:8443…  waited 1s" in screen  # no room left for the path: the name fills the row
+    assert "p" * 300 not in screen
+
+
+def test_a_long_destination_is_shown_whole_in_the_line_mode() -> None:
+    board = Board("dev-1234", "dev")
+    added = board.apply(asked("q1", LONG_HOST, 8443, kind="http", method="GET", path="/" + "p" * 500), 0.0)
+    assert added is not None
+    line = approve.asked_line(board, added)
+    assert line.startswith(f"asked q1 dev-1234 {LONG_HOST}:8443 GET /ppp") and line.endswith(" waited 0s\n")
+    assert "p" * 300 not in line
+
+
 def test_keys_keep_arrows_whole() -> None:
     assert list(keys_of("j\x1b[Ak\x1bOBaq")) == ["j", "\x1b[A", "k", "\x1bOB", "a", "q"]
 

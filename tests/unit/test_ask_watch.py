@@ -35,6 +35,14 @@ def test_a_bottle_chosen_path_is_shown_without_control_characters() -> None:
     assert "\x1b" not in question.summary() and "\n" not in question.summary()
 
 
+def test_a_long_destination_is_shown_whole_and_only_the_path_is_cut() -> None:
+    host = "pypi.org." + ".".join(["files-mirror-cache-edge-node-0123456789-us-east-1"] * 4) + ".exfil.example"
+    question = Asked("q", host, 8443, "http", "GET", "/" + "x" * 1000)
+    assert question.summary().startswith(f"{host}:8443 GET /xxx")
+    assert len(question.summary()) < len(host) + 300
+    assert Asked("q", host, 8443).summary() == f"{host}:8443"
+
+
 @pytest.mark.parametrize("code, output, answer", [
     (0, b"", "allow-once"),
     (0, b"\n", "allow-once"),

@@ -73,15 +73,20 @@ class Board:
         return asked.waited + now - self.questions[asked.id][1]
 
     def render(self, now: float, width: int = 100) -> str:
-        """The screen: a header with the keys, one row per question (the selected one marked), the status."""
+        """The screen: a header with the keys, one row per question (the selected one marked), the status. A
+        row longer than ``width`` has its method and path cut, never its destination (ask_watch.Asked)."""
+        from claude_bottle.display import printable
+
         lines = [f"claude-bottle approve: run {self.run} (agent {self.agent})",
                  "a allow once  A allow always  d deny once  D deny always  j/k select  q quit", ""]
         if not self.questions:
             lines.append("  no request is waiting")
         for i, (asked, _) in enumerate(self.questions.values()):
             mark = ">" if i == self.selected else " "
-            shared = f" ({asked.waiting} requests)" if asked.waiting > 1 else ""
-            lines.append(f"{mark} {asked.summary()}{shared}  waited {self.waited(asked, now):.0f}s"[:width])
+            target = printable(asked.target)
+            tail = (f" ({asked.waiting} requests)" if asked.waiting > 1 else "") + \
+                f"  waited {self.waited(asked, now):.0f}s"
+            lines.append(f"{mark} {target}{asked.request(width - 2 - len(target) - len(tail))}{tail}")
         lines += ["", self.status[:width]]
         return "\x1b[H\x1b[2J" + "\r\n".join(lines) + "\r\n"
 
@@ -196,11 +201,10 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
 
 
 def asked_line(board: Board, asked: Asked) -> str:
-    request = f" {asked.method} {asked.path}" if asked.kind == "http" else ""
+    """A question in the line mode: its destination whole, its method and path cut (ask_watch.Asked)."""
     from claude_bottle.display import printable
-    from claude_bottle.runtime.ask_watch import SHOWN
 
-    return printable(f"asked {asked.id} {board.run} {asked.target}{request} waited {asked.waited:.0f}s", SHOWN) + "\n"
+    return f"{printable(f'asked {asked.id} {board.run}')} {asked.summary()} waited {asked.waited:.0f}s\n"
 
 
 def typed_answer(channel: Channel, board: Board, line: str, save: Save) -> str:

@@ -86,8 +86,16 @@ class Asked:
 
     def summary(self) -> str:
         """One line for people: the destination, and for plain HTTP the method and path."""
-        request = f" {self.method or ''} {self.path or ''}".rstrip() if self.kind == "http" else ""
-        return printable(f"{self.target}{request}", SHOWN)
+        return printable(self.target) + self.request()
+
+    def request(self, limit: int = SHOWN) -> str:
+        """For plain HTTP, `` METHOD PATH`` as shown, cut to ``limit`` characters ("…" marks the cut); else "".
+        Only this is ever cut, never the destination: the gate takes a name of at most 253 characters, and the
+        end of a long one (``pypi.org.<padding>.attacker.example``) is the domain it is in."""
+        if self.kind != "http":
+            return ""
+        text = printable(f" {self.method or ''} {self.path or ''}".rstrip())
+        return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
     def description(self, run: str, agent: str, timeout: float) -> dict[str, Any]:
         """What a hook reads on its standard input."""
