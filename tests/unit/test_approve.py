@@ -33,8 +33,11 @@ def test_the_board_lists_questions_in_order_and_drops_those_decided_elsewhere() 
     assert "  one.example:443  waited 10s" in screen
     assert "> two.example:80 GET /x (3 requests)  waited 14s" in screen
     board.apply({"event": "decided", "id": "q2", "answer": "deny-once", "by": "hook"}, 11.0)
-    assert board.current() == Asked("q1", "one.example", 443) and board.selected == 0
+    assert board.current() is None  # the selected one went: nothing is, until the user moves
     assert board.status == "two.example:80 GET /x: deny-once by hook"
+    assert "two.example:80 GET /x: deny-once by hook; j/k selects another request" in board.render(11.0)
+    board.move(-1)
+    assert board.current() == Asked("q1", "one.example", 443) and board.selected == 0
     board.apply({"event": "decided", "id": "q1", "answer": "allow-once", "by": "timeout"}, 11.0)
     assert board.current() is None and "no request is waiting" in board.render(12.0)
 
@@ -60,6 +63,25 @@ def test_a_long_destination_is_shown_whole_in_the_line_mode() -> None:
     line = approve.asked_line(board, added)
     assert line.startswith(f"asked q1 dev-1234 {LONG_HOST}:8443 GET /ppp") and line.endswith(" waited 0s\n")
     assert "p" * 300 not in line
+
+
+def test_the_selection_never_moves_to_another_request_on_its_own() -> None:
+    # The bottle ends a question when it likes (its held requests go away): the key the user is pressing for
+    # the selected request must not answer the one that slid into its place.
+    board = Board("dev-1234", "dev")
+    for question, host in (("q1", "first.example"), ("q2", "pypi.org"), ("q3", "exfil.example")):
+        board.apply(asked(question, host), 0.0)
+    board.move(1)
+    board.apply({"event": "decided", "id": "q1", "answer": "deny-once", "by": "gone"}, 1.0)
+    assert board.current() == Asked("q2", "pypi.org", 443)
+    assert "> pypi.org:443" in board.render(1.0)
+    board.apply({"event": "decided", "id": "q2", "answer": "deny-once", "by": "gone"}, 2.0)
+    assert board.current() is None and "> " not in board.render(2.0)
+    board.apply({"event": "decided", "id": "q3", "answer": "deny-once", "by": "gone"}, 3.0)
+    board.apply(asked("q4", "exfil.example"), 3.0)
+    assert board.current() is None  # nor to one asked after it
+    board.move(0)
+    assert board.current() == Asked("q4", "exfil.example", 443)
 
 
 def test_keys_keep_arrows_whole() -> None:

@@ -39,13 +39,17 @@ MAX_PENDING_BYTES = 1 << 20  # a watch line is far shorter: more without a newli
 @dataclass
 class Board:
     """What ``approve`` shows: the run's questions in the order they came (each with when it was seen here),
-    the selected one, and the last outcome."""
+    the selected one, and the last outcome. The selection stays on its question while others come and go; once
+    that question leaves the list otherwise than by an answer from here (answered elsewhere, timed out, or
+    withdrawn, which the bottle does when it likes), nothing is selected until the user moves (``lost``): a key
+    pressed for it must not answer the question that slid into its place."""
 
     run: str
     agent: str
     questions: dict[str, tuple[Asked, float]] = field(default_factory=dict)
     selected: int = 0
     status: str = ""
+    lost: bool = False
 
     def apply(self, event: dict[str, Any], now: float) -> Asked | None:
         """Take one watch event in; the question it adds, if new."""
@@ -57,16 +61,22 @@ class Board:
                 self.questions[asked.id] = (asked, now)
                 return asked
         elif event.get("event") == "decided" and str(event.get("id")) in self.questions:
+            at = list(self.questions).index(str(event.get("id")))
             asked, _ = self.questions.pop(str(event.get("id")))
             self.status = printable(f"{asked.summary()}: {event.get('answer')} by {event.get('by')}", SHOWN)
+            if at < self.selected:
+                self.selected -= 1
+            elif at == self.selected:
+                self.lost = True
             self.selected = min(self.selected, max(0, len(self.questions) - 1))
         return None
 
     def current(self) -> Asked | None:
         ordered = list(self.questions.values())
-        return ordered[self.selected][0] if ordered else None
+        return ordered[self.selected][0] if ordered and not self.lost else None
 
     def move(self, delta: int) -> None:
+        self.lost = False
         self.selected = max(0, min(len(self.questions) - 1, self.selected + delta))
 
     def waited(self, asked: Asked, now: float) -> float:
@@ -82,12 +92,13 @@ class Board:
         if not self.questions:
             lines.append("  no request is waiting")
         for i, (asked, _) in enumerate(self.questions.values()):
-            mark = ">" if i == self.selected else " "
+            mark = ">" if i == self.selected and not self.lost else " "
             target = printable(asked.target)
             tail = (f" ({asked.waiting} requests)" if asked.waiting > 1 else "") + \
                 f"  waited {self.waited(asked, now):.0f}s"
             lines.append(f"{mark} {target}{asked.request(width - 2 - len(target) - len(tail))}{tail}")
-        lines += ["", self.status[:width]]
+        hint = "; j/k selects another request" if self.lost and self.questions else ""
+        lines += ["", (self.status + hint)[:width]]
         return "\x1b[H\x1b[2J" + "\r\n".join(lines) + "\r\n"
 
 
