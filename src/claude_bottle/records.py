@@ -56,8 +56,9 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Whole lines from a stream of chunks that may split or join them."""
+def whole_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Whole lines from a stream of chunks that may split or join them (the engine splits a log line longer
+    than 16 KiB)."""
     pending = b""
     for chunk in chunks:
         pending += chunk
@@ -77,7 +78,7 @@ def save(run_id: str, agent: str, workspace: str, started: str, logs: Iterable[b
                                                    encoding="utf-8")
     count = 0
     try:
-        for line in _lines(logs):
+        for line in whole_lines(logs):
             if line.startswith(b"{"):
                 count += 1
                 handler.emit(logging.makeLogRecord({"msg": line.decode("utf-8", "replace").rstrip("\r")}))

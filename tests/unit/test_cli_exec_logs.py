@@ -210,3 +210,27 @@ def test_saving_without_a_terminal_or_yes_writes_nothing(gate_changes: list[tupl
     assert not agent_file(tmp_path).exists()
     missing = CliRunner().invoke(cli, ["deny", "other.example", "--save", "--yes"])
     assert "lists no entry other.example" in str(missing.exception)
+
+
+def test_logs_of_a_running_bottle_reads_a_long_line_the_engine_splits(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """The engine hands a log line longer than 16 KiB over in pieces (Docker's frames), and a bottle makes
+    one as long as it likes (a path it requests is audited): each piece is no line of its own, and the lines
+    after it still show."""
+    long = {"time": "t", "listener": "proxy", "decision": "allow", "status": 200, "method": "GET",
+            "target": "pypi.org:80", "path": "/" + "a" * 40_000, "reason": "in the allowlist"}
+    after = {"time": "t", "listener": "proxy", "decision": "deny", "status": 403, "method": "CONNECT",
+             "target": "exfil.example:443", "reason": "exfil.example:443 is not in the allowlist", "unlisted": True}
+    output = b"".join(json.dumps(line).encode() + b"\n" for line in (long, after))
+    engine = FakeEngine()
+    run = RunNames("dev-1", "dev", str(tmp_path))
+    engine.add_container(run.gate, run.labels, output=output)
+    engine.add_container(run.bottle, run.labels)
+    monkeypatch.setattr(engine, "logs", lambda *_, **__: iter([output[i : i + 16384]
+                                                               for i in range(0, len(output), 16384)]))
+    monkeypatch.setattr(engines, "open_engine", lambda: engine)
+    shown = CliRunner().invoke(cli, ["logs", "--workspace", str(tmp_path)])
+    assert shown.exception is None, shown.output
+    assert "pypi.org:80" in shown.output and "exfil.example:443" in shown.output
+    raw = CliRunner().invoke(cli, ["logs", "--workspace", str(tmp_path), "--json"]).output.splitlines()
+    assert [json.loads(line)["target"] for line in raw] == ["pypi.org:80", "exfil.example:443"]

@@ -53,8 +53,9 @@ def read_audit(agent: str | None, workspace: str | None, run_id: str | None, fol
         gate = engine.container(RunNames(live).gate)
         if gate is None:
             raise DockerError(f"run {live} has no gate container; remove it with `claude-bottle stop`")
-        lines: Iterator[str] = (chunk.decode("utf-8", "replace") for chunk in
-                                engine.logs(gate.name, stdout=False, stderr=True, follow=follow))
+        # Whole lines: the engine hands a long one (a bottle chooses how long) over in pieces.
+        lines: Iterator[str] = (line.decode("utf-8", "replace") for line in records.whole_lines(
+            engine.logs(gate.name, stdout=False, stderr=True, follow=follow)))
         owner, source = RunNames.from_labels(gate.labels).agent or agent or "", live
     elif follow:
         raise ConfigError("--follow shows a running bottle's decisions as they come, and none is running here; "
