@@ -290,3 +290,35 @@ def test_a_run_without_ask_mode_is_not_watched() -> None:
 
     run = SimpleNamespace(spec=SimpleNamespace(ask=False), engine=None, names=None)
     assert isinstance(ask_watching(run, ("hook",), print), contextlib.nullcontext)  # type: ignore[arg-type]
+
+
+def test_a_flood_of_questions_shows_a_few_notifications_not_one_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bottle asks as often as it likes (a question it withdraws is asked again): the desktop gets a few
+    notifications, never a process and a bubble per question."""
+    shown: list[list[str]] = []
+    monkeypatch.setattr(ask_watch, "notify", shown.append)
+    channel = FakeChannel([asked(f"q{n}", f"h{n}.example") for n in range(100)])
+    watcher, _ = watched(channel, desktop=lambda title, text: [title, text])
+    try:
+        deadline = time.monotonic() + 20
+        while len(watcher.seen) < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+    finally:
+        watcher.close()
+    assert len(watcher.seen) == 100 and len(shown) <= ask_watch.MAX_NOTIFICATIONS
+
+
+def test_a_question_decided_before_its_turn_is_not_given_to_the_hook(tmp_path: Path) -> None:
+    """Questions the bottle asked and withdrew wait behind the running hooks: they are not run (a hook that
+    asks a person would ask about what no longer waits), and their answers are not sent."""
+    command = hook(tmp_path, "time.sleep(1)\n")
+    questions = [asked(f"q{n}", f"h{n}.example") for n in range(40)]
+    gone = [{"event": "decided", "id": f"q{n}", "answer": "deny-once", "by": "gone"} for n in range(40)]
+    channel = FakeChannel([*questions, *gone])
+    watcher, _ = watched(channel, command)
+    try:
+        time.sleep(4)
+    finally:
+        watcher.close()
+    assert len(channel.decided) <= ask_watch.MAX_HOOKS

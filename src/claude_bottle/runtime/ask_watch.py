@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +45,11 @@ PASS = "pass"  # a hook's answer that leaves the question to the others (approve
 DEFAULT_TIMEOUT = 60.0  # the gate's --ask-timeout default
 MAX_LINE = 64 * 1024  # a watch line longer than this is not one of the gate's
 MAX_HOOKS = 16  # hooks running at once (the gate holds at most --ask-limit questions per run, 16 by default)
+# Notifications in NOTIFY_WINDOW seconds; past them a question gets none (``approve`` lists it). A bottle asks
+# as often as it likes (a question it withdraws, it asks again), and each notification is a process and a
+# bubble on the desktop.
+MAX_NOTIFICATIONS = 4
+NOTIFY_WINDOW = 10.0
 NOTIFY_SECONDS = 5.0
 RESTART_SECONDS = 1.0  # between a watch that ended and the next
 MAX_RESTARTS = 30  # in a row without an event: about the time a gate has to become ready
@@ -296,6 +303,8 @@ class Watcher:
         self.pool = ThreadPoolExecutor(MAX_HOOKS, thread_name_prefix="ask")
         self.closing = threading.Event()
         self.seen: set[str] = set()
+        self.decided: set[str] = set()  # questions answered or withdrawn: a hook not yet run for one is not run
+        self.notified: deque[float] = deque(maxlen=MAX_NOTIFICATIONS)  # when the last notifications went out
         self.lock = threading.Lock()  # between starting a watch and closing
         self.watch: WatchProcess | None = None
         self.thread = threading.Thread(target=self._watch, name="ask-watch", daemon=True)
@@ -333,6 +342,8 @@ class Watcher:
                     return
                 if event["event"] == "asked" and (asked := Asked.from_fields(event)) is not None:
                     self.asked(asked)
+                elif event["event"] == "decided":
+                    self.decided.add(str(event.get("id")))
             why = watch.why_ended()
             failures += 1
             if self.closing.wait(RESTART_SECONDS):
@@ -346,7 +357,10 @@ class Watcher:
         if asked.id in self.seen:
             return
         self.seen.add(asked.id)
-        if self.desktop is not None:
+        now = time.monotonic()
+        if self.desktop is not None and (len(self.notified) < MAX_NOTIFICATIONS
+                                         or now - self.notified[0] >= NOTIFY_WINDOW):
+            self.notified.append(now)
             argv = self.desktop("claude-bottle: allow?", f"{asked.summary()} (run {self.run}): "
                                 f"claude-bottle approve {self.agent}")
             self.pool.submit(notify, argv)
@@ -354,6 +368,8 @@ class Watcher:
             self.pool.submit(self._ask_hook, asked)
 
     def _ask_hook(self, asked: Asked) -> None:
+        if asked.id in self.decided:
+            return
         seconds = max(1.0, self.timeout - asked.waited)
         answer, why = run_hook(self.hook, asked.description(self.run, self.agent, self.timeout), seconds)
         if why:
