@@ -24,6 +24,10 @@ def test_a_question_from_the_gate_fields() -> None:
     assert Asked("q2", "example.com", 443).summary() == "example.com:443"
 
 
+def test_an_ipv6_destination_is_shown_in_brackets() -> None:
+    assert Asked("q", "2001:db8::1", 443).summary() == "[2001:db8::1]:443"
+
+
 @pytest.mark.parametrize("fields", [{}, {"id": "q"}, {"id": "q", "host": "h", "port": "https"},
                                     {"id": "", "host": "h", "port": 1}])
 def test_what_is_not_a_question_is_none(fields: dict[str, Any]) -> None:

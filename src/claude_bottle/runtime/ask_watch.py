@@ -88,8 +88,9 @@ class Asked:
 
     @property
     def target(self) -> str:
-        """``host:port``, the allowlist entry an "always" answer adds or refuses."""
-        return f"{self.host}:{self.port}"
+        """``host:port``, the allowlist entry an "always" answer adds or refuses; an IPv6 address in brackets
+        (``2001:db8::1:443`` would name another address, on the default port)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     def summary(self) -> str:
         """One line for people: the destination, and for plain HTTP the method and path."""
