@@ -234,3 +234,18 @@ def test_logs_of_a_running_bottle_reads_a_long_line_the_engine_splits(monkeypatc
     assert "pypi.org:80" in shown.output and "exfil.example:443" in shown.output
     raw = CliRunner().invoke(cli, ["logs", "--workspace", str(tmp_path), "--json"]).output.splitlines()
     assert [json.loads(line)["target"] for line in raw] == ["pypi.org:80", "exfil.example:443"]
+
+
+def test_logs_skips_a_piece_of_a_line_the_engine_kept_without_its_beginning(recorded: Path) -> None:
+    """The engine keeps a long line in pieces and drops its oldest log entries past its cap, so a run's kept
+    log may begin with a line's later piece. A bottle that requested a path of braces has that piece begin
+    with one, like an audit line: it is no line, and the lines after it still show."""
+    piece = b'{{{{{{{{{{{{{{{{{{{{", "rule": null, "reason": "allowlist pypi.org"}'
+    after = {"time": "t", "listener": "proxy", "decision": "deny", "status": 403, "method": "CONNECT",
+             "target": "exfil.example:443", "reason": "exfil.example:443 is not in the allowlist", "unlisted": True}
+    records.save("dev-7", "dev", str(recorded), "t", [piece + b"\n", json.dumps(after).encode() + b"\n"])
+    for args in ([], ["--json"], ["--egress"]):
+        shown = CliRunner().invoke(cli, ["logs", "--run", "dev-7", *args])
+        assert shown.exception is None and "exfil.example:443" in shown.output, args
+    suggested = CliRunner().invoke(cli, ["policy", "suggest", "--run", "dev-7"])
+    assert suggested.exception is None and "exfil.example:443" in suggested.output

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -63,8 +63,23 @@ def read_audit(agent: str | None, workspace: str | None, run_id: str | None, fol
     else:
         record = records.find(run_id) if run_id else records.latest(agent, place)
         lines, owner, source = records.audit_lines(record), record.agent, record.run
-    entries = (json.loads(text) for text in (line.strip() for line in lines) if text.startswith("{"))
-    return entries, owner, source
+    return audit_entries(lines), owner, source
+
+
+def audit_entries(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The audit lines' entries. A line that is not a JSON object is skipped: the engine keeps a long line in
+    pieces and drops its oldest entries past its cap, so a log may begin with a line's later piece, which a
+    bottle that requested a path of braces has begin like an audit line."""
+    for line in lines:
+        text = line.strip()
+        if not text.startswith("{"):
+            continue
+        try:
+            entry = json.loads(text)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(entry, dict):
+            yield entry
 
 
 def logs(agent: str | None, workspace: str | None, run_id: str | None, list_recorded: bool, egress: bool,
