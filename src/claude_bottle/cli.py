@@ -424,7 +424,10 @@ def main(args: list[str] | None = None) -> None:
     except BottleError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"claude-bottle: error: {exc}", err=True)
+        from claude_bottle.display import printable_lines
+
+        # A message may quote what a bottle wrote (a project file's key, a name in the workspace).
+        click.echo(f"claude-bottle: error: {printable_lines(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

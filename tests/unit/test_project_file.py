@@ -169,6 +169,22 @@ def test_trust_shows_escape_sequences_in_planted_names_as_text(project: Path) ->
     assert "\x1b" not in output and "\\x1b]0;owned" in output
 
 
+@pytest.mark.parametrize("command", [["trust"], ["build", "--workspace"]])
+def test_an_error_about_a_planted_project_file_shows_its_control_characters_as_text(
+        project: Path, command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A bottle writes the project file, and a key it names is in the error the host prints before any
+    approval: an OSC 52 there would set the clipboard, a newline forge a line of the message."""
+    from claude_bottle.cli import main
+
+    write(project, '"\\u001b]52;c;Y3VybCBldmlsfHNo\\u0007\\nclaude-bottle: approved" = 1\n')
+    with pytest.raises(SystemExit) as exited:
+        main([*command, str(project)])
+    said = capsys.readouterr().err
+    assert exited.value.code == 2 and "unknown key" in said
+    assert "\x1b" not in said and "\x07" not in said and "\\x1b]52;c;" in said
+    assert not any(line.startswith("claude-bottle: approved") for line in said.splitlines())
+
+
 def test_trust_clears_reviewed_changes(project: Path) -> None:
     from claude_bottle.workspace import Change
 

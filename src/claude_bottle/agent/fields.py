@@ -7,6 +7,7 @@ from collections.abc import Set
 from pathlib import Path
 from typing import Any
 
+from claude_bottle.display import printable
 from claude_bottle.errors import ConfigError
 
 
@@ -28,7 +29,9 @@ class Fields:
         self.data, self.source, self.prefix = data, source, prefix
 
     def fail(self, key: str, problem: str) -> ConfigError:
-        return ConfigError(f"{self.source}: {self.prefix}{key}: {problem}")
+        """The error for ``key``, which a project file (a bottle may have written it) names as it likes: shown
+        on one line, its control characters as escapes."""
+        return ConfigError(f"{self.source}: {self.prefix}{printable(key)}: {problem}")
 
     def check_keys(self, allowed: Set[str]) -> None:
         for key in self.data:
