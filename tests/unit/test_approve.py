@@ -132,14 +132,22 @@ def running() -> Iterator[Callable[..., tuple[Screen, int, threading.Thread]]]:
                 os.close(fd)
 
 
+def answer(typing: int, keys: bytes) -> None:
+    """Keys typed once what is selected has been on the screen long enough to be read."""
+    time.sleep(approve.ANSWER_DELAY + 0.2)
+    os.write(typing, keys)
+
+
 def test_on_a_terminal_keys_answer_the_selected_request(running: Callable[..., tuple[Screen, int, threading.Thread]]
                                                         ) -> None:
     channel = FakeChannel([asked("q1", "one.example"), asked("q2", "two.example")])
     screen, typing, thread = running(channel, True)
     screen.wait_for("two.example:443")
-    os.write(typing, b"jd")
+    os.write(typing, b"j")
+    answer(typing, b"d")
     screen.wait_for("decided")  # the fake's reply message
-    os.write(typing, b"\x1b[Aa")
+    os.write(typing, b"\x1b[A")
+    answer(typing, b"a")
     deadline = time.monotonic() + 20
     while len(channel.decided) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -147,6 +155,22 @@ def test_on_a_terminal_keys_answer_the_selected_request(running: Callable[..., t
     thread.join(10)
     assert not thread.is_alive()
     assert channel.decided == [("q2", "deny-once", "terminal"), ("q1", "allow-once", "terminal")]
+
+
+def test_a_key_answers_only_what_was_on_the_screen_long_enough_to_read(
+        running: Callable[..., tuple[Screen, int, threading.Thread]]) -> None:
+    """After an answer the next request takes the selection, and the bottle chose it: a key pressed twice, or
+    held, answers the first request only; so does a key pressed together with a move."""
+    channel = FakeChannel([asked("q1", "pypi.org"), asked("q2", "exfil.example"), asked("q3", "other.example")])
+    screen, typing, thread = running(channel, True)
+    screen.wait_for("other.example:443")
+    answer(typing, b"aa")
+    screen.wait_for("not taken")
+    answer(typing, b"ja")
+    time.sleep(approve.ANSWER_DELAY + 0.2)
+    os.write(typing, b"q")
+    thread.join(10)
+    assert channel.decided == [("q1", "allow-once", "terminal")]
 
 
 def test_allow_always_is_offered_to_the_agents_file(running: Callable[..., tuple[Screen, int, threading.Thread]]
@@ -160,7 +184,7 @@ def test_allow_always_is_offered_to_the_agents_file(running: Callable[..., tuple
     channel = FakeChannel([asked("q1", "pypi.org")])
     screen, typing, thread = running(channel, True, save)
     screen.wait_for("pypi.org:443")
-    os.write(typing, b"A")
+    answer(typing, b"A")
     screen.wait_for("the agent's file unchanged: not written")
     os.write(typing, b"q")
     thread.join(10)

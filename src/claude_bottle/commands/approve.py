@@ -33,6 +33,9 @@ KEYS = {"a": "allow-once", "A": "allow-always", "d": "deny-once", "D": "deny-alw
 MOVES = {"j": 1, "k": -1, "\x1b[B": 1, "\x1b[A": -1, "\x1bOB": 1, "\x1bOA": -1}
 QUIT = ("q", "\x03", "\x04")
 REDRAW_SECONDS = 1.0  # the waited times tick this often
+# How long a request is on the screen, selected, before a key answers it. The request that takes the selection
+# after an answer is the bottle's choice: a key pressed twice, or held, must not answer it unseen.
+ANSWER_DELAY = 0.5
 MAX_PENDING_BYTES = 1 << 20  # a watch line is far shorter: more without a newline is not the gate's
 
 
@@ -50,6 +53,7 @@ class Board:
     selected: int = 0
     status: str = ""
     lost: bool = False
+    shown: tuple[str, float] = ("", 0.0)  # the selected question's id as last drawn, and since when
 
     def apply(self, event: dict[str, Any], now: float) -> Asked | None:
         """Take one watch event in; the question it adds, if new."""
@@ -75,6 +79,13 @@ class Board:
         ordered = list(self.questions.values())
         return ordered[self.selected][0] if ordered and not self.lost else None
 
+    def answerable(self, now: float) -> Asked | None:
+        """The selected question, once it has been drawn selected for ``ANSWER_DELAY``."""
+        asked = self.current()
+        if asked is None or self.shown[0] != asked.id or now - self.shown[1] < ANSWER_DELAY:
+            return None
+        return asked
+
     def move(self, delta: int) -> None:
         self.lost = False
         self.selected = max(0, min(len(self.questions) - 1, self.selected + delta))
@@ -97,6 +108,8 @@ class Board:
             tail = (f" ({asked.waiting} requests)" if asked.waiting > 1 else "") + \
                 f"  waited {self.waited(asked, now):.0f}s"
             lines.append(f"{mark} {target}{asked.request(width - 2 - len(target) - len(tail))}{tail}")
+        if (selected := self.current()) is not None and selected.id != self.shown[0]:
+            self.shown = (selected.id, now)
         hint = "; j/k selects another request" if self.lost and self.questions else ""
         lines += ["", (self.status + hint)[:width]]
         return "\x1b[H\x1b[2J" + "\r\n".join(lines) + "\r\n"
@@ -200,10 +213,12 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
                         return
                     if key in MOVES:
                         board.move(MOVES[key])
-                    elif key in KEYS and (asked := board.current()) is not None:
+                    elif key in KEYS and (asked := board.answerable(time.monotonic())) is not None:
                         guard = on_terminal() if on_terminal is not None and key == "A" else contextlib.nullcontext()
                         with guard:
                             board.status = decide(channel, board, asked, KEYS[key], save)
+                    elif key in KEYS and board.current() is not None:
+                        board.status = f"{key}: not taken; look at the selected request, then press it again"
             else:
                 for line in typed.feed(data):
                     write(typed_answer(channel, board, line.decode("utf-8", "replace"), save) + "\n")
