@@ -9,8 +9,8 @@ exist (``claude_bottle.runtime.files.protective_mounts``) and fingerprinted befo
 
 Everything here reads with ``lstat`` and never follows a symlink. Work is bounded: the search for nested
 ``.git`` entries stops after ``WALK_LIMIT`` directory entries, a protected directory is fingerprinted up to
-``ENTRY_LIMIT`` entries, and files above ``HASH_LIMIT`` bytes are fingerprinted by size and change time
-instead of content.
+``ENTRY_LIMIT`` entries, neither goes more than ``DEPTH_LIMIT`` folders deep, and files above ``HASH_LIMIT``
+bytes are fingerprinted by size and change time instead of content.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ _BARE = ({"HEAD", "objects", "refs"}, {"HEAD", "commondir"})
 WALK_LIMIT = 100_000
 ENTRY_LIMIT = 20_000
 HASH_LIMIT = 16 * 1024 * 1024
+# A bottle can nest folders as deep as a path goes (some 2,000 with one-letter names): past Python's recursion
+# limit, and every path checked lstats each of its parents, so the checks' time grows with the cube of the depth.
+DEPTH_LIMIT = 64
 WALK_KEY = ""  # the entry that records whether the search for nested .git entries saw everything
 
 
@@ -66,10 +69,11 @@ def nested_git(workspace: Path, limit: int | None = None) -> tuple[list[str], bo
     """Relative paths of every ``.git`` entry below the top level (a repository, a gitfile, a symlink), and of
     what makes git run something in every folder laid out as a repository (``_BARE``, the workspace itself
     included: its HEAD and ``GIT_SIGNED``), breadth first, and whether the walk saw every entry (False once it
-    passed ``limit``, or WALK_LIMIT)."""
+    passed ``limit``, or WALK_LIMIT, or left folders more than DEPTH_LIMIT deep unread)."""
     limit = WALK_LIMIT if limit is None else limit
     found: list[str] = []
     seen = 0
+    complete = True
     queue: deque[str] = deque([""])
     while queue:
         relative = queue.popleft()
@@ -90,8 +94,11 @@ def nested_git(workspace: Path, limit: int | None = None) -> tuple[list[str], bo
                 if relative:
                     found.append(path)
             elif entry.is_dir(follow_symlinks=False):
-                queue.append(path)
-    return found, True
+                if path.count("/") < DEPTH_LIMIT:
+                    queue.append(path)
+                else:
+                    complete = False
+    return found, complete
 
 
 def protected_paths(workspace: Path) -> tuple[list[str], bool]:
@@ -153,8 +160,9 @@ def lstat_inside(workspace: Path, relative: str) -> tuple[str, os.stat_result] |
     return None
 
 
-def _record(workspace: Path, relative: str, entries: dict[str, str], budget: list[int]) -> None:
-    """Sign ``relative`` and, for a directory, what is in it (of a .git directory, only GIT_SIGNED)."""
+def _record(workspace: Path, relative: str, entries: dict[str, str], budget: list[int], depth: int = 0) -> None:
+    """Sign ``relative`` and, for a directory, what is in it (of a .git directory, only GIT_SIGNED) down to
+    ``DEPTH_LIMIT`` folders below it (``depth``: how far below it already is)."""
     found = lstat_inside(workspace, relative)
     if found is None:
         return
@@ -167,6 +175,9 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
     is_git = path.name == GIT
     if is_git:  # a repository's contents change with every commit; its identity and what runs code do not
         entries[relative] += f", inode {info.st_ino}"
+    if depth >= DEPTH_LIMIT:
+        entries[relative] += f", not fully checked (more than {DEPTH_LIMIT} folders deep)"
+        return
     try:
         names = sorted(os.listdir(path))
     except OSError as exc:
@@ -178,7 +189,7 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
         if budget[0] <= 0:
             entries[relative] += ", not fully checked (too many entries)"
             return
-        _record(workspace, f"{relative}/{name}", entries, budget)
+        _record(workspace, f"{relative}/{name}", entries, budget, depth + 1)
 
 
 def fingerprint(workspace: Path, found: tuple[list[str], bool] | None = None) -> dict[str, str]:
@@ -186,7 +197,8 @@ def fingerprint(workspace: Path, found: tuple[list[str], bool] | None = None) ->
     ``WALK_KEY`` says whether the search for nested .git entries was complete. ``found`` is what
     ``protected_paths`` just returned, to save a second walk."""
     paths, complete = found or protected_paths(workspace)
-    entries: dict[str, str] = {WALK_KEY: "complete" if complete else f"stopped after {WALK_LIMIT} entries"}
+    entries: dict[str, str] = {WALK_KEY: "complete" if complete else
+                               f"stopped after {WALK_LIMIT} entries or {DEPTH_LIMIT} folders deep"}
     budget = [ENTRY_LIMIT]
     for relative in paths:
         _record(workspace, relative, entries, budget)

@@ -287,3 +287,31 @@ def test_a_link_out_of_an_earlier_workspace_is_not_followed_into_the_next(
     assert workspace_of(None) == keys
     (tmp_path / "code").symlink_to(project)
     assert workspace_of(str(tmp_path / "code")) == project  # the way in to a workspace, from outside it
+
+
+def test_a_protected_directory_nested_deeper_than_python_recurses_is_reported(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bottle may create a protected directory that did not exist (its read-only mount is only where one
+    did) and nest folders in it as deep as paths go: the run's check still reports it, and the next start
+    still checks."""
+    reports: list[str] = []
+    watch = trust.Watch(project, "t-9")
+    watch.begin()
+    deep = project / ".vscode"
+    deep.mkdir()
+    monkeypatch.chdir(deep)  # one short name at a time: the whole path is longer than some calls take
+    levels = sys.getrecursionlimit() + 100
+    for _ in range(levels):
+        os.mkdir("a")
+        os.chdir("a")
+    monkeypatch.chdir(project)
+    try:
+        assert ".vscode" in [c.path for c in watch.end(reports.append)]
+        assert ".vscode: created" in reports[0]
+        with pytest.raises(ConfigError, match=r"\.vscode: created"):
+            trust.check(project)
+    finally:
+        os.chdir(deep / "/".join(["a"] * levels))
+        for _ in range(levels):  # pytest's own clean-up recurses as deep
+            os.chdir("..")
+            os.rmdir("a")
