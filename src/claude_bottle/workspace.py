@@ -10,7 +10,8 @@ exist (``claude_bottle.runtime.files.protective_mounts``) and fingerprinted befo
 Everything here reads with ``lstat`` and never follows a symlink. Work is bounded: the search for nested
 ``.git`` entries stops after ``WALK_LIMIT`` directory entries, a protected directory is fingerprinted up to
 ``ENTRY_LIMIT`` entries, neither goes more than ``DEPTH_LIMIT`` folders deep, and files above ``HASH_LIMIT``
-bytes are fingerprinted by size and change time instead of content.
+bytes, or past ``HASH_BUDGET`` bytes hashed in one fingerprint, are fingerprinted by size and change time
+instead of content.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ _BARE = ({"HEAD", "objects", "refs"}, {"HEAD", "commondir"})
 WALK_LIMIT = 100_000
 ENTRY_LIMIT = 20_000
 HASH_LIMIT = 16 * 1024 * 1024
+# Hard links cost a bottle no space: ENTRY_LIMIT links to one file of HASH_LIMIT bytes would be 320 GB to hash
+# (measured: some 700 MB a second), at the end of the run, when signals wait, and at every start after.
+HASH_BUDGET = 256 * 1024 * 1024
 # A bottle can nest folders as deep as a path goes (some 2,000 with one-letter names): past Python's recursion
 # limit, and every path checked lstats each of its parents, so the checks' time grows with the cube of the depth.
 DEPTH_LIMIT = 64
@@ -116,10 +120,11 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-def _file_signature(path: Path, info: os.stat_result) -> str:
+def _file_signature(path: Path, info: os.stat_result, budget: list[int]) -> str:
     mode = f"mode {stat.S_IMODE(info.st_mode):04o}, {info.st_size} bytes"
-    if info.st_size > HASH_LIMIT:
+    if info.st_size > min(HASH_LIMIT, budget[1]):
         return f"file, {mode}, changed at {info.st_ctime_ns}"
+    budget[1] -= info.st_size
     digest = hashlib.sha256()
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -131,14 +136,14 @@ def _file_signature(path: Path, info: os.stat_result) -> str:
     return f"file, {mode}, sha256 {digest.hexdigest()[:16]}"
 
 
-def _signature(path: Path, info: os.stat_result) -> str:
+def _signature(path: Path, info: os.stat_result, budget: list[int]) -> str:
     if stat.S_ISLNK(info.st_mode):
         try:
             return f"symlink to {os.readlink(path)!r}"
         except OSError:
             return "symlink"
     if stat.S_ISREG(info.st_mode):
-        return _file_signature(path, info)
+        return _file_signature(path, info, budget)
     if stat.S_ISDIR(info.st_mode):
         return f"directory, mode {stat.S_IMODE(info.st_mode):04o}"
     return _kind(info.st_mode)
@@ -169,7 +174,7 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
     relative, info = found
     path = workspace / relative
     budget[0] -= 1
-    entries[relative] = _signature(path, info)
+    entries[relative] = _signature(path, info, budget)
     if not stat.S_ISDIR(info.st_mode):
         return
     is_git = path.name == GIT
@@ -199,7 +204,7 @@ def fingerprint(workspace: Path, found: tuple[list[str], bool] | None = None) ->
     paths, complete = found or protected_paths(workspace)
     entries: dict[str, str] = {WALK_KEY: "complete" if complete else
                                f"stopped after {WALK_LIMIT} entries or {DEPTH_LIMIT} folders deep"}
-    budget = [ENTRY_LIMIT]
+    budget = [ENTRY_LIMIT, HASH_BUDGET]  # entries left in protected directories, bytes left to hash
     for relative in paths:
         _record(workspace, relative, entries, budget)
     return entries

@@ -3,11 +3,13 @@ records a run's changes for review, killed runs included."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -315,3 +317,32 @@ def test_a_protected_directory_nested_deeper_than_python_recurses_is_reported(
         for _ in range(levels):  # pytest's own clean-up recurses as deep
             os.chdir("..")
             os.rmdir("a")
+
+
+def test_hard_links_to_a_large_file_are_hashed_within_a_budget(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hard links cost a bottle no space: a protected directory of links to one large file is hashed up to a
+    budget in all (256 MiB), the rest signed by size and change time, and a change to the file is still seen."""
+    hashed = [0]
+
+    class Counted:
+        def __init__(self) -> None:
+            self.digest = hashlib.sha256()
+
+        def update(self, data: bytes) -> None:
+            hashed[0] += len(data)
+            self.digest.update(data)
+
+        def hexdigest(self) -> str:
+            return self.digest.hexdigest()
+
+    monkeypatch.setattr(ws, "hashlib", SimpleNamespace(sha256=Counted))
+    big = project / ".vscode" / "big"
+    big.parent.mkdir()
+    big.write_bytes(b"\0" * ws.HASH_LIMIT)
+    for n in range(40):
+        os.link(big, big.with_name(f"link{n}"))
+    before = ws.fingerprint(project)
+    assert hashed[0] <= 256 << 20
+    with big.open("r+b") as f:
+        f.write(b"x")
+    assert ".vscode/big" in changed(before, ws.fingerprint(project))
