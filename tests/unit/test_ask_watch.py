@@ -183,6 +183,22 @@ def test_each_question_is_notified_and_other_events_are_not(tmp_path: Path) -> N
                      "two.example:80 POST /up (run r1): claude-bottle approve dev"]
 
 
+def test_closing_kills_a_hook_still_running(tmp_path: Path) -> None:
+    """A bottle can ask just before its run ends: the hook, whose question no gate can take an answer to any
+    more, is killed with the watch, not left to its timeout (the ask timeout, up to a day), for which this
+    process would wait at its exit (the pool's threads are joined then) and then report it."""
+    command = hook(tmp_path, f"open({str(tmp_path / 'started')!r}, 'w').close()\ntime.sleep(60)\n")
+    watcher, said = watched(FakeChannel([asked("q1", "h.example")]), command, timeout=60)
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watcher.close()
+    threads = list(watcher.pool._threads)
+    for thread in threads:
+        thread.join(timeout=10)
+    assert (tmp_path / "started").exists() and not any(t.is_alive() for t in threads) and said == []
+
+
 def test_closing_ends_the_watch_process() -> None:
     watcher, said = watched(FakeChannel([]))
     deadline = time.monotonic() + 10

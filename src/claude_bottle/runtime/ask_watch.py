@@ -245,27 +245,37 @@ def hook_answer(returncode: int | None, output: bytes) -> str | None:
     return answer if answer in ANSWERS else "deny-once"
 
 
-def run_hook(command: tuple[str, ...], description: dict[str, Any], timeout: float) -> tuple[str | None, str]:
+def run_hook(command: tuple[str, ...], description: dict[str, Any], timeout: float,
+             running: set[subprocess.Popen[bytes]] | None = None) -> tuple[str | None, str]:
     """Run the hook ``command`` with ``description`` as JSON on its standard input, killed after ``timeout``
-    seconds: its answer (``hook_answer``) and, when it failed, why."""
+    seconds: its answer (``hook_answer``) and, when it failed, why. In ``running`` while it runs (for
+    ``kill_hook``)."""
+    running = set() if running is None else running
     try:
         process = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
         return "deny-once", f"cannot start ({exc.strerror or exc})"
+    running.add(process)
     try:
         output, _ = process.communicate(json.dumps(description).encode() + b"\n", timeout=timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(process.pid, 9)  # its children too: a hung hook's helpers must not outlive it
-        process.kill()
+        kill_hook(process)
         process.communicate()
         return "deny-once", f"no answer within {timeout:.0f}s (killed)"
+    finally:
+        running.discard(process)
     answer = hook_answer(process.returncode, output[:MAX_LINE])
     why = "" if process.returncode == 0 else f"exited with {process.returncode}"
     if process.returncode == 0 and answer == "deny-once" and output.strip():
         why = "printed something other than one JSON answer line"
     return answer, why
+
+
+def kill_hook(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(process.pid, 9)  # its children too: a hung hook's helpers must not outlive it
+    process.kill()
 
 
 def notifier(which: Callable[[str], str | None] = shutil.which,
@@ -307,6 +317,7 @@ class Watcher:
         self.decided: set[str] = set()  # questions answered or withdrawn: a hook not yet run for one is not run
         self.notified: deque[float] = deque(maxlen=MAX_NOTIFICATIONS)  # when the last notifications went out
         self.lock = threading.Lock()  # between starting a watch and closing
+        self.hooks: set[subprocess.Popen[bytes]] = set()  # running
         self.watch: WatchProcess | None = None
         self.thread = threading.Thread(target=self._watch, name="ask-watch", daemon=True)
 
@@ -314,7 +325,8 @@ class Watcher:
         self.thread.start()
 
     def close(self) -> None:
-        """Stop watching; a hook still running is killed at its timeout, not waited for."""
+        """Stop watching; a hook still running is killed (no gate takes its answer now, and this process would
+        wait for it at its exit)."""
         self.closing.set()
         with self.lock:
             watch = self.watch
@@ -322,6 +334,8 @@ class Watcher:
             watch.stop()
         self.thread.join(timeout=2.0)
         self.pool.shutdown(wait=False, cancel_futures=True)
+        for process in list(self.hooks):
+            kill_hook(process)
 
     def _watch(self) -> None:
         """Watch until closed. A watch that ends (at start the gate may not listen yet; a gate drops a watcher
@@ -369,13 +383,15 @@ class Watcher:
             self.pool.submit(self._ask_hook, asked)
 
     def _ask_hook(self, asked: Asked) -> None:
-        if asked.id in self.decided:
+        if asked.id in self.decided or self.closing.is_set():
             return
         seconds = max(1.0, self.timeout - asked.waited)
-        answer, why = run_hook(self.hook, asked.description(self.run, self.agent, self.timeout), seconds)
+        answer, why = run_hook(self.hook, asked.description(self.run, self.agent, self.timeout), seconds, self.hooks)
+        if self.closing.is_set():
+            return
         if why:
             self.say(f"ask: the hook for {asked.summary()} {why}: denied")
-        if answer is None or self.closing.is_set():
+        if answer is None:
             return
         try:
             reply = self.channel.decide(asked.id, answer, "hook")
