@@ -23,6 +23,7 @@ import pexpect
 import pytest
 
 from claude_bottle.agent.load import load_agent
+from claude_bottle.commands.approve import ANSWER_DELAY
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
@@ -131,6 +132,7 @@ def test_held_requests_are_answered_by_the_terminal_the_hook_or_the_timeout(
         child = stack.enter_context(contextlib.closing(approver(workspace, name)))
         fetch(run, "term-once", wait=False)
         child.expect(f"term-once:{PORT} GET /v1/models")
+        time.sleep(ANSWER_DELAY + 0.2)  # a key answers only what was on the screen that long
         child.send("a")
         assert result(run, "term-once") == "200"
         assert fetch(run, "term-once") == "200"  # once is this run: not asked again
@@ -138,12 +140,14 @@ def test_held_requests_are_answered_by_the_terminal_the_hook_or_the_timeout(
         # deny once: refused, with a reason
         fetch(run, "term-deny", wait=False)
         child.expect(f"term-deny:{PORT} GET /v1/models")
+        time.sleep(ANSWER_DELAY + 0.2)
         child.send("d")
         assert result(run, "term-deny").startswith("403")
 
         # allow always: the diff, confirmed, written to the agent's file
         fetch(run, "term-always", wait=False)
         child.expect(f"term-always:{PORT} GET /v1/models")
+        time.sleep(ANSWER_DELAY + 0.2)
         child.send("A")
         child.expect(r"Write .*\?")
         child.send("y")
