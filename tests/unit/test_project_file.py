@@ -146,6 +146,13 @@ def test_trust_shows_the_file_and_its_keys_and_approves_with_yes(project: Path) 
     assert "nothing to approve" in invoke(project, "--yes")[1]
 
 
+def test_trust_shows_the_file_in_a_margin_its_lines_cannot_leave(project: Path) -> None:
+    write(project, 'version = 1\n[env]\nNOTE = """\nIt sets:\n  nothing that reaches the network\n"""\n')
+    output = invoke(project, "--yes")[1]
+    assert "  | It sets:\n  |   nothing that reaches the network\n" in output
+    assert [line for line in output.splitlines() if line.startswith("It sets:")] == ["It sets:"]  # the real one
+
+
 def test_trust_without_a_terminal_or_yes_approves_nothing(project: Path) -> None:
     write(project, ALLOWED)
     code, output = invoke(project)

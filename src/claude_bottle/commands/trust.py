@@ -25,7 +25,9 @@ def review(directory: str | None, yes: bool) -> None:
         summary = project_summary(project)  # a key a project file may not set fails here, before approval
         click.echo(f"{project.path} (sha256 {project.digest[:16]}, "
                    f"{'not approved yet' if new_project else 'approved'}):")
-        click.echo("-" * 60 + f"\n{printable_lines(project.text).rstrip()}\n" + "-" * 60)
+        # Each of the file's lines in a margin: a bottle may have written it, and a line of its own must not
+        # pass for the end of the file or for the summary below.
+        click.echo("\n".join(f"  | {line}" for line in printable_lines(project.text).rstrip().split("\n")))
         click.echo("It sets:\n" + "\n".join(f"  {printable(line)}" for line in summary))
     if changes:
         click.echo(f"Bottles changed these files in {path}, which can run code on your machine:\n"
