@@ -239,6 +239,16 @@ def test_allow_always_writes_the_agents_file_as_allow_save_does(tmp_path: Path,
     assert 'host = "git.example.com:8443"' in (tmp_path / "config" / "claude-bottle" / "agents" / "dev.toml").read_text()
 
 
+def test_allow_always_in_a_run_without_an_agent_name_writes_no_file_it_would_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"not saved: this run was started without an agent's name.*"
+                                          r"\.claude-bottle\.toml"):
+        saver("default", yes=True)("pypi.org:443")
+    assert not (tmp_path / "config" / "claude-bottle" / "agents" / "default.toml").exists()
+
+
 def test_without_yes_and_no_terminal_nothing_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path)

@@ -42,8 +42,16 @@ def path_of(name: str) -> pathlib.Path:
 
 
 def add(name: str, additions: str, yes: bool) -> None:
-    """Append ``additions`` (TOML tables) to the agent file ``name`` (created if missing)."""
+    """Append ``additions`` (TOML tables) to the agent file ``name`` (created if missing). A run started without
+    an agent's name is the default agent's, which reads no agent file: nothing is written for it (ConfigError)."""
+    from claude_bottle.agent.schema import DEFAULT_AGENT
+
     path = path_of(name)
+    if name == DEFAULT_AGENT and not path.exists():
+        raise ConfigError("not saved: this run was started without an agent's name, so it reads no agent file "
+                          "(the workspace's .claude-bottle.toml, else the defaults); add the entry to the allow "
+                          "list there (then `claude-bottle trust`), or to an agent of your own "
+                          "(~/.config/claude-bottle/agents/NAME.toml, `claude-bottle start NAME`)")
     before = path.read_text() if path.exists() else ""
     rewrite(name, before, (before or "version = 1\n") + additions, yes)
 
