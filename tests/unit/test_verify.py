@@ -88,6 +88,13 @@ def test_the_report_says_which_attack_leaked() -> None:
     assert report(OUTCOMES[:1]).endswith("1 attacks: every one blocked")
 
 
+def test_the_report_escapes_what_an_answer_quoted() -> None:
+    quoted = dataclasses.replace(OUTCOMES[1], actual="HTTP/1.1 200 \x1b]52;c;Y3VybCB4\x07\nFORGED blocked")
+    text = report([quoted])
+    assert "\x1b" not in text and "\x07" not in text and "\nFORGED" not in text
+    assert "\\x1b]52;c;Y3VybCB4\\x07\\nFORGED blocked" in text
+
+
 def test_the_json_report_leaves_out_the_evidence() -> None:
     data = json.loads(as_json(AgentConfig(name="x"), OUTCOMES))
     assert (data["agent"], data["attacks"], data["leaks"]) == ("x", 2, 1)

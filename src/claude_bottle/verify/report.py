@@ -1,10 +1,14 @@
-"""The report of ``claude-bottle verify``: a table by group, or JSON (what the table shows: never the evidence)."""
+"""The report of ``claude-bottle verify``: a table by group, or JSON (what the table shows: never the evidence).
+
+What an attack got back may quote an answer from the bottle's side: its control characters are shown as escapes.
+"""
 
 from __future__ import annotations
 
 import json
 
 from claude_bottle.agent.schema import AgentConfig
+from claude_bottle.display import printable
 from claude_bottle.verify.attack import Outcome
 
 
@@ -16,7 +20,7 @@ def report(outcomes: list[Outcome]) -> str:
         lines.append(group.upper())
         for o in (o for o in outcomes if o.group == group):
             lines.append(f"  {'blocked' if o.blocked else 'LEAK   '}  {o.attack:<{width}}  {o.expected:<{expected}}  "
-                         f"{o.actual}")
+                         f"{printable(o.actual)}")
     leaks = sum(not o.blocked for o in outcomes)
     lines.append(f"{len(outcomes)} attacks: " + (f"{leaks} LEAKED" if leaks else "every one blocked"))
     return "\n".join(lines)
