@@ -74,6 +74,8 @@ def save(run_id: str, agent: str, workspace: str, started: str, logs: Iterable[b
     state_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     folder = run_dir(run_id)
     folder.mkdir(parents=True, exist_ok=True)
+    for name in (AUDIT_FILE, f"{AUDIT_FILE}.1"):  # saved again (an earlier save failed): the log is read whole
+        (folder / name).unlink(missing_ok=True)
     handler = logging.handlers.RotatingFileHandler(folder / AUDIT_FILE, maxBytes=RUN_BYTES // 2, backupCount=1,
                                                    encoding="utf-8")
     count = 0

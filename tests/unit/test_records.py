@@ -32,6 +32,13 @@ def test_a_runs_audit_lines_are_kept_and_other_output_is_not(state_home: Path) -
     assert json.loads((records.run_dir("dev-1") / "run.json").read_text())["agent"] == "dev"
 
 
+def test_a_run_saved_again_keeps_its_lines_once() -> None:
+    # a save that failed part way leaves the gate running; `stop` saves its whole log again
+    records.save("dev-1", "dev", "/srv/a", "t", [line(0) + b"\n"])
+    record = records.save("dev-1", "dev", "/srv/a", "t", [line(0) + b"\n" + line(1) + b"\n"])
+    assert [json.loads(text)["n"] for text in records.audit_lines(record)] == [0, 1]
+
+
 def test_a_flood_keeps_the_newest_lines_within_the_per_run_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(records, "RUN_BYTES", 20_000)
     record = records.save("dev-1", "dev", "/srv/a", "t", (line(n, 100) + b"\n" for n in range(2000)))
