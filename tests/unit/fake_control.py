@@ -9,8 +9,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from claude_bottle.runtime.ask_watch import Asked
+
 # Prints each argument (a JSON event) as a line, then reads standard input to its end, as the gate's watch does.
 WATCH_SCRIPT = "import sys\nfor a in sys.argv[1:]:\n    print(a, flush=True)\nsys.stdin.read()\n"
+# The same, ended by the gate after its events (as when it drops a watcher that fell behind).
+DROPPED_SCRIPT = "import sys\nfor a in sys.argv[1:]:\n    print(a, flush=True)\nsys.exit(1)\n"
 
 
 def asked(question: str, host: str, port: int = 443, **more: Any) -> dict[str, Any]:
@@ -30,6 +34,12 @@ class FakeChannel:
 
     def watch_command(self) -> list[str]:
         return [sys.executable, "-c", WATCH_SCRIPT, *(json.dumps(e) for e in self.events)]
+
+    def pending(self) -> list[Asked]:
+        """The questions in ``events`` not yet decided here."""
+        answered = {question for question, _, _ in self.decided}
+        found = (Asked.from_fields(e) for e in self.events if e.get("event") == "asked")
+        return [a for a in found if a is not None and a.id not in answered]
 
     def decide(self, question: str, answer: str, by: str) -> dict[str, Any]:
         self.decided.append((question, answer, by))

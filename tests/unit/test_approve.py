@@ -4,6 +4,7 @@ without one, and allow-always written to the agent's file."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pty
 import sys
@@ -19,7 +20,7 @@ from claude_bottle.commands import approve
 from claude_bottle.commands.approve import Board, keys_of, loop, saver
 from claude_bottle.errors import ConfigError
 from claude_bottle.runtime.ask_watch import Asked
-from tests.unit.fake_control import FakeChannel, asked
+from tests.unit.fake_control import DROPPED_SCRIPT, WATCH_SCRIPT, FakeChannel, asked
 
 
 def test_the_board_lists_questions_in_order_and_drops_those_decided_elsewhere() -> None:
@@ -214,6 +215,27 @@ def test_the_end_of_the_gates_watch_ends_it(running: Callable[..., tuple[Screen,
     screen, _, thread = running(channel, False)
     thread.join(10)
     assert not thread.is_alive() and "the gate's watch ended" in screen.text
+
+
+def test_a_watch_the_gate_dropped_is_watched_again(running: Callable[..., tuple[Screen, int, threading.Thread]]
+                                                   ) -> None:
+    """The gate drops a watcher that falls behind, which a bottle asking in a flood brings about: ``approve``
+    watches again, and what was decided meanwhile leaves its list."""
+    channel = FakeChannel([asked("q2", "two.example"), asked("q3", "three.example")])
+    watches = iter([[sys.executable, "-c", DROPPED_SCRIPT, json.dumps(asked("q1", "one.example")),
+                     json.dumps(asked("q2", "two.example"))],
+                    [sys.executable, "-c", WATCH_SCRIPT, *(json.dumps(e) for e in channel.events)]])
+    channel.watch_command = lambda: next(watches)  # type: ignore[method-assign]
+    screen, typing, thread = running(channel, False)
+    screen.wait_for("asked q3 r1 three.example:443")
+    os.write(typing, b"a q1\na q3\n")
+    assert channel.done.wait(20)
+    screen.wait_for("error: no request q1 is waiting")
+    os.close(typing)
+    thread.join(10)
+    assert not thread.is_alive() and "watch ended" not in screen.text
+    assert channel.decided == [("q3", "allow-once", "terminal")]
+    assert screen.text.count("asked q2") == 1
 
 
 def test_a_refused_answer_is_shown(running: Callable[..., tuple[Screen, int, threading.Thread]]) -> None:

@@ -27,7 +27,7 @@ import click
 from claude_bottle.errors import BottleError
 
 if TYPE_CHECKING:
-    from claude_bottle.runtime.ask_watch import Asked, Channel
+    from claude_bottle.runtime.ask_watch import Asked, Channel, WatchProcess
 
 KEYS = {"a": "allow-once", "A": "allow-always", "d": "deny-once", "D": "deny-always"}
 MOVES = {"j": 1, "k": -1, "\x1b[B": 1, "\x1b[A": -1, "\x1bOB": 1, "\x1bOA": -1}
@@ -65,15 +65,24 @@ class Board:
                 self.questions[asked.id] = (asked, now)
                 return asked
         elif event.get("event") == "decided" and str(event.get("id")) in self.questions:
-            at = list(self.questions).index(str(event.get("id")))
-            asked, _ = self.questions.pop(str(event.get("id")))
+            asked = self._drop(str(event.get("id")))
             self.status = printable(f"{asked.summary()}: {event.get('answer')} by {event.get('by')}", SHOWN)
-            if at < self.selected:
-                self.selected -= 1
-            elif at == self.selected:
-                self.lost = True
-            self.selected = min(self.selected, max(0, len(self.questions) - 1))
         return None
+
+    def keep(self, pending: set[str]) -> None:
+        """Only the questions in ``pending`` stay (a new watch's view: the others were decided meanwhile)."""
+        for question in [q for q in self.questions if q not in pending]:
+            self._drop(question)
+
+    def _drop(self, question: str) -> Asked:
+        at = list(self.questions).index(question)
+        asked, _ = self.questions.pop(question)
+        if at < self.selected:
+            self.selected -= 1
+        elif at == self.selected:
+            self.lost = True
+        self.selected = min(self.selected, max(0, len(self.questions) - 1))
+        return asked
 
     def current(self) -> Asked | None:
         ordered = list(self.questions.values())
@@ -180,6 +189,7 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
 
     watch = WatchProcess(channel)
     events, typed = Lines(), Lines()
+    heard = False  # an event came on this watch: it worked, so its end may be the gate dropping it
     try:
         while True:
             if terminal:
@@ -188,6 +198,10 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
             if watch.fileno in ready:
                 data = os.read(watch.fileno, 65536)
                 if not data:
+                    if heard and (again := watched_again(channel, board)) is not None:
+                        watch.stop()
+                        watch, events, heard = again, Lines(), False
+                        continue
                     write("the gate's watch ended: the run is over, or its gate has no ask mode\r\n")
                     return
                 for line in events.feed(data):
@@ -196,6 +210,7 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
                             write(f"the gate refused to be watched: {refusal}\r\n")
                             return
                         continue
+                    heard = True
                     shown = event.get("event") == "decided" and str(event.get("id")) in board.questions
                     added = board.apply(event, time.monotonic())
                     if not terminal and added is not None:
@@ -224,6 +239,23 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
                     write(typed_answer(channel, board, line.decode("utf-8", "replace"), save) + "\n")
     finally:
         watch.stop()
+
+
+def watched_again(channel: Channel, board: Board) -> WatchProcess | None:
+    """A new watch, once the gate ended one that worked: a gate drops a watcher that falls behind (a bottle
+    asking in a flood while the user reads a diff), and the run goes on. The questions decided meanwhile leave
+    the board; the pending ones come again as the new watch's first events. None when the gate does not answer
+    (the run is over)."""
+    from claude_bottle.runtime.ask_watch import WatchProcess
+
+    watch = WatchProcess(channel)
+    try:
+        pending = channel.pending()  # asked after the new watch began: nothing decided in between is missed
+    except BottleError:
+        watch.stop()
+        return None
+    board.keep({asked.id for asked in pending})
+    return watch
 
 
 def asked_line(board: Board, asked: Asked) -> str:

@@ -139,6 +139,9 @@ class Channel(Protocol):
     def decide(self, question: str, answer: str, by: str) -> dict[str, Any]:
         """Answer question ``question``: the gate's reply (``ok`` false with its ``error`` when refused)."""
 
+    def pending(self) -> list[Asked]:
+        """The questions held now; a BottleError when the gate does not answer."""
+
 
 @dataclass(frozen=True)
 class GateChannel:
