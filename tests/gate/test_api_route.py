@@ -299,12 +299,13 @@ async def test_audit_has_one_complete_line_per_request(make_gate: GateFactory) -
         await exchange(gate.api, b"GET /nope?key=sk-ant-secret HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n", 2)
         allowed, denied = gate.records()
     for record in (allowed, denied):
-        assert set(record) == {"version", "time", "listener", "client", "method", "target", "path", "decision",
+        assert set(record) == {"version", "seq", "time", "listener", "client", "method", "target", "path", "decision",
                                "reason", "status", "bytes_up", "bytes_down", "duration_ms"}
         assert record["listener"] == "api"
     assert allowed["decision"] == "allow" and allowed["status"] == 200 and allowed["bytes_down"] > 300
     assert allowed["bytes_up"] == len(json.dumps({**STREAM, "stub": {"events": 3}}))
     assert denied["path"] == "/nope", "the query string is never audited"
+    assert (allowed["seq"], denied["seq"]) == (1, 2)
 
 
 async def whole_response(endpoint: Endpoint, request: bytes) -> bytes:

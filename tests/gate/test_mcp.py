@@ -151,7 +151,7 @@ async def test_an_allowed_call_reaches_the_server_with_the_real_token_and_a_refu
     assert records[1]["rule"] == "[mcp.servers.tracker] deny_tools delete_*"
     assert [(c["tool"], c["decision"]) for c in calls] == [("get_issue", "allow"), ("delete_issue", "deny"),
                                                            ("close_issue", "deny")], "one line per call"
-    assert {k: v for k, v in calls[1].items() if k not in ("time", "client")} == {
+    assert {k: v for k, v in calls[1].items() if k not in ("time", "client", "seq")} == {
         "version": 2, "listener": "mcp", "method": "tools/call", "target": target, "decision": "deny",
         "reason": records[1]["reason"], "status": 200, "path": "/mcp",
         "rule": "[mcp.servers.tracker] deny_tools delete_*", "server": "tracker", "tool": "delete_issue"}

@@ -12,9 +12,9 @@ from claude_bottle.gate.audit import REDACTED, VERSION, AuditLog, AuditRecord
 from claude_bottle.policy.decide import Decision, RpcCall
 
 SECRET = "sk-ant-oat01-Qw3rTy_uIoP-aSdFgHjKl0123456789"
-FIELDS = ["version", "time", "listener", "client", "method", "target", "decision", "reason", "status", "bytes_up",
+FIELDS = ["version", "seq", "time", "listener", "client", "method", "target", "decision", "reason", "status", "bytes_up",
           "bytes_down", "duration_ms"]
-FIELDS_WITH_PATH = [*FIELDS[:9], "path", *FIELDS[9:]]
+FIELDS_WITH_PATH = [*FIELDS[:10], "path", *FIELDS[10:]]
 TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
@@ -43,6 +43,7 @@ def test_one_line_with_fixed_fields() -> None:
     assert TIME.fullmatch(str(entry["time"]))
     assert {k: v for k, v in entry.items() if k not in ("time", "duration_ms")} == {
         "version": VERSION,
+        "seq": 1,
         "listener": "proxy",
         "client": "127.0.0.1:50000",
         "method": "CONNECT",
@@ -99,6 +100,7 @@ def test_lines_accumulate_one_per_record() -> None:
         log.write(_record(status=i))
     entries = _lines(stream)
     assert [e["status"] for e in entries] == [0, 1, 2, 3, 4]
+    assert [e["seq"] for e in entries] == [1, 2, 3, 4, 5], "numbered: a log cut short shows what went before"
 
 
 def test_reason_with_newline_stays_one_line() -> None:
@@ -187,7 +189,7 @@ def test_unlisted_tunnel_and_side_only_when_set_after_the_decision_fields() -> N
     log.write(_record(rule="[dlp] x", would_deny=True, unlisted=True, tunnel="raw_tcp", side="upstream"))
     log.write(_record())
     full, plain = _lines(stream)
-    assert list(full) == [*FIELDS[:9], "rule", "would_deny", "unlisted", "tunnel", "side", *FIELDS[9:]]
+    assert list(full) == [*FIELDS[:10], "rule", "would_deny", "unlisted", "tunnel", "side", *FIELDS[10:]]
     assert (full["unlisted"], full["tunnel"], full["side"]) == (True, "raw_tcp", "upstream")
     assert list(plain) == FIELDS
 
@@ -216,13 +218,14 @@ def test_each_json_rpc_message_gets_a_line_after_its_request_and_one_not_sent_sa
     AuditLog(stream, secrets=(SECRET,)).write(record)
     request, *lines = _lines(stream)
     assert "calls" not in request and "mcp" not in request
-    call_fields = [*FIELDS[:9], "path", "rule", "server", "tool"]
+    call_fields = [*FIELDS[:10], "path", "rule", "server", "tool"]
     assert [list(line) for line in lines] == [[f for f in call_fields if f != "rule"], call_fields,
                                               [f for f in call_fields if f not in ("rule", "tool")]]
     assert [(line["listener"], line["method"], line.get("tool"), line["decision"], line.get("rule"))
             for line in lines] == [("mcp", "tools/call", "get_issue", "deny", None),
                                    ("mcp", "tools/call", "delete_issue", "deny", "r-deny"),
                                    ("mcp", "notifications/initialized", None, "deny", None)]
+    assert [line["seq"] for line in (request, *lines)] == [1, 2, 3, 4]
     assert lines[0]["reason"] == "not sent: its request was refused: MCP tool delete_issue is refused (and 0 more)"
     assert lines[1]["reason"] == f"refused {REDACTED}"
     assert all(line["time"] == request["time"] and line["status"] == 200 and line["path"] == "/mcp"

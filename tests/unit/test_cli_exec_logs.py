@@ -145,6 +145,25 @@ def test_logs_json_holds_no_control_character_a_bottle_chose(recorded: Path) -> 
     assert raw.isascii() and json.loads(raw)["method"] == line["method"] and json.loads(raw)["tool"] == line["tool"]
 
 
+def test_logs_and_suggest_say_when_a_runs_first_lines_were_pushed_out(recorded: Path) -> None:
+    """The engine and the host keep a run's newest audit lines, and a bottle chooses how many it makes: lines
+    are numbered, so a log that begins past its first says so."""
+    line = {"version": 2, "time": "t", "listener": "proxy", "decision": "deny", "status": 403, "method": "CONNECT",
+            "target": "exfil.example:443", "reason": "not in the allowlist", "unlisted": True}
+    records.save("dev-8", "dev", str(recorded), "t",
+                 [b'{}\n', *(json.dumps({**line, "seq": n}).encode() + b"\n" for n in (4001, 4002))])
+    for command in (["logs", "--run", "dev-8"], ["logs", "--run", "dev-8", "--json"],
+                    ["policy", "suggest", "--run", "dev-8"]):
+        result = CliRunner().invoke(cli, command)
+        assert result.exception is None and "exfil.example" in result.stdout, command
+        assert "run dev-8: its first 4000 audit lines are not kept" in result.stderr, command
+        assert "line 4001" in result.stderr and result.stderr.count("not kept") == 1
+    whole = CliRunner().invoke(cli, ["logs", "--run", "dev-0"])
+    assert "not kept" not in whole.stderr, "lines without a number (an earlier gate's) say nothing"
+    records.save("dev-9", "dev", str(recorded), "t", [json.dumps({**line, "seq": 1}).encode()])
+    assert "not kept" not in CliRunner().invoke(cli, ["logs", "--run", "dev-9"]).stderr
+
+
 def test_logs_errors_say_what_to_do(recorded: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     other = runner.invoke(cli, ["logs", "--workspace", str(tmp_path / "other")])

@@ -63,7 +63,23 @@ def read_audit(agent: str | None, workspace: str | None, run_id: str | None, fol
     else:
         record = records.find(run_id) if run_id else records.latest(agent, place)
         lines, owner, source = records.audit_lines(record), record.agent, record.run
-    return audit_entries(lines), owner, source
+    return with_a_cut_told(audit_entries(lines), source), owner, source
+
+
+def with_a_cut_told(entries: Iterable[dict[str, Any]], run: str) -> Iterator[dict[str, Any]]:
+    """``entries``, after a word on standard error when the first numbered line (``seq``) is not the run's
+    first: the engine and the host keep a run's newest audit lines only, and a bottle chooses how many it
+    makes, so one may send requests in the thousands to push an earlier one out."""
+    told = False
+    for entry in entries:
+        seq = entry.get("seq")
+        if not told and type(seq) is int:
+            told = True
+            if seq > 1:
+                click.echo(f"run {run}: its first {seq - 1} audit lines are not kept: only a run's newest are "
+                           f"(docs/gate.md#audit-log), and its bottle made more, perhaps to push earlier ones "
+                           f"out; what follows begins at line {seq}", err=True)
+        yield entry
 
 
 def audit_entries(lines: Iterable[str]) -> Iterator[dict[str, Any]]:

@@ -113,20 +113,25 @@ class AuditRecord:
 
 
 class AuditLog:
-    """Writes records to a text stream. Any occurrence of a secret is replaced before writing: the audit
-    never carries one, whatever a caller passes in."""
+    """Writes records to a text stream, each line numbered (``seq``, from 1): where a log was cut short by its
+    size (the engine's cap and the host's keep the newest lines, and a bottle chooses how many it makes), the
+    first line kept says how many went before it. Any occurrence of a secret is replaced before writing: the
+    audit never carries one, whatever a caller passes in."""
 
     def __init__(self, stream: TextIO | None, secrets: tuple[str, ...] = ()) -> None:
         self._stream = stream
         self._secrets = tuple(s for s in secrets if s)
+        self._written = 0
 
     def write(self, record: AuditRecord) -> None:
         """The request's line, then one line per JSON-RPC message in it."""
         if self._stream is None:
             return
-        self._stream.write(self._line(_request_fields(record)))
+        self._written += 1
+        self._stream.write(self._line(_request_fields(record, self._written)))
         for call in record.calls:
-            self._stream.write(self._line(_call_fields(record, call)))
+            self._written += 1
+            self._stream.write(self._line(_call_fields(record, call, self._written)))
         self._stream.flush()
 
     def _line(self, fields: dict[str, object]) -> str:
@@ -137,12 +142,12 @@ class AuditLog:
         return line + "\n"
 
 
-def _request_fields(record: AuditRecord) -> dict[str, object]:
+def _request_fields(record: AuditRecord, seq: int) -> dict[str, object]:
     started = record.started
     # The fields in their fixed order; the optional ones only when set. (Built by hand: dataclasses.asdict
     # deep-copies every field, and this runs for every request.)
     fields: dict[str, object] = {
-        "version": VERSION,
+        "version": VERSION, "seq": seq,
         "time": _time(started),
         "listener": record.listener, "client": record.client, "method": record.method, "target": record.target,
         "decision": record.decision, "reason": record.reason, "status": record.status,
@@ -168,14 +173,14 @@ def _request_fields(record: AuditRecord) -> dict[str, object]:
     return fields
 
 
-def _call_fields(record: AuditRecord, call: RpcCall) -> dict[str, object]:
+def _call_fields(record: AuditRecord, call: RpcCall, seq: int) -> dict[str, object]:
     """A JSON-RPC message's line: the request's time, client, target, path and status; the message's method,
     server, tool, decision, reason and rule. Allowed, but in a request that was refused: not sent."""
     decision, reason, rule = call.decision, call.reason, call.rule
     if decision == "allow" and record.decision == "deny":
         decision, reason, rule = "deny", f"not sent: its request was refused: {record.reason}", ""
     fields: dict[str, object] = {
-        "version": VERSION, "time": _time(record.started), "listener": MCP, "client": record.client,
+        "version": VERSION, "seq": seq, "time": _time(record.started), "listener": MCP, "client": record.client,
         "method": call.method, "target": record.target, "decision": decision, "reason": reason,
         "status": record.status,
     }
