@@ -15,6 +15,7 @@ request may steer it with a top-level ``"stub"`` object in its JSON body (Claude
   credential headers' values (the scheme word cut off) encoded so.
 - ``{"mode": "gzip"}``: answer with a gzip-encoded body.
 - ``{"mode": "vanish"}``: start a stream, then drop the connection.
+- ``{"delay": S}``: wait S seconds (at most ``MAX_DELAY``) before answering: a slow upstream.
 
 What an answer says is steered by the conversation itself, so real Claude Code can be made to run a tool:
 
@@ -54,6 +55,7 @@ from claude_bottle.gate.http1 import Data, EndOfMessage, Headers, LocalProtocolE
 from claude_bottle.gate.refusals import answer_or_reset
 
 DEFAULT_TEXT = "Hello from the stub upstream."
+MAX_DELAY = 300.0  # seconds a request may ask the stub to wait before its answer
 SSE_HEADERS: Headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                         (b"request-id", b"req_stub"), (b"anthropic-organization-id", b"stub-org")]
 
@@ -294,6 +296,8 @@ class StubUpstream:
         credentials = [(n, v) for n, v in request.headers if n.lower() in (b"authorization", b"x-api-key")]
         values = [v.split(b" ", 1)[-1] for _, v in credentials]  # the scheme word cut off
         mode = steer.get("mode")
+        if isinstance(delay := steer.get("delay"), (int, float)):
+            await asyncio.sleep(min(max(0.0, delay), MAX_DELAY))
         if mode == "echo":
             await self._json(conn, 200, {"headers": [[n.decode(), v.decode()] for n, v in request.headers]})
         elif mode == "echo-header":

@@ -142,6 +142,10 @@ def test_the_audit_is_kept_when_another_terminal_stops_a_kept_run(
     # a tunnel still open when the run is stopped: its line is written as the gate stops
     inside(run, f"(exec 3<>/dev/tcp/{run.gate_ip}/{PROXY_PORT}; printf 'CONNECT target:8000 HTTP/1.1\\r\\nHost: target:8000\\r\\n\\r\\n' >&3; "
                 "sleep 60) >/dev/null 2>&1 & disown; sleep 1")
+    # and a request its upstream has not answered when the bottle goes: the gate, left with no client to
+    # answer, cuts it and writes its line before the engine would kill it (a line it could lose)
+    inside(run, "(curl -sS -m 60 -o /dev/null http://target:8000/v1/messages -H 'content-type: application/json' "
+                "-d '{\"model\": \"m\", \"stub\": {\"delay\": 60}}') >/dev/null 2>&1 & disown; sleep 1")
     stopped = cli("stop", "stopped", cwd=tmp_path)
     assert stopped.returncode == 0 and run.id in stopped.stdout
     shown = cli("logs", "--json", cwd=workspace)
@@ -149,6 +153,7 @@ def test_the_audit_is_kept_when_another_terminal_stops_a_kept_run(
     lines = [json.loads(line) for line in shown.stdout.splitlines()]
     assert any(map(denied_line("before-stop.example:80"), lines))
     assert any(r["target"] == "target:8000" and r["status"] == 200 for r in lines), "the tunnel open at the stop"
+    assert any(r["target"] == "target:8000" and r.get("path") == "/v1/messages" for r in lines), "the request"
     assert cli("logs", "stopped", "--follow", cwd=tmp_path).returncode == 2, "--follow needs a running bottle"
 
 
@@ -177,4 +182,6 @@ def test_a_flood_of_audit_lines_stays_within_the_caps(
     kept = [json.loads(line) for line in records.audit_lines(record)]
     assert kept[-1]["target"] == "flood-1500.example:443", "the newest lines are kept"
     assert len(kept) < record.lines, "the oldest went"
+    shown = cli("logs", "--run", record.run, "--json", cwd=tmp_path)
+    assert f"its first {kept[0]['seq'] - 1} audit lines are not kept" in shown.stderr, "a flood cannot hide that"
 

@@ -30,6 +30,10 @@ GATE_PIDS_LIMIT = 256
 GATE_MEMORY = "512m"
 GATE_READY_SECONDS = 30
 GATE_STOP_SECONDS = 3
+# A run's gate stops once its bottle is gone: what is still in flight then has no client to answer (a request
+# its upstream has not answered yet). It is cut after this, and its line written, before the engine's SIGKILL
+# at GATE_STOP_SECONDS would lose that line.
+GATE_DRAIN_SECONDS = 1.0
 GATE_ALIAS = "gate"  # the gate's name on the internal network, where the engine resolves names there (Docker)
 
 
@@ -43,7 +47,7 @@ def gate_options(spec: RunSpec, listen: str = GATE_ALIAS, heartbeat: float = 0.0
         allow_server_tool=spec.server_tools, request_policy=spec.request_policy, dlp=spec.dlp, routes=spec.routes,
         extra_ca=tuple(Path(path["bind"]) for path in upstream_ca_mounts(spec).values()), audit_log="-",
         learn=spec.learn, ask=spec.ask, ask_timeout=spec.ask_timeout, control_socket=Path(CONTROL_SOCKET),
-        exit_with_stdin=True, stdin_heartbeat=heartbeat,
+        exit_with_stdin=True, stdin_heartbeat=heartbeat, drain_seconds=GATE_DRAIN_SECONDS,
         upstream_proxy=spec.upstream_proxy, mcp_servers=spec.mcp_rules,
     )
 
