@@ -329,6 +329,31 @@ def test_a_flood_of_questions_shows_a_few_notifications_not_one_each(monkeypatch
     assert len(watcher.seen) == 100 and len(shown) <= ask_watch.MAX_NOTIFICATIONS
 
 
+def test_what_is_kept_of_a_question_goes_once_it_is_decided(tmp_path: Path) -> None:
+    """A bottle asks as often as it likes for as long as the run lasts (a question it withdraws, it asks
+    again): the run's process keeps nothing of a question once it is decided."""
+    count = 20_000
+    script = ("import json\n"
+              f"for n in range({count}):\n"
+              "    print(json.dumps({'event': 'asked', 'id': str(n), 'host': 'h.example', 'port': 443}))\n"
+              "    print(json.dumps({'event': 'decided', 'id': str(n), 'answer': 'deny-once', 'by': 'gone'}))\n"
+              "print(json.dumps({'event': 'asked', 'id': 'last', 'host': 'last.example', 'port': 443}), flush=True)\n"
+              "import sys; sys.stdin.read()\n")
+    channel = FakeChannel([])
+    channel.watch_command = lambda: [sys.executable, "-c", script]  # type: ignore[method-assign]
+    watcher, _ = watched(channel, hook(tmp_path, "raise SystemExit(1)\n"))
+    try:
+        deadline = time.monotonic() + 60
+        while "last" not in watcher.seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watcher.seen == {"last"}, "one question waits"
+        while (watcher.hooked or watcher.decided) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watcher.close()
+    assert (len(watcher.hooked), len(watcher.decided)) == (0, 0), "every hook is through"
+
+
 def test_a_question_decided_before_its_turn_is_not_given_to_the_hook(tmp_path: Path) -> None:
     """Questions the bottle asked and withdrew wait behind the running hooks: they are not run (a hook that
     asks a person would ask about what no longer waits), and their answers are not sent."""

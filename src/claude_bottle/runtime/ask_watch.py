@@ -316,8 +316,12 @@ class Watcher:
         self.desktop, self.say = desktop, say
         self.pool = ThreadPoolExecutor(MAX_HOOKS, thread_name_prefix="ask")
         self.closing = threading.Event()
-        self.seen: set[str] = set()
-        self.decided: set[str] = set()  # questions answered or withdrawn: a hook not yet run for one is not run
+        # What is kept of a question goes once it is decided: a bottle asks as often as it likes, for as long as
+        # the run lasts (a question it withdraws, it asks again).
+        self.seen: set[str] = set()  # asked and not decided yet (a watch's first lines repeat what is pending)
+        self.hooked: set[str] = set()  # handed to the hook, and not through it yet
+        self.decided: set[str] = set()  # of those, answered or withdrawn meanwhile: a hook not yet run is not run
+        self.questions = threading.Lock()  # the three sets, between the watch's thread and the hooks'
         self.notified: deque[float] = deque(maxlen=MAX_NOTIFICATIONS)  # when the last notifications went out
         self.lock = threading.Lock()  # between starting a watch and closing
         self.hooks: set[subprocess.Popen[bytes]] = set()  # running
@@ -361,7 +365,7 @@ class Watcher:
                 if event["event"] == "asked" and (asked := Asked.from_fields(event)) is not None:
                     self.asked(asked)
                 elif event["event"] == "decided":
-                    self.decided.add(str(event.get("id")))
+                    self.settled(str(event.get("id")))
             why = watch.why_ended()
             failures += 1
             if self.closing.wait(RESTART_SECONDS):
@@ -372,9 +376,12 @@ class Watcher:
     def asked(self, asked: Asked) -> None:
         """A new question: notify, and hand it to the hook. A question seen before (the watch's first lines
         repeat what is pending) is not handled twice."""
-        if asked.id in self.seen:
-            return
-        self.seen.add(asked.id)
+        with self.questions:
+            if asked.id in self.seen:
+                return
+            self.seen.add(asked.id)
+            if self.hook:
+                self.hooked.add(asked.id)
         now = time.monotonic()
         if self.desktop is not None and (len(self.notified) < MAX_NOTIFICATIONS
                                          or now - self.notified[0] >= NOTIFY_WINDOW):
@@ -385,9 +392,25 @@ class Watcher:
         if self.hook:
             self.pool.submit(self._ask_hook, asked)
 
+    def settled(self, question: str) -> None:
+        """``question`` was answered or withdrawn: forgotten, but for a hook still to run for it, which is not."""
+        with self.questions:
+            self.seen.discard(question)
+            if question in self.hooked:
+                self.decided.add(question)
+
     def _ask_hook(self, asked: Asked) -> None:
-        if asked.id in self.decided or self.closing.is_set():
-            return
+        try:
+            with self.questions:
+                if asked.id in self.decided or self.closing.is_set():
+                    return
+            self._run_hook(asked)
+        finally:
+            with self.questions:
+                self.hooked.discard(asked.id)
+                self.decided.discard(asked.id)
+
+    def _run_hook(self, asked: Asked) -> None:
         seconds = max(1.0, self.timeout - asked.waited)
         answer, why = run_hook(self.hook, asked.description(self.run, self.agent, self.timeout), seconds, self.hooks)
         if self.closing.is_set():
