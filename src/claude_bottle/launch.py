@@ -253,7 +253,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         check_ca_files(build_inputs(agent), launch.workspace, agent.mounts)
         user = bottle_user(os.getuid(), os.getgid(), launch.workspace)
         found = workspace.protected_paths(launch.workspace)
-        protective_mounts(launch.workspace, found[0])  # a .git that cannot be mounted safely fails here
+        protective_mounts(launch.workspace, found.mounted)  # a .git that cannot be mounted safely fails here
         opened = open_engine()
         about = opened.describe()
         engine.check_runtime(about, agent.runtime, f"agent {agent.name}: runtime")
@@ -263,7 +263,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         began = time.monotonic()
         bottle_image, gate_image = build_images(opened, agent, progress, launch.upstream_proxy)
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
-        run = Run(run_spec(launch, bottle_image, gate_image, user, tuple(found[0])), opened)
+        run = Run(run_spec(launch, bottle_image, gate_image, user, tuple(found.mounted)), opened)
         watch = trust.Watch(launch.workspace, run.id)
         reaper = watch_over(run.id)  # removes the run if this process dies without doing it
         try:

@@ -174,7 +174,7 @@ class Watch:
         self.before: dict[str, str] = {}
         self._lock: int | None = None
 
-    def begin(self, found: tuple[list[str], bool] | None = None) -> None:
+    def begin(self, found: ws.Protected | None = None) -> None:
         """``found``: ``workspace.protected_paths`` of this workspace, if the caller has it."""
         self.before = ws.fingerprint(self.workspace, found)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

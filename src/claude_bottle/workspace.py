@@ -5,10 +5,11 @@ code: git (``.git``), editors (``.vscode/``, ``.idea/``), direnv (``.envrc``), C
 (``.claude/settings.json``, ``.mcp.json``), commit hooks kept in the tree (``.husky/``,
 ``.pre-commit-config.yaml``). Those paths are *protected*: mounted read-only into the bottle where they
 exist (``claude_bottle.runtime.files.protective_mounts``) and fingerprinted before and after every run
-(here), so whatever still changed is reported.
+(here), so whatever still changed is reported. Below the top level, nested ``.git`` entries are protected
+too, and the configs a tool reads from any folder it is started in are fingerprinted.
 
-Everything here reads with ``lstat`` and never follows a symlink. Work is bounded: the search for nested
-``.git`` entries stops after ``WALK_LIMIT`` directory entries, a protected directory is fingerprinted up to
+Everything here reads with ``lstat`` and never follows a symlink. Work is bounded: the search below the top
+level stops after ``WALK_LIMIT`` directory entries, a protected directory is fingerprinted up to
 ``ENTRY_LIMIT`` entries, neither goes more than ``DEPTH_LIMIT`` folders deep, and files above ``HASH_LIMIT``
 bytes, or past ``HASH_BUDGET`` bytes hashed in one fingerprint, are fingerprinted by size and change time
 instead of content.
@@ -22,6 +23,7 @@ import stat
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 GIT = ".git"
 # Relative paths, as sandbox-runtime protects them plus their equivalents: all are read as configuration
@@ -30,6 +32,14 @@ PROTECTED = (
     GIT, ".gitmodules", ".gitattributes", ".lfsconfig",
     ".envrc", ".vscode", ".idea", ".devcontainer",
     ".husky", ".githooks", ".pre-commit-config.yaml",
+    ".mcp.json", ".claude/settings.json", ".claude/settings.local.json",
+    ".claude/commands", ".claude/agents", ".claude/hooks", ".claude/skills",
+)
+# Of those, what the host's tools read from whatever folder they are started in, not only the top: Claude Code,
+# editors, dev containers and direnv opened in a subfolder (a monorepo's package). Below the top they are
+# watched, not mounted: a read-only mount there would pin a folder that a package manager must replace.
+IN_ANY_FOLDER = (
+    ".envrc", ".vscode", ".idea", ".devcontainer",
     ".mcp.json", ".claude/settings.json", ".claude/settings.local.json",
     ".claude/commands", ".claude/agents", ".claude/hooks", ".claude/skills",
 )
@@ -48,7 +58,7 @@ HASH_BUDGET = 256 * 1024 * 1024
 # A bottle can nest folders as deep as a path goes (some 2,000 with one-letter names): past Python's recursion
 # limit, and every path checked lstats each of its parents, so the checks' time grows with the cube of the depth.
 DEPTH_LIMIT = 64
-WALK_KEY = ""  # the entry that records whether the search for nested .git entries saw everything
+WALK_KEY = ""  # the entry that records whether the search below the top saw everything
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ class Change:
 
     def describe(self) -> str:
         if self.path == WALK_KEY:
-            return f"the search for nested .git entries: {self.after} (was: {self.before})"
+            return f"the search for nested .git entries and configs: {self.after} (was: {self.before})"
         if self.before is None:
             return f"{self.path}: created ({self.after})"
         if self.after is None:
@@ -69,13 +79,25 @@ class Change:
         return f"{self.path}: changed ({self.before} -> {self.after})"
 
 
-def nested_git(workspace: Path, limit: int | None = None) -> tuple[list[str], bool]:
-    """Relative paths of every ``.git`` entry below the top level (a repository, a gitfile, a symlink), and of
-    what makes git run something in every folder laid out as a repository (``_BARE``, the workspace itself
-    included: its HEAD and ``GIT_SIGNED``), breadth first, and whether the walk saw every entry (False once it
-    passed ``limit``, or WALK_LIMIT, or left folders more than DEPTH_LIMIT deep unread)."""
+class Protected(NamedTuple):
+    """The workspace paths that run code on the host: ``mounted`` read-only into the bottle where they exist,
+    and all ``watched`` (fingerprinted before and after a run); ``complete``: whether the search below the
+    top level saw every entry."""
+
+    mounted: list[str]
+    watched: list[str]
+    complete: bool
+
+
+def nested(workspace: Path, limit: int | None = None) -> Protected:
+    """Below the top level, breadth first: relative paths of every ``.git`` entry (a repository, a gitfile, a
+    symlink) and of what makes git run something in every folder laid out as a repository (``_BARE``, the
+    workspace itself included: its HEAD and ``GIT_SIGNED``), to mount; of ``IN_ANY_FOLDER`` in every folder
+    that has one, to watch; and whether the walk saw every entry (False once it passed ``limit``, or
+    WALK_LIMIT, or left folders more than DEPTH_LIMIT deep unread)."""
     limit = WALK_LIMIT if limit is None else limit
     found: list[str] = []
+    configs: list[str] = []
     seen = 0
     complete = True
     queue: deque[str] = deque([""])
@@ -89,10 +111,12 @@ def nested_git(workspace: Path, limit: int | None = None) -> tuple[list[str], bo
         names = {entry.name for entry in children}
         if any(layout <= names for layout in _BARE):
             found += [f"{relative}/{name}" if relative else name for name in ("HEAD", *GIT_SIGNED)]
+        if relative:
+            configs += [f"{relative}/{path}" for path in IN_ANY_FOLDER if path.split("/", 1)[0] in names]
         for entry in children:
             seen += 1
             if seen > limit:
-                return found, False
+                return Protected(found, configs, False)
             path = f"{relative}/{entry.name}" if relative else entry.name
             if entry.name == GIT:
                 if relative:
@@ -102,14 +126,15 @@ def nested_git(workspace: Path, limit: int | None = None) -> tuple[list[str], bo
                     queue.append(path)
                 else:
                     complete = False
-    return found, complete
+    return Protected(found, configs, complete)
 
 
-def protected_paths(workspace: Path) -> tuple[list[str], bool]:
-    """``PROTECTED`` and the nested ``.git`` entries and repository layouts, and whether the search for them
-    was complete."""
-    nested, complete = nested_git(workspace)
-    return list(dict.fromkeys([*PROTECTED, *nested])), complete
+def protected_paths(workspace: Path) -> Protected:
+    """To mount: ``PROTECTED`` and the nested ``.git`` entries and repository layouts; to watch: those and the
+    configs ``IN_ANY_FOLDER`` below the top."""
+    below = nested(workspace)
+    mounted = list(dict.fromkeys([*PROTECTED, *below.mounted]))
+    return Protected(mounted, [*mounted, *below.watched], below.complete)
 
 
 def _kind(mode: int) -> str:
@@ -197,11 +222,11 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
         _record(workspace, f"{relative}/{name}", entries, budget, depth + 1)
 
 
-def fingerprint(workspace: Path, found: tuple[list[str], bool] | None = None) -> dict[str, str]:
-    """Every protected path that exists, and what is in protected directories: relative path -> signature.
-    ``WALK_KEY`` says whether the search for nested .git entries was complete. ``found`` is what
-    ``protected_paths`` just returned, to save a second walk."""
-    paths, complete = found or protected_paths(workspace)
+def fingerprint(workspace: Path, found: Protected | None = None) -> dict[str, str]:
+    """Every watched path that exists, and what is in watched directories: relative path -> signature.
+    ``WALK_KEY`` says whether the search below the top was complete. ``found`` is what ``protected_paths``
+    just returned, to save a second walk."""
+    _, paths, complete = found or protected_paths(workspace)
     entries: dict[str, str] = {WALK_KEY: "complete" if complete else
                                f"stopped after {WALK_LIMIT} entries or {DEPTH_LIMIT} folders deep"}
     budget = [ENTRY_LIMIT, HASH_BUDGET]  # entries left in protected directories, bytes left to hash

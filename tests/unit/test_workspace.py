@@ -61,6 +61,33 @@ def test_each_planted_file_is_a_change(project: Path, plant: object) -> None:
     assert ws.changes(before, ws.fingerprint(project)), "the plant went unnoticed"
 
 
+@pytest.mark.parametrize("plant", [
+    lambda p: (p / "packages/app/.claude").mkdir(parents=True) or
+    (p / "packages/app/.claude/settings.json").write_text('{"hooks": {}}'),
+    lambda p: (p / "packages/app/.mcp.json").write_text('{"mcpServers": {}}'),
+    lambda p: (p / "packages/app/.vscode").mkdir(parents=True) or (p / "packages/app/.vscode/tasks.json").write_text("{}"),
+    lambda p: (p / "packages/app/.envrc").write_text("curl x | sh\n"),
+    lambda p: (p / "packages/app/.claude").symlink_to("/etc"),
+], ids=["claude-settings", "mcp", "vscode", "envrc", "claude-symlink"])
+def test_a_config_planted_below_the_top_is_a_change_and_is_not_mounted(project: Path, plant: object) -> None:
+    """Claude Code, an editor or direnv started in a subfolder (a monorepo's package) reads that folder's
+    configs: below the top they are watched (a mount there would pin what npm must replace)."""
+    (project / "packages/app").mkdir(parents=True)
+    before = ws.fingerprint(project)
+    plant(project)  # type: ignore[operator]
+    assert [p for p in changed(before, ws.fingerprint(project)) if p.startswith("packages/app/")], "unnoticed"
+    assert not [p for p in ws.protected_paths(project).mounted if p.startswith("packages/")]
+
+
+def test_a_config_below_the_top_edited_is_a_change(project: Path) -> None:
+    (project / "packages/app/.claude").mkdir(parents=True)
+    (project / "packages/app/.claude/settings.json").write_text("{}")
+    before = ws.fingerprint(project)
+    assert "packages/app/.claude/settings.json" in before
+    (project / "packages/app/.claude/settings.json").write_text('{"hooks": {"SessionStart": []}}')
+    assert changed(before, ws.fingerprint(project)) == ["packages/app/.claude/settings.json"]
+
+
 def test_a_changed_file_a_mode_and_a_replaced_repository_are_changes(project: Path) -> None:
     (project / ".envrc").write_text("export A=1\n")
     before = ws.fingerprint(project)
@@ -96,8 +123,8 @@ def test_a_repository_signs_only_what_runs_code(project: Path) -> None:
 
 def test_nested_git_walk_is_bounded_and_a_full_walk_turning_partial_is_a_change(project: Path) -> None:
     (project / "a" / "b" / ".git").mkdir(parents=True)
-    assert ws.nested_git(project) == (["a/b/.git"], True)
-    assert ws.nested_git(project, limit=3)[1] is False
+    assert ws.nested(project) == (["a/b/.git"], [], True)
+    assert ws.nested(project, limit=3).complete is False
     before = ws.fingerprint(project)
     for i in range(30):
         (project / f"pad{i}").mkdir()
@@ -113,7 +140,7 @@ def test_nested_git_walk_is_bounded_and_a_full_walk_turning_partial_is_a_change(
 def test_symlinked_directories_are_not_walked(project: Path, tmp_path: Path) -> None:
     (tmp_path / "outside" / ".git").mkdir(parents=True)
     (project / "link").symlink_to(tmp_path / "outside")
-    assert ws.nested_git(project) == ([], True)
+    assert ws.nested(project) == ([], [], True)
 
 
 # ---- mounts ------------------------------------------------------------------------------------------------
@@ -124,7 +151,7 @@ def test_existing_directories_and_files_are_mounted_read_only_symlinks_never(pro
     (project / ".mcp.json").symlink_to(tmp_path)
     (project / ".claude").symlink_to(tmp_path)  # a symlinked parent: .claude/settings.json is not the host's
     (tmp_path / "settings.json").write_text("{}")
-    paths, _ = ws.protected_paths(project)
+    paths = ws.protected_paths(project).mounted
     mounts = {p.target: p.source for p in protective_mounts(project, paths)}
     assert mounts == {"/workspace/.git": project / ".git", "/workspace/.vscode": project / ".vscode",
                       "/workspace/.envrc": project / ".envrc"}
@@ -143,7 +170,7 @@ def test_a_gitfile_is_mounted_and_nested_repositories_too(project: Path) -> None
     subprocess.run(["rm", "-rf", str(project / ".git")], check=True)
     (project / ".git").write_text("gitdir: /somewhere/.git/worktrees/x\n")
     (project / "vendor" / "lib" / ".git").mkdir(parents=True)
-    paths, _ = ws.protected_paths(project)
+    paths = ws.protected_paths(project).mounted
     assert {p.target for p in protective_mounts(project, paths)} == {"/workspace/.git", "/workspace/vendor/lib/.git"}
 
 
