@@ -18,7 +18,7 @@ from types import FrameType
 from typing import IO, Any, TextIO
 
 from claude_bottle import trust, workspace
-from claude_bottle.agent.mounts import Mount, check_mounts
+from claude_bottle.agent.mounts import Mount, check_mounts, check_workspace
 from claude_bottle.agent.schema import AgentConfig, McpServer
 from claude_bottle.claude_code import LATEST
 from claude_bottle.credentials import Credential
@@ -248,6 +248,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
     notice = notice or progress
     with on_stop_signals(interrupt):
         agent = launch.agent
+        check_workspace(launch.workspace)
         trust.check(launch.workspace)
         check_mounts(agent.mounts, launch.workspace)
         check_ca_files(build_inputs(agent), launch.workspace, agent.mounts)

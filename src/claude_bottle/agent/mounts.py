@@ -1,6 +1,7 @@
 """``[[mounts]]``: host files and folders in the bottle. A source is only a real file or folder, named by its
 real path, that reaches nothing a bottle must never reach: the engine's socket, the Docker client's folder,
-claude-bottle's own config and state, and (checked at start) the workspace."""
+claude-bottle's own config and state, and (checked at start) the workspace, which reaches none of those
+either."""
 
 from __future__ import annotations
 
@@ -90,14 +91,28 @@ def _mount_source(written: str, fields: Fields) -> Path:
     if resolved != path:
         raise fields.fail("source", f"{path} resolves to {resolved} (through a symlink or '..' on the way); "
                                     "write the real path")
-    forbidden = [(p, "the Docker engine's socket or client folder") for p in engine_paths()] + \
-        [(config_dir(), "claude-bottle's config folder (the token file, the agents)"),
-         (state_dir(), "claude-bottle's state folder (the runs' audit)")]
-    for protected, what in forbidden:
+    for protected, what in never_mounted():
         if relation := _relation(resolved, protected):
             raise fields.fail("source", f"{path} {relation} {what}, {protected}: a bottle must never reach it; "
                                         "mount a folder of its own instead")
     return resolved
+
+
+def never_mounted() -> list[tuple[Path, str]]:
+    """What no mount may be, hold or lie in, the workspace's included: each with what it is."""
+    return [(p, "the Docker engine's socket or client folder") for p in engine_paths()] + \
+        [(config_dir(), "claude-bottle's config folder (the token file, the agents)"),
+         (state_dir(), "claude-bottle's state folder (the runs' audit)")]
+
+
+def check_workspace(workspace: Path) -> None:
+    """The workspace is mounted read-write, so it may reach none of ``never_mounted`` either (``~/.config``,
+    where one edits dotfiles, holds claude-bottle's token file)."""
+    for protected, what in never_mounted():
+        if relation := _relation(workspace, protected):
+            raise ConfigError(f"refusing the workspace {workspace}: it {relation} {what}, {protected}, which a "
+                              "bottle must never reach; run from a folder that does not hold it, or pass "
+                              "--workspace DIR")
 
 
 def check_mounts(mounts: tuple[Mount, ...], workspace: Path) -> None:
