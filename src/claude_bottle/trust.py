@@ -163,16 +163,37 @@ def check(workspace: Path) -> None:
             f"Review them, then run `{trust_command(workspace)}` to confirm and start again")
 
 
+def in_progress(workspace: Path, run_id: str) -> bool:
+    """Whether the process that started run ``run_id`` on ``workspace`` is alive and has not ended it: it holds
+    the lock of the run's ``Watch`` from before its gate starts until after its removal."""
+    try:
+        fd = os.open(Watch.record(workspace, run_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 class Watch:
     """A run's before-and-after check of the protected files: ``begin`` records the fingerprint (locked, so a
     killed run is noticed at the next start), ``end`` compares, reports and records what changed."""
 
     def __init__(self, workspace: Path, run_id: str) -> None:
         self.workspace = workspace
-        self.path = workspace_state_dir(workspace) / "runs" / f"{run_id}.json"
+        self.path = self.record(workspace, run_id)
         self.git_absent = not os.path.lexists(workspace / ws.GIT)
         self.before: dict[str, str] = {}
         self._lock: int | None = None
+
+    @staticmethod
+    def record(workspace: Path, run_id: str) -> Path:
+        """Where a run's fingerprint is kept, locked while its process runs it."""
+        return workspace_state_dir(workspace) / "runs" / f"{run_id}.json"
 
     def begin(self, found: ws.Protected | None = None) -> None:
         """``found``: ``workspace.protected_paths`` of this workspace, if the caller has it."""

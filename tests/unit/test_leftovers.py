@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from claude_bottle import records
+from claude_bottle import records, trust
 from claude_bottle.runtime.leftovers import left_behind, mark_kept, remove_left_behind
 from claude_bottle.runtime.names import RunNames, claim_container
 from tests.fake_engine import FakeEngine
@@ -63,3 +63,20 @@ def test_one_that_cannot_be_removed_is_said_and_the_start_goes_on() -> None:
     said: list[str] = []
     remove_left_behind(engine, WORKSPACE, said.append)
     assert len(said) == 2 and crashed in said[1] and "`claude-bottle stop` removes it" in said[1]
+
+
+def test_a_run_whose_process_is_removing_it_is_not_left_behind(tmp_path: Path) -> None:
+    """Claude Code and the gate exited, the run's CLI about to read the exit code and remove it: another start on
+    the workspace (a second drop-in call of the same program) must not take it for a crashed one and remove it
+    under that CLI, which would then fail instead of returning Claude Code's exit code."""
+    engine = FakeEngine()
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    ending = a_run(engine, "exited", "exited", workspace=workspace)
+    watch = trust.Watch(workspace, ending)
+    watch.begin()
+    said: list[str] = []
+    remove_left_behind(engine, workspace, said.append)
+    assert said == [] and len(engine.containers()) == 2
+    watch.end(said.append)  # its process gone without removing it: now it is left behind
+    assert left_behind(engine, workspace) == [ending]

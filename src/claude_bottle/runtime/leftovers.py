@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from claude_bottle import records
+from claude_bottle import records, trust
 from claude_bottle.errors import BottleError
 from claude_bottle.runtime.names import GATE, WORKSPACE_LABEL, RunNames, is_claim, role_of
 from claude_bottle.runtime.removal import remove_run
@@ -25,7 +25,9 @@ def mark_kept(run_id: str) -> None:
 
 def left_behind(engine: Engine, workspace: Path) -> list[str]:
     """The runs on ``workspace`` that nothing holds: a gate and every other container of theirs ended (a run
-    starting or running elsewhere has one created or running), and not kept on purpose (``mark_kept``)."""
+    starting or running elsewhere has one created or running), not kept on purpose (``mark_kept``), and their
+    process gone (``trust.in_progress``: a run whose Claude Code and gate have just exited is its process's to
+    remove, its exit code still to be read)."""
     found: dict[str, list[ContainerInfo]] = {}
     for container in engine.containers(label=f"{WORKSPACE_LABEL}={workspace}"):
         run_id = RunNames.from_labels(container.labels).id
@@ -34,7 +36,8 @@ def left_behind(engine: Engine, workspace: Path) -> list[str]:
     return sorted(run_id for run_id, containers in found.items()
                   if any(role_of(c.name) == GATE for c in containers)
                   and all(c.status in ENDED for c in containers)
-                  and not (records.run_dir(run_id) / KEPT_FILE).exists())
+                  and not (records.run_dir(run_id) / KEPT_FILE).exists()
+                  and not trust.in_progress(workspace, run_id))
 
 
 def remove_left_behind(engine: Engine, workspace: Path, progress: Callable[[str], None]) -> None:
