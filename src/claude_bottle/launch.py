@@ -45,6 +45,7 @@ HOST_CA_VARIABLE = "CLAUDE_BOTTLE_HOST_CA_CERTS"  # "0" (or no, false, off): the
 
 Progress = Callable[[str], None]
 COPY_SECONDS = 5  # for what the bottle wrote last to reach the terminal once the engine's client has exited
+END_SECONDS = 10  # for Claude Code to end after SIGTERM or SIGHUP before its run is removed (docker stop's 10 s)
 
 
 def host_ca_enabled(environ: dict[str, str]) -> bool:
@@ -307,16 +308,30 @@ def ask_watching(run: Run, hook: tuple[str, ...], notice: Progress) -> contextli
 @contextlib.contextmanager
 def forwarded_signals(engine: Engine, container: str) -> Iterator[None]:
     """Inside the block, SIGINT, SIGTERM and SIGHUP go to ``container``'s Claude Code (the bottle's init hands
-    them on, as a host would); an engine that cannot take them ends the run instead."""
+    them on, as a host would); an engine that cannot take them ends the run instead. SIGTERM and SIGHUP end the
+    run: a bottle still there ``END_SECONDS`` after the first is ended from here (KeyboardInterrupt, the run
+    removed), as ``docker stop`` would. The agent is Claude Code's user and can stop it (SIGSTOP), and a
+    stopped Claude Code never takes the signal: its run, gate and credential would stay for as long as the
+    caller waits. SIGINT is a key Claude Code reads (it ends a turn, not the run): only passed on."""
 
     def forward(signum: int, frame: FrameType | None) -> None:
         try:
             engine.kill(container, signum)
         except DockerError:
             raise KeyboardInterrupt from None
+        if signum != signal.SIGINT and not signal.getitimer(signal.ITIMER_REAL)[0]:
+            signal.setitimer(signal.ITIMER_REAL, END_SECONDS)
 
-    with on_stop_signals(forward):
-        yield
+    def overdue(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, overdue)
+    try:
+        with on_stop_signals(forward):
+            yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def run_attached(launch: Launch, command: list[str], progress: Progress, notice: Progress | None = None) -> int:

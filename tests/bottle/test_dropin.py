@@ -70,9 +70,10 @@ def test_on_a_terminal_claude_code_gets_one(client: docker.DockerClient, environ
 
 
 def sleeping_drop_in(client: docker.DockerClient, environ: dict[str, str], workspace: Path,
-                     stdout: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
-    """The drop-in with Claude Code mid-run: its Bash tool running ``sleep 600`` in the bottle."""
-    process = subprocess.Popen([str(DROP_IN), "-p", "run: sleep 600"], cwd=workspace, env=environ,
+                     stdout: int = subprocess.PIPE, before: str = "") -> subprocess.Popen[bytes]:
+    """The drop-in with Claude Code mid-run: its Bash tool running ``sleep 600`` in the bottle (after
+    ``before``)."""
+    process = subprocess.Popen([str(DROP_IN), "-p", f"run: {before}sleep 600"], cwd=workspace, env=environ,
                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and process.poll() is None:
@@ -112,6 +113,25 @@ def test_a_signal_reaches_claude_code_and_its_exit_is_the_drop_ins(
         if process.poll() is None:
             process.kill()
     assert process.returncode in codes, stderr.decode()
+    assert leftovers(client, AGENT) == []
+
+
+def test_a_claude_code_stopped_by_its_agent_does_not_keep_the_run_past_a_sigterm(
+        client: docker.DockerClient, environ: dict[str, str], workspace: Path) -> None:
+    """The attack: the agent, Claude Code's own user, stops it (SIGSTOP), so the SIGTERM passed on never acts,
+    and the bottle, its gate and the credential stay for as long as the caller waits (a script's `timeout`, a
+    CI job's cancel that sends SIGTERM and waits). The run ends all the same, soon after the SIGTERM."""
+    process = sleeping_drop_in(client, environ, workspace, before="kill -STOP $(pgrep -x claude); ")
+    try:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=10 + GONE_SECONDS)  # launch.END_SECONDS, then the run's removal
+        ended = process.poll() is not None
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+    assert ended, "the run outlived the SIGTERM"
     assert leftovers(client, AGENT) == []
 
 

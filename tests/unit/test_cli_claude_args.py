@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import pytest
@@ -93,3 +94,22 @@ def test_signals_go_to_the_bottle_and_an_engine_that_cannot_take_them_ends_the_r
     engine.fail.add("kill")
     with pytest.raises(KeyboardInterrupt), forwarded_signals(engine, "b"):
         os.kill(os.getpid(), signal.SIGHUP)
+
+
+def test_a_bottle_that_does_not_end_on_sigterm_is_ended_from_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent stops its Claude Code (SIGSTOP, as Claude Code's own user): the SIGTERM passed on waits there
+    forever, and so would the run and its gate. Some time after it, the run is ended all the same; a SIGINT
+    (a key Claude Code reads) is only passed on."""
+    monkeypatch.setattr("claude_bottle.launch.END_SECONDS", 0.2, raising=False)
+    engine = FakeEngine()
+    engine.add_container("b", {}, status="running")
+    with forwarded_signals(engine, "b"):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), forwarded_signals(engine, "b"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the engine's client waiting on a bottle that does not end
+    assert time.monotonic() - began < 2
+    assert engine.events[-2:] == [("kill", f"b {signal.SIGINT}"), ("kill", f"b {signal.SIGTERM}")]
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
