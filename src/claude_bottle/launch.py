@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -45,6 +47,7 @@ HOST_CA_VARIABLE = "CLAUDE_BOTTLE_HOST_CA_CERTS"  # "0" (or no, false, off): the
 
 Progress = Callable[[str], None]
 COPY_SECONDS = 5  # for what the bottle wrote last to reach the terminal once the engine's client has exited
+READER_SECONDS = 1.0  # how often a run without a terminal checks that its output still has a reader
 END_SECONDS = 10  # for Claude Code to end after SIGTERM or SIGHUP before its run is removed (docker stop's 10 s)
 
 
@@ -349,7 +352,7 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
         with engine_client(engine.attach_command(bottle, interactive=stdin), start_new_session=True) as client:
             run.release()
             with forwarded_signals(engine, bottle):
-                client.wait()
+                while_read(client, sys.stdout.fileno())
         info = engine.container(bottle)
         if info is not None and info.status == "created":
             raise DockerError(f"cannot start the bottle: `{' '.join(engine.attach_command(bottle, stdin))}` "
@@ -358,6 +361,26 @@ def run_attached(launch: Launch, command: list[str], progress: Progress, notice:
         with ThreadPoolExecutor(1) as pool:
             pool.submit(run.stop_gate)
             return engine.wait(bottle)
+
+
+def while_read(client: subprocess.Popen[bytes], out: int) -> int:
+    """Wait for ``client``, its exit code; but once nobody can read what it writes on ``out`` (a pipe or socket
+    whose reading end is closed: the program driving the drop-in gone, even killed outright), end the run
+    (KeyboardInterrupt). A host's claude would die of SIGPIPE at its next write; a bottle chooses when it writes,
+    and until then its run, gate and credential would outlive that program. Checked every ``READER_SECONDS``."""
+    try:
+        kind = os.fstat(out).st_mode
+    except OSError:
+        kind = 0
+    watched = select.poll()
+    if stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind):
+        watched.register(out, 0)  # POLLERR (a pipe without a reader) and POLLHUP (a closed peer) come regardless
+    while True:
+        try:
+            return client.wait(READER_SECONDS)
+        except subprocess.TimeoutExpired:
+            if watched.poll(0):
+                raise KeyboardInterrupt from None
 
 
 @contextlib.contextmanager

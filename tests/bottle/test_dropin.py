@@ -135,6 +135,31 @@ def test_a_claude_code_stopped_by_its_agent_does_not_keep_the_run_past_a_sigterm
     assert leftovers(client, AGENT) == []
 
 
+def test_the_program_driving_the_drop_in_killed_outright_leaves_no_container(
+        client: docker.DockerClient, environ: dict[str, str], workspace: Path) -> None:
+    """The program that reads the drop-in's output (an SDK's) is killed mid-run, and the drop-in lives on: its
+    bottle writes nothing while its tool runs (a hijacked one may never write again), so nothing it writes
+    fails. The run ends all the same, within seconds."""
+    driver = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "print(sys.stdin.readline(), end='', flush=True)\ntime.sleep(600)"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert driver.stdin is not None and driver.stdout is not None
+    process = sleeping_drop_in(client, environ, workspace, stdout=driver.stdin.fileno())
+    driver.stdin.close()  # the drop-in's output has the driver alone for its reader
+    try:
+        driver.kill()
+        driver.wait(30)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=GONE_SECONDS + 10)
+        ended = process.poll() is not None
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+    assert ended, "the drop-in outlived the program reading it"
+    assert leftovers(client, AGENT) == []
+
+
 @pytest.mark.parametrize("terminal", [False, True], ids=["piped", "output-on-a-terminal"])
 def test_the_drop_in_killed_outright_leaves_no_container(
         client: docker.DockerClient, environ: dict[str, str], workspace: Path, terminal: bool) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import time
 from typing import Any
 
@@ -14,7 +16,7 @@ from click.testing import CliRunner
 from claude_bottle import cli as cli_module
 from claude_bottle.cli import cli
 from claude_bottle.commands import start as start_command
-from claude_bottle.launch import forwarded_signals
+from claude_bottle.launch import forwarded_signals, while_read
 from tests.fake_engine import FakeEngine
 
 
@@ -113,3 +115,33 @@ def test_a_bottle_that_does_not_end_on_sigterm_is_ended_from_here(monkeypatch: p
     assert time.monotonic() - began < 2
     assert engine.events[-2:] == [("kill", f"b {signal.SIGINT}"), ("kill", f"b {signal.SIGTERM}")]
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
+
+
+@pytest.mark.parametrize("socket_pair", [False, True], ids=["pipe", "socket"])  # Node gives a child sockets
+def test_a_run_whose_output_lost_its_reader_ends(socket_pair: bool) -> None:
+    """The program driving the drop-in is killed: nobody reads the bottle's output any more, and the run ends
+    instead of lasting until the bottle next writes (which a hijacked one may never do)."""
+    if socket_pair:
+        reader, writer = (s.detach() for s in socket.socketpair())
+    else:
+        reader, writer = os.pipe()
+    client = subprocess.Popen(["sleep", "30"])
+    try:
+        os.close(reader)
+        began = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            while_read(client, writer)
+        assert time.monotonic() - began < 5
+    finally:
+        client.kill()
+        client.wait()
+        os.close(writer)
+
+
+def test_a_run_whose_output_is_read_returns_its_exit_code() -> None:
+    reader, writer = os.pipe()
+    try:
+        assert while_read(subprocess.Popen(["sh", "-c", "sleep 1.5; exit 3"]), writer) == 3
+    finally:
+        os.close(reader)
+        os.close(writer)
