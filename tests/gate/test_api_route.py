@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import time
@@ -252,6 +253,44 @@ async def test_garbage_from_upstream_gives_502(make_gate: GateFactory) -> None:
     async with raw_server(garbage, "127.0.0.1") as origin, make_gate(upstream=f"http://{origin}") as gate:
         status, _ = parse_head(await exchange(gate.api, messages_request({"model": "m"}), 3))
     assert status == 502
+
+
+@pytest.mark.parametrize("when", ["with its answer", "once idle"])
+async def test_a_response_the_upstream_sends_unasked_answers_no_later_request(make_gate: GateFactory,
+                                                                                when: str) -> None:
+    """An upstream that sends a second response after its answer to the first request (in the same write, or
+    later while the connection waits in the pool) would have the next request answered with it, and every
+    one after that with the answer to the one before: that connection is never used again."""
+    unasked = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 7\r\n\r\nunasked"
+    answered = 0
+
+    async def origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                _, headers = parse_head(b"HTTP/1.1 000 x\r\n" + (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n", 1)[1])
+                await reader.readexactly(int(headers["content-length"]))
+                answered += 1
+                body = b'{"n": %d}' % answered
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                             % (len(body), body) + (unasked if answered == 1 and when == "with its answer" else b""))
+                await writer.drain()
+                if answered == 1 and when == "once idle":
+                    await asyncio.sleep(0.1)
+                    writer.write(unasked)
+
+    async with raw_server(origin, "127.0.0.1") as upstream, make_gate(upstream=f"http://{upstream}") as gate:
+        reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
+        try:
+            bodies = []
+            for _ in range(3):
+                writer.write(messages_request({"model": "m"}, keep_alive=True))
+                _, headers = await read_head(reader)
+                bodies.append(await reader.readexactly(int(headers["content-length"])))
+                await asyncio.sleep(0.3)
+        finally:
+            writer.close()
+    assert bodies == [b'{"n": 1}', b'{"n": 2}', b'{"n": 3}']
 
 
 async def test_upstream_vanishing_mid_stream_cuts_the_client_and_the_gate_keeps_serving(

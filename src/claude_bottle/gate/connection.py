@@ -294,8 +294,14 @@ class HttpConnection(asyncio.Protocol):
 
     @property
     def usable(self) -> bool:
-        """Neither side has closed the connection (a kept-alive one may be used again)."""
-        return not self._eof and not self.transport.is_closing()
+        """Neither side has closed the connection, and (a client's) the upstream has sent nothing since the
+        last response ended: a kept-alive one may be used again."""
+        return not self._eof and not self.transport.is_closing() and not self._unasked()
+
+    def _unasked(self) -> bool:
+        """(client) Bytes of a response no request asked for have arrived: an upstream that sends them would
+        have each later request on the connection answered with the response to the one before it."""
+        return self.client and (bool(self._incoming.events) or self._incoming.head_started)
 
     async def read_request(self, timeout: float | None) -> Request | Resume | None:
         """The next request head, or None when the client closed, or stayed idle for ``timeout``, between
@@ -527,8 +533,9 @@ class HttpConnection(asyncio.Protocol):
                 self.transport.writelines(pending)
 
     def can_reuse(self) -> bool:
-        """Both sides finished the exchange and keep-alive holds: ready for the next one."""
-        if self.our_state is State.DONE and self.their_state is State.DONE:
+        """Both sides finished the exchange, keep-alive holds and (a client's) the upstream sent nothing after its
+        response: ready for the next one."""
+        if self.our_state is State.DONE and self.their_state is State.DONE and not self._unasked():
             self._out.reset()
             self.their_state = State.IDLE
             self._incoming.head_request = False
