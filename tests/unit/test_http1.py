@@ -153,9 +153,39 @@ async def test_a_chunked_bodys_trailers_are_dropped_and_do_not_reach_the_next_he
                          b"X-Trailer: 1\r\n\r\nGET / HTTP/1.1\r\nHost: y\r\n\r\n")
     request, data, end = await events(conn, 3)
     assert isinstance(request, Request) and request.chunked and data == Data(b"ab") and isinstance(end, EndOfMessage)
+    assert request.headers == [(b"host", b"x"), (b"transfer-encoding", b"chunked")], "a trailer joined the head"
     await answer_and_reuse(conn)
     after = await conn.next_event()
     assert isinstance(after, Request) and after.headers == [(b"host", b"y")]
+
+
+@pytest.mark.parametrize("client", [False, True])
+async def test_a_trailer_section_over_the_head_limit_is_431_in_many_fields_or_one_trickled_in(client: bool) -> None:
+    """Trailers are held by no one, yet llhttp parses any number of them, and a field whole however long: a peer
+    sending them for as long as the idle timeout allows would grow the gate's memory without bound."""
+    head = (b"HTTP/1.1 200 OK\r\n" if client else b"POST / HTTP/1.1\r\nHost: x\r\n") + \
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n"
+    many = [b"X-T: %d\r\n" % n for n in range(500)]
+    one = [b"X-T: "] + [b"a" * 100] * 50
+    for trailers in (many, one):
+        conn, _ = connection(head, *trailers, client=client, max_header_bytes=1024)
+        with pytest.raises(ClientSide if not client else UpstreamSide) as refused:
+            for _ in range(4):
+                await conn.next_event(timeout=0.5)  # without the bound, nothing comes: only the wait's end
+        assert "trailer section larger than 1024 bytes" in refused.value.reason
+        assert refused.value.status == (502 if client else 431)
+
+
+async def test_a_chunked_body_in_many_small_chunks_is_not_taken_for_trailers() -> None:
+    body = [b"1\r\n%d\r\n" % (n % 10) for n in range(3000)]
+    conn, _ = connection(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", b"".join(body),
+                         *body, b"0\r\nX-T: 1\r\n\r\n", max_header_bytes=1024)
+    received = []
+    event = await conn.next_event()
+    while not isinstance(event, EndOfMessage):
+        received.append(event)
+        event = await conn.next_event()
+    assert sum(len(e.data) for e in received if isinstance(e, Data)) == 6000
 
 
 async def test_http_1_0_gets_a_body_ended_by_the_close_and_no_keep_alive() -> None:

@@ -4,10 +4,11 @@ do). gate/connection.py feeds it what arrives and sends what the gate frames; th
 The parser is llhttp (httptools). In its strict mode (httptools' default) it refuses what request smuggling
 relies on: bare-LF line endings, obsolete line folding, both ``Content-Length`` and ``Transfer-Encoding``,
 repeated lengths, a chunked coding that is not last, bad characters in names, values and targets, malformed
-chunk framing. The gate adds what llhttp leaves to its caller: a bound on the head (431), HTTP versions other
-than 1.0 and 1.1 (505), any transfer coding but ``chunked`` (501), a ``Connection`` header naming a header the
-message needs end to end, a missing ``Host`` on HTTP/1.1, and a protocol upgrade with a body. A peer that
-breaks any of it makes a ``ProtocolError`` (with the status a server would answer, 400, 413, 431, 501 or 505).
+chunk framing. The gate adds what llhttp leaves to its caller: a bound on the head and on a chunked body's
+trailer section, which it drops (431), HTTP versions other than 1.0 and 1.1 (505), any transfer coding but
+``chunked`` (501), a ``Connection`` header naming a header the message needs end to end, a missing ``Host`` on
+HTTP/1.1, and a protocol upgrade with a body. A peer that breaks any of it makes a ``ProtocolError`` (with the
+status a server would answer, 400, 413, 431, 501 or 505).
 
 Writing is the gate's own (gate/framing.py): it frames every message it sends, refuses to send a header that
 would break the head's lines, and holds a body to its length.
@@ -185,6 +186,8 @@ class MessageParser:
         self._framing: Headers = []  # the headers of _FRAMING, as they arrive
         self._in_head = False  # a message began and its head is not complete
         self._in_body = False  # a head completed and its message did not
+        self._in_trailers = False  # a chunk's size line came and none of its data yet: the last one's trailers
+        self._trailer_bytes = 0  # bytes of the trailer section seen (bounded as a head is)
         self._until_eof = False  # (client) the response body runs until the connection closes
         self._informational = False  # (client) the message being parsed is a 1xx response
         self._head_bytes = 0  # bytes of an incomplete head seen in earlier reads
@@ -208,7 +211,7 @@ class MessageParser:
             return
         if self.broken or self._ignoring:
             return
-        earlier_head = self._in_head
+        earlier_head, earlier_trailers = self._in_head, self._in_trailers
         self._chunk_length, self._completed = len(data), False
         try:
             self._parser.feed_data(data)
@@ -226,6 +229,10 @@ class MessageParser:
             self._head_bytes = self._head_bytes + len(data) if earlier_head or not self._completed else 0
             if self._head_bytes > self.max_header_bytes:
                 self._break(ProtocolError(f"message head larger than {self.max_header_bytes} bytes", 431))
+        elif self._in_trailers and earlier_trailers:  # a trailer field still incomplete: llhttp holds it whole
+            self._trailer_bytes += len(data)
+            if self._trailer_bytes > self.max_header_bytes:
+                self._break(ProtocolError(f"trailer section larger than {self.max_header_bytes} bytes", 431))
 
     def receive_eof(self) -> None:
         if self.broken:
@@ -284,12 +291,17 @@ class MessageParser:
     def on_message_begin(self) -> None:
         self._in_head = True
         self._url = b""
-        self._headers, self._framing = [], []  # (a chunked body's trailers, which the gate drops, went here)
+        self._headers, self._framing = [], []
 
     def on_url(self, url: bytes) -> None:
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:  # a chunked body's trailer field: dropped (after its head, it reaches no one)
+            self._trailer_bytes += len(name) + len(value) + 4
+            if self._trailer_bytes > self.max_header_bytes:
+                raise ProtocolError(f"trailer section larger than {self.max_header_bytes} bytes", 431)
+            return
         name = name.lower()
         item = (name, value.rstrip(b" \t"))
         self._headers.append(item)
@@ -365,12 +377,16 @@ class MessageParser:
         if not keep_alive or self._until_eof:
             self.events.append(NO_REUSE)
 
+    def on_chunk_header(self) -> None:
+        self._in_trailers, self._trailer_bytes = True, 0
+
     def on_body(self, body: bytes) -> None:
+        self._in_trailers = False
         if not self._ignoring:
             self.events.append(Data(body))
 
     def on_message_complete(self) -> None:
-        self._completed = True
+        self._completed, self._in_trailers = True, False
         if self._informational:
             self._informational = False
             return
