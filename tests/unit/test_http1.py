@@ -102,6 +102,19 @@ async def test_a_head_over_the_limit_is_431_whole_or_trickled_in() -> None:
         assert refused.value.status == 431
 
 
+async def test_a_head_begun_in_the_read_that_ended_the_message_before_it_is_held_to_the_limit() -> None:
+    """Where in that read the head began, llhttp does not tell: its bytes there went uncounted, and a head of up
+    to a read's size past the limit passed."""
+    conn, _ = connection(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET /next HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 900,
+                         b"a" * 900 + b"\r\n\r\n", max_header_bytes=1024)
+    first, end = await events(conn, 2)
+    assert isinstance(first, Request) and isinstance(end, EndOfMessage)
+    await answer_and_reuse(conn)
+    with pytest.raises(ClientSide) as refused:
+        await conn.next_event()
+    assert refused.value.status == 431
+
+
 async def test_a_large_body_before_a_pipelined_head_does_not_count_against_the_head() -> None:
     body = b"x" * 5000
     conn, _ = connection(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + body + b"GET /next HT",

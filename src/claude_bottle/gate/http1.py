@@ -191,6 +191,7 @@ class MessageParser:
         self._until_eof = False  # (client) the response body runs until the connection closes
         self._informational = False  # (client) the message being parsed is a 1xx response
         self._head_bytes = 0  # bytes of an incomplete head seen in earlier reads
+        self._head_unsized = False  # the head began in a read after a message's end: its first bytes not counted
         self._chunk_length = 0  # the read being parsed
         self._completed = False  # a message completed in the read being parsed
 
@@ -226,7 +227,10 @@ class MessageParser:
             self._break(self._explain(exc, data))
             return
         if self._in_head:  # a head still incomplete after this read: bound what it may grow to
-            self._head_bytes = self._head_bytes + len(data) if earlier_head or not self._completed else 0
+            if earlier_head or not self._completed:
+                self._head_bytes += len(data)
+            else:  # it began after a message that ended in this read, where in it llhttp does not tell
+                self._head_bytes, self._head_unsized = 0, True
             if self._head_bytes > self.max_header_bytes:
                 self._break(ProtocolError(f"message head larger than {self.max_header_bytes} bytes", 431))
         elif self._in_trailers and earlier_trailers:  # a trailer field still incomplete: llhttp holds it whole
@@ -312,7 +316,8 @@ class MessageParser:
         parser = self._parser
         headers, framing = self._headers, self._framing
         self._in_head = False
-        if self._head_bytes + self._chunk_length > self.max_header_bytes:  # else it cannot be too large
+        if self._head_unsized or self._head_bytes + self._chunk_length > self.max_header_bytes:  # else not too large
+            self._head_unsized = False
             size = len(self._url) + sum(len(n) + len(v) + 4 for n, v in headers) + 16
             if size > self.max_header_bytes:
                 raise ProtocolError(f"message head larger than {self.max_header_bytes} bytes", 431)
