@@ -122,16 +122,8 @@ def test_a_claude_code_stopped_by_its_agent_does_not_keep_the_run_past_a_sigterm
     and the bottle, its gate and the credential stay for as long as the caller waits (a script's `timeout`, a
     CI job's cancel that sends SIGTERM and waits). The run ends all the same, soon after the SIGTERM."""
     process = sleeping_drop_in(client, environ, workspace, before="kill -STOP $(pgrep -x claude); ")
-    try:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.communicate(timeout=10 + GONE_SECONDS)  # launch.END_SECONDS, then the run's removal
-        ended = process.poll() is not None
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
-    assert ended, "the run outlived the SIGTERM"
+    process.send_signal(signal.SIGTERM)
+    assert ended_within(process, 10 + GONE_SECONDS), "the run outlived the SIGTERM"  # launch.END_SECONDS, then removal
     assert leftovers(client, AGENT) == []
 
 
@@ -146,18 +138,21 @@ def test_the_program_driving_the_drop_in_killed_outright_leaves_no_container(
     assert driver.stdin is not None and driver.stdout is not None
     process = sleeping_drop_in(client, environ, workspace, stdout=driver.stdin.fileno())
     driver.stdin.close()  # the drop-in's output has the driver alone for its reader
-    try:
-        driver.kill()
-        driver.wait(30)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.communicate(timeout=GONE_SECONDS + 10)
-        ended = process.poll() is not None
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
-    assert ended, "the drop-in outlived the program reading it"
+    driver.kill()
+    driver.wait(30)
+    assert ended_within(process, GONE_SECONDS + 10), "the drop-in outlived the program reading it"
     assert leftovers(client, AGENT) == []
+
+
+def ended_within(process: subprocess.Popen[bytes], seconds: float) -> bool:
+    """Whether ``process`` ended within ``seconds``; killed if it did not."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.communicate(timeout=seconds)
+    if process.poll() is not None:
+        return True
+    process.kill()
+    process.wait(30)
+    return False
 
 
 @pytest.mark.parametrize("terminal", [False, True], ids=["piped", "output-on-a-terminal"])
