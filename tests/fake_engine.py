@@ -147,6 +147,20 @@ class FakeEngine(Engine):
         if (found := self.containers_by_name.get(name)) is not None and found.status == "running":
             self.events.append(("kill", f"{name} {signum}"))
 
+    def pause(self, name: str) -> None:
+        self._check("pause")
+        if (found := self.containers_by_name.get(name)) is not None:
+            if found.status != "running":
+                raise DockerError(f"Container {name} is not running (fake)")
+            self.containers_by_name[name] = dataclasses.replace(found, status="paused")
+            self.events.append(("pause", name))
+
+    def unpause(self, name: str) -> None:
+        self._check("unpause")
+        if (found := self.containers_by_name.get(name)) is not None and found.status == "paused":
+            self.containers_by_name[name] = dataclasses.replace(found, status="running")
+            self.events.append(("unpause", name))
+
     def remove_container(self, name: str) -> None:
         self._check("remove_container")
         if self.containers_by_name.pop(name, None) is not None:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from claude_bottle.agent.load import load_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.gate.settings import parse_upstream
 from claude_bottle.launch import Launch, started
+from claude_bottle.runtime import run as run_module
 from claude_bottle.runtime.run import Run
 from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, leftovers, write_agent
@@ -230,6 +232,45 @@ def test_symlinks_in_git_and_protected_paths_are_never_mounted(
         code, output = inside(run, "cat /workspace/.envrc /workspace/.claude/settings.json /workspace/.git/config "
                                    "/workspace/.git/hooks/token /workspace/.mcp.json /workspace/sub/.git/token")
         assert "host-secret" not in output and code != 0
+
+
+def test_a_running_bottle_cannot_turn_the_next_ones_mounts_to_the_host(
+    upstream: Upstream, token: str, workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two bottles on one workspace (parallel SDK queries with one cwd): the first makes .vscode, which the
+    second's start finds a real folder and mounts read-only by its path. The first swaps it for a symlink to a
+    host folder right after the second's check, as it could by luck at any start: were it not paused until
+    the second runs, the engine would follow the link and mount the host folder into the second."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "canary").write_text("host-secret\n")
+    go, swapped = workspace / "go", workspace / "swapped"
+    swap = (f"while [ ! -e /workspace/go ]; do sleep 0.01; done; mv /workspace/.vscode /workspace/.old && "
+            f"ln -s {secret} /workspace/.vscode && touch /workspace/swapped")
+    checked = run_module.protective_mounts
+
+    def checked_then_swapped(*args: object, **kwargs: object) -> object:
+        found = checked(*args, **kwargs)  # type: ignore[arg-type]
+        if first_running:
+            go.touch()
+            deadline = time.monotonic() + 3
+            while not swapped.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return found
+
+    first_running = False
+    monkeypatch.setattr(run_module, "protective_mounts", checked_then_swapped)
+    with bottle(workspace, token, upstream) as first:
+        assert inside(first, f"mkdir /workspace/.vscode && (setsid sh -c '{swap}' >/dev/null 2>&1 &)")[0] == 0
+        first_running = True
+        with bottle(workspace, token, upstream) as second:
+            code, output = inside(second, "cat /workspace/.vscode/canary")
+            assert "host-secret" not in output and code != 0
+            deadline = time.monotonic() + 10
+            while not swapped.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert swapped.exists(), "the first bottle runs again once the second has started"
+            assert inside(second, "cat /workspace/.vscode/canary")[0] != 0
 
 
 # ---- files that run code on the host ---------------------------------------------------------------------

@@ -4,10 +4,12 @@ on purpose, and only then."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from claude_bottle.runtime import reaper
+from claude_bottle.runtime import engines, reaper, stillness
+from tests.fake_engine import FakeEngine
 
 
 @pytest.mark.parametrize(("said", "removed"), [
@@ -41,3 +43,22 @@ def test_a_released_reaper_exits_at_once() -> None:
     watching.release()
     assert watching.process.returncode == 0
     watching.release()  # twice is harmless
+
+
+def test_the_reaper_of_a_start_killed_in_its_turn_resumes_the_bottles_it_paused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """A start pauses the bottles on overlapping folders until its own runs (runtime/stillness.py): killed
+    then, its reaper resumes them, and leaves a bottle someone else paused alone."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    engine = FakeEngine()
+    for name in ("claude-bottle-other-bottle", "claude-bottle-mine-bottle"):
+        engine.add_container(name, {"claude-bottle": "1"}, status="paused")
+    (tmp_path / "claude-bottle").mkdir()
+    (tmp_path / "claude-bottle" / stillness.PAUSED_FILE).write_text("claude-bottle-mine-bottle\n")
+    monkeypatch.setattr(engines, "open_engine", lambda: engine)
+    monkeypatch.setattr(reaper, "SECOND_PASS_SECONDS", 0)
+    reaper.reap("dev-0a1b2c3d")
+    assert {c.name: c.status for c in engine.containers()} == {
+        "claude-bottle-other-bottle": "paused", "claude-bottle-mine-bottle": "running"}
+    assert not (tmp_path / "claude-bottle" / stillness.PAUSED_FILE).exists()

@@ -15,12 +15,12 @@ import pytest
 from claude_bottle import records
 from claude_bottle.agent.schema import parse_agent
 from claude_bottle.credentials import Credential
-from claude_bottle.errors import GateError
+from claude_bottle.errors import ConfigError, DockerError, GateError
 from claude_bottle.gate.ca import RunCA
 from claude_bottle.gate.ready import Ready
 from claude_bottle.gate.settings import Endpoint
 from claude_bottle.launch import Launch, interrupt, on_stop_signals, run_spec
-from claude_bottle.runtime import lifeline
+from claude_bottle.runtime import lifeline, stillness
 from claude_bottle.runtime.files import IMAGE_BUNDLE, bottle_files, policy_dir
 from claude_bottle.runtime.gate import GATE_ALIAS
 from claude_bottle.runtime.lifeline import SILENCE_SECONDS
@@ -342,3 +342,136 @@ def test_a_ctrl_c_while_the_engine_creates_is_held_until_the_create_returns(work
         if engine.creates < at:
             break
     assert at > 3, "every create request of a start was interrupted"
+
+
+def neighbour(engine: FakeEngine, run: str, workspace: Path, status: str = "running", role: str = "bottle") -> str:
+    """Another run's container with ``workspace`` at /workspace."""
+    name = f"claude-bottle-{run}-{role}"
+    engine.add_container(name, {"claude-bottle": "1", "claude-bottle.run": run}, status=status,
+                         mounts={"/workspace": str(workspace), "/home/claude/.claude": "claude-state"})
+    return name
+
+
+def settled(engine: FakeEngine, names: list[str], status: str) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if all(engine.containers_by_name[name].status == status for name in names):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+class WatchedEngine(BottleEngine):
+    """Records every container's status when the bottle is created and when it is started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, dict[str, str]] = {}
+
+    def _look(self, moment: str) -> None:
+        self.seen[moment] = {name: c.status for name, c in self.containers_by_name.items()}
+
+    def create_container(self, spec: Any) -> Any:
+        if spec.name.endswith("-bottle"):
+            self._look("create")
+        return super().create_container(spec)
+
+    def start(self, name: str) -> None:
+        if name.endswith("-bottle"):
+            self._look("start")
+        super().start(name)
+
+
+def test_bottles_that_could_swap_its_mounts_are_paused_until_a_bottle_has_started(workspace: Path) -> None:
+    """A running bottle that writes a folder on a starting bottle's paths could swap a folder there for a
+    symlink between the start's checks and the engine's mount: every such bottle (on the same workspace, one
+    inside it, one around it) is paused from before the checks until the new bottle runs, and no other."""
+    engine = WatchedEngine()
+    (workspace / "sub").mkdir()
+    close = [neighbour(engine, "same", workspace), neighbour(engine, "inside", workspace / "sub"),
+             neighbour(engine, "around", workspace.parent)]
+    apart = [neighbour(engine, "apart", workspace.parent / "other"),
+             neighbour(engine, "gate", workspace, role="gate"), neighbour(engine, "ended", workspace, "exited")]
+    run = new_run(engine, workspace)
+    run.start_gate()
+    run.start_bottle(["sleep", "600"])
+    for moment in ("create", "start"):
+        assert [engine.seen[moment][name] for name in close] == ["paused"] * 3, moment
+        assert [engine.seen[moment][name] for name in apart] == ["running", "running", "exited"], moment
+    assert settled(engine, close, "running"), "resumed once the bottle runs"
+    assert ("pause", apart[0]) not in engine.events
+    run.remove()
+
+
+def test_a_bottle_created_and_never_started_holds_them_until_its_run_ends(workspace: Path) -> None:
+    engine = BottleEngine()
+    same = neighbour(engine, "same", workspace)
+    run = new_run(engine, workspace)
+    run.start_gate()
+    run.create_bottle(["claude"], tty=True)  # started by the engine's client, which here never comes
+    time.sleep(0.2)
+    assert engine.containers_by_name[same].status == "paused"
+    run.remove()
+    assert engine.containers_by_name[same].status == "running"
+
+
+def test_a_bottle_the_engine_cannot_pause_stops_the_start_and_nothing_stays_paused(workspace: Path) -> None:
+    engine = BottleEngine()
+    first, second = neighbour(engine, "first", workspace), neighbour(engine, "second", workspace / "x")
+
+    def pause(name: str) -> None:
+        if name == second:
+            raise DockerError("cgroups: cannot pause (fake)")
+        FakeEngine.pause(engine, name)
+
+    engine.pause = pause  # type: ignore[method-assign]
+    run = new_run(engine, workspace)
+    run.start_gate()
+    with pytest.raises(DockerError, match=rf"cannot pause {second}, a bottle running on {workspace / 'x'}.*"
+                                          r"claude-bottle stop"):
+        run.start_bottle(["sleep", "600"])
+    assert run.names.bottle not in engine.containers_by_name, "nothing created"
+    assert engine.containers_by_name[first].status == "running"
+    run.remove()
+    assert [c.name for c in engine.containers()] == [second, first]
+
+
+def test_a_workspace_that_leads_elsewhere_by_the_bottles_start_is_refused(workspace: Path, tmp_path: Path) -> None:
+    """What was resolved when the start began is looked at again once neighbours are still: a symlink made on
+    the way since then (by a bottle on a folder around it) refuses the start."""
+    engine = BottleEngine()
+    run = new_run(engine, workspace)
+    run.start_gate()
+    elsewhere = tmp_path / "elsewhere"
+    workspace.rename(elsewhere)
+    workspace.symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match=f"{workspace} leads to {elsewhere} now"):
+        run.start_bottle(["sleep", "600"])
+    assert run.names.bottle not in engine.containers_by_name
+    run.remove()
+
+
+def test_bottles_a_killed_start_left_paused_are_resumed_at_the_next(workspace: Path, state: Path) -> None:
+    engine = BottleEngine()
+    left = neighbour(engine, "left", workspace.parent / "other", status="paused")
+    by_hand = neighbour(engine, "by-hand", workspace.parent / "third", status="paused")
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "claude-bottle" / stillness.PAUSED_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (state / "claude-bottle" / stillness.PAUSED_FILE).write_text(f"{left}\nclaude-bottle-gone-bottle\n")
+    run = new_run(engine, workspace)
+    run.start_gate()
+    run.start_bottle(["sleep", "600"])
+    assert engine.containers_by_name[left].status == "running"
+    assert engine.containers_by_name[by_hand].status == "paused", "one paused by hand is the user's"
+    assert not (state / "claude-bottle" / stillness.PAUSED_FILE).exists()
+    run.remove()
+
+
+def test_starts_take_turns(state: Path) -> None:
+    with stillness.turn():
+        began = time.monotonic()
+        with pytest.raises(DockerError, match="another claude-bottle start has held its turn"), stillness.turn(0.3):
+            pass
+        assert time.monotonic() - began >= 0.3
+    with stillness.turn():
+        pass

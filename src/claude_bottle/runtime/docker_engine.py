@@ -122,6 +122,23 @@ class DockerEngine(Engine):
         except docker.errors.APIError as exc:
             raise api_failed(exc) from None
 
+    def pause(self, name: str) -> None:
+        try:
+            self.client.api.pause(name)
+        except docker.errors.NotFound:  # gone already
+            pass
+        except docker.errors.APIError as exc:
+            raise api_failed(exc) from None
+
+    def unpause(self, name: str) -> None:
+        try:
+            self.client.api.unpause(name)
+        except docker.errors.NotFound:  # gone already
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: not paused
+                raise api_failed(exc) from None
+
     def kill(self, name: str, signum: int) -> None:
         try:
             self.client.api.kill(name, signal=signum)

@@ -49,14 +49,18 @@ def watch(run_id: str) -> Reaper:
 
 
 def reap(run_id: str) -> None:
-    """Remove run ``run_id`` as ``stop`` does, twice, ``SECOND_PASS_SECONDS`` apart."""
+    """Remove run ``run_id`` as ``stop`` does, twice, ``SECOND_PASS_SECONDS`` apart; then resume the bottles it
+    held still while its own started, if it died then (runtime/stillness.py)."""
     from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.removal import remove_run
+    from claude_bottle.runtime.stillness import resume_left_paused, turn
 
     engine = open_engine()
     remove_run(engine, run_id)
     time.sleep(SECOND_PASS_SECONDS)
     remove_run(engine, run_id)
+    with turn() as folder:
+        resume_left_paused(engine, folder)
 
 
 def main(argv: list[str], fd: int = 0) -> int:

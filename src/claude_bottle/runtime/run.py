@@ -13,7 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from claude_bottle.credentials import CredentialKind
-from claude_bottle.errors import DockerError, GateError
+from claude_bottle.errors import ConfigError, DockerError, GateError
 from claude_bottle.runtime.files import (
     CA_ENV,
     GIT_CONFIG,
@@ -59,11 +59,13 @@ from claude_bottle.runtime.pool import (
 from claude_bottle.runtime.removal import remove_run
 from claude_bottle.runtime.seam import ENDED, ContainerInfo, ContainerSpec, Engine, Mount, NetworkInfo, NetworkSpec
 from claude_bottle.runtime.spec import API_PORT, HOME, PROXY_PORT, RunSpec
+from claude_bottle.runtime.stillness import held_still
 
 # Podman: the internal network has no resolver (nor, with it, a gateway address), and the gate is given this
 # address of its subnet, where it listens.
 PODMAN_GATE_HOST = 2
 HOST_PROBE_SECONDS = 1  # a firewall that drops what comes in from a bridge makes the check wait this long
+STARTED_POLL_SECONDS = 0.05  # how often a created bottle is looked at, until it has started and its mounts are made
 
 # Claude Code's own calls home that the bottle never needs (see docs/gate.md).
 CLAUDE_ENV = {
@@ -97,6 +99,9 @@ class Run:
         self.heartbeat: Heartbeat | None = None  # beats on it, where the engine needs them
         self.gate_lost = threading.Event()  # the gate ended while the bottle ran: set before its removal
         self.gate_listen = GATE_ALIAS  # the gate's name or (Podman) address on the internal network
+        self._still = contextlib.ExitStack()  # bottles held still while this one's mounts are checked and made
+        self._still_lock = threading.Lock()
+        self._still_over = threading.Event()
 
     def _internal_network(self) -> NetworkInfo:
         """The run's own network, the bottle's only one: no route out, and its only other member the gate.
@@ -267,6 +272,7 @@ class Run:
         spec = self.spec
         assert self.internal is not None
         resources = spec.resources
+        self._hold_neighbours()
         write_policy(self.id, spec_policy(spec))
         files = bottle_files(self.id)
         files.mkdir(parents=True, exist_ok=True)
@@ -305,9 +311,43 @@ class Run:
                     mounts=tuple(mounts), no_ipv6=True, host_user=True))
         except DockerError as exc:
             raise DockerError(f"cannot create the bottle: {exc}") from None
+        self._let_neighbours_go_once_started()
         bundle = image_trust_store(self.engine, created)
         write_for_bottle(trust, bundle if bundle.endswith(b"\n") or not bundle else bundle + b"\n")
         return created
+
+    def _hold_neighbours(self) -> None:
+        """From here until the bottle has started, the running bottles on folders that overlap its own are
+        paused (runtime/stillness.py), and its host paths are checked again: none leads elsewhere now."""
+        spec = self.spec
+        sources = [spec.workspace, *(source for source, _, _ in spec.mounts)]
+        with self._still_lock:
+            self._still.enter_context(held_still(self.engine, sources))
+        for source in sources:
+            if (now := source.resolve()) != source:
+                raise ConfigError(f"{source} leads to {now} now, through a symbolic link made since this start "
+                                  "began (a bottle on an overlapping folder can make one): nothing was started")
+
+    def _let_neighbours_go_once_started(self) -> None:
+        """Resume the bottles held still once this one has started (whoever starts it: its mounts are made
+        then), or is gone, or the run ends."""
+
+        def watch() -> None:
+            while not self._still_over.wait(STARTED_POLL_SECONDS):
+                try:
+                    bottle = self.engine.container(self.names.bottle)
+                except DockerError:
+                    break
+                if bottle is None or bottle.status != "created":
+                    break
+            self._let_neighbours_go()
+
+        threading.Thread(target=watch, name="neighbours-held", daemon=True).start()
+
+    def _let_neighbours_go(self) -> None:
+        self._still_over.set()
+        with self._still_lock:
+            self._still.close()
 
     def release(self) -> None:
         """Wait for the gate to listen, add its CA to the bottle's trust store, and let the bottle's command
@@ -341,4 +381,5 @@ class Run:
             self._gate_output.close()
             self._gate_output = None
         self._let_go()
+        self._let_neighbours_go()
         remove_run(self.engine, self.id)

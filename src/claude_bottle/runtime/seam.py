@@ -196,6 +196,14 @@ class Engine(ABC):
         """Send signal ``signum`` to its main process; nothing when it is gone or not running."""
 
     @abstractmethod
+    def pause(self, name: str) -> None:
+        """Freeze its processes (the engine's freezer) until ``unpause``; nothing when it is gone."""
+
+    @abstractmethod
+    def unpause(self, name: str) -> None:
+        """Let its frozen processes go on; nothing when it is gone or not paused."""
+
+    @abstractmethod
     def remove_container(self, name: str) -> None:
         """Remove it whatever its state; nothing when it is gone already."""
 
