@@ -108,24 +108,40 @@ def build_images(engine: Engine, agent: AgentConfig, progress: Progress,
 
 
 def workspace_of(path: str | None) -> Path:
-    given = Path(path).expanduser().absolute() if path else _logical_cwd()
+    given, told = (Path(path).expanduser().absolute(), True) if path else _logical_cwd()
     workspace = given.resolve()
     if not workspace.is_dir():
         raise ConfigError(f"--workspace {workspace}: not a directory")
     _refuse_a_planted_way_out(given, workspace)
+    if not told:
+        _refuse_a_planted_way_in(workspace)
     if workspace == Path("/") or workspace == Path.home():
         raise ConfigError(f"refusing to mount {workspace} as the workspace: run from a project directory "
                           "or pass --workspace DIR")
     return workspace
 
 
-def _logical_cwd() -> Path:
-    """The current directory as the shell reached it (``$PWD``, symbolic links kept), when it is that."""
+def _logical_cwd() -> tuple[Path, bool]:
+    """The current directory as the shell reached it (``$PWD``, symbolic links kept), and True; where ``$PWD``
+    names another folder (a program that changed directory without setting it: an Agent SDK's ``cwd``), the
+    directory's real path, and False."""
     physical = Path(os.getcwd())
     logical = os.environ.get("PWD", "")
     if logical.startswith("/") and Path(logical).resolve() == physical:
-        return Path(logical)
-    return physical
+        return Path(logical), True
+    return physical, False
+
+
+def _refuse_a_planted_way_in(workspace: Path) -> None:
+    """Where the way here is unknown, refuse a folder that a symlink in a workspace where bottles have run leads
+    to (``trust.planted_link_to``): a program may have followed one a bottle made (``docs`` -> ``~/.ssh``)."""
+    if found := trust.planted_link_to(workspace):
+        link, earlier = found
+        raise ConfigError(
+            f"{workspace} is where {link} leads, a symbolic link in {earlier}, where bottles have run and could "
+            f"have made it, and $PWD does not say how this process got here. If you mean {workspace}, start "
+            f"from it with PWD={workspace} in the environment (an Agent SDK's env option), or pass --workspace "
+            f"{workspace}")
 
 
 def _refuse_a_planted_way_out(given: Path, workspace: Path) -> None:

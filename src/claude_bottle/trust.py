@@ -6,6 +6,7 @@
   protected files taken when a run started, locked by the running process, so a run that ended without its
   after-check (killed) is still compared at the next start; ``review.json`` lists the changes runs made to
   protected files. While it exists, ``start`` and ``run`` refuse the workspace until ``claude-bottle trust``.
+  ``links-out.json`` lists the symlinks there that lead out of it, with where they lead.
 
 Nothing here is ever inside a bottle: the config and state folders are not mountable.
 """
@@ -25,10 +26,11 @@ from typing import Any
 from claude_bottle import workspace as ws
 from claude_bottle.display import printable
 from claude_bottle.errors import ConfigError
-from claude_bottle.paths import config_dir, workspace_state_dir
+from claude_bottle.paths import config_dir, state_dir, workspace_state_dir
 
 APPROVALS = "trusted-projects.json"
 REVIEW = "review.json"
+LINKS_OUT = "links-out.json"
 SHOWN_CHANGES = 40
 
 
@@ -163,6 +165,33 @@ def check(workspace: Path) -> None:
             f"Review them, then run `{trust_command(workspace)}` to confirm and start again")
 
 
+# ---- symlinks out of workspaces ------------------------------------------------------------------------------
+
+def record_links_out(workspace: Path, links: list[str]) -> None:
+    """Remember the symlinks in ``workspace`` that lead out of it (``links``: the walk's), which a bottle may
+    have made: a start whose caller does not say how it reached its folder is refused where one leads
+    (``planted_link_to``)."""
+    path = workspace_state_dir(workspace) / LINKS_OUT
+    out = ws.links_out(workspace, links)
+    if out:
+        _write_json(path, {"workspace": str(workspace), "links": out})
+    else:
+        path.unlink(missing_ok=True)
+
+
+def planted_link_to(folder: Path) -> tuple[Path, Path] | None:
+    """A symlink remembered in a workspace where bottles have run that leads to ``folder`` or a folder holding
+    it: the link's path and the workspace; None if there is none."""
+    for record in sorted((state_dir() / "workspaces").glob(f"*/{LINKS_OUT}")):
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            found = json.loads(record.read_text(encoding="utf-8"))
+            workspace = Path(found["workspace"])
+            for relative, leads in found["links"].items():
+                if Path(leads) == folder or Path(leads) in folder.parents:
+                    return workspace / relative, workspace
+    return None
+
+
 def in_progress(workspace: Path, run_id: str) -> bool:
     """Whether the process that started run ``run_id`` on ``workspace`` is alive and has not ended it: it holds
     the lock of the run's ``Watch`` from before its gate starts until after its removal."""
@@ -197,7 +226,9 @@ class Watch:
 
     def begin(self, found: ws.Protected | None = None) -> None:
         """``found``: ``workspace.protected_paths`` of this workspace, if the caller has it."""
+        found = found or ws.protected_paths(self.workspace)
         self.before = ws.fingerprint(self.workspace, found)
+        record_links_out(self.workspace, found.links)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}")
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -211,7 +242,9 @@ class Watch:
         if self._lock is None:
             return []
         _remove_created_git(self.workspace, self.git_absent)
-        found = ws.changes(self.before, ws.fingerprint(self.workspace))
+        now = ws.protected_paths(self.workspace)
+        found = ws.changes(self.before, ws.fingerprint(self.workspace, now))
+        record_links_out(self.workspace, now.links)
         if found:
             _add_review(self.workspace, found)
             report(f"these files can run code on your machine and were changed during the run:\n{listing(found)}\n"

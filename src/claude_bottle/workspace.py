@@ -58,6 +58,7 @@ HASH_BUDGET = 256 * 1024 * 1024
 # A bottle can nest folders as deep as a path goes (some 2,000 with one-letter names): past Python's recursion
 # limit, and every path checked lstats each of its parents, so the checks' time grows with the cube of the depth.
 DEPTH_LIMIT = 64
+LINKS_OUT_LIMIT = 10_000  # symlinks out of one workspace that are remembered (trust.record_links_out)
 WALK_KEY = ""  # the entry that records whether the search below the top saw everything
 
 
@@ -82,11 +83,12 @@ class Change:
 class Protected(NamedTuple):
     """The workspace paths that run code on the host: ``mounted`` read-only into the bottle where they exist,
     and all ``watched`` (fingerprinted before and after a run); ``complete``: whether the search below the
-    top level saw every entry."""
+    top level saw every entry; ``links``: the symlinks it saw on the way."""
 
     mounted: list[str]
     watched: list[str]
     complete: bool
+    links: list[str]
 
 
 def nested(workspace: Path, limit: int | None = None) -> Protected:
@@ -98,6 +100,7 @@ def nested(workspace: Path, limit: int | None = None) -> Protected:
     limit = WALK_LIMIT if limit is None else limit
     found: list[str] = []
     configs: list[str] = []
+    links: list[str] = []
     seen = 0
     complete = True
     queue: deque[str] = deque([""])
@@ -116,8 +119,10 @@ def nested(workspace: Path, limit: int | None = None) -> Protected:
         for entry in children:
             seen += 1
             if seen > limit:
-                return Protected(found, configs, False)
+                return Protected(found, configs, False, links)
             path = f"{relative}/{entry.name}" if relative else entry.name
+            if entry.is_symlink():
+                links.append(path)
             if entry.name == GIT:
                 if relative:
                     found.append(path)
@@ -126,7 +131,7 @@ def nested(workspace: Path, limit: int | None = None) -> Protected:
                     queue.append(path)
                 else:
                     complete = False
-    return Protected(found, configs, complete)
+    return Protected(found, configs, complete, links)
 
 
 def protected_paths(workspace: Path) -> Protected:
@@ -134,7 +139,28 @@ def protected_paths(workspace: Path) -> Protected:
     configs ``IN_ANY_FOLDER`` below the top."""
     below = nested(workspace)
     mounted = list(dict.fromkeys([*PROTECTED, *below.mounted]))
-    return Protected(mounted, [*mounted, *below.watched], below.complete)
+    return Protected(mounted, [*mounted, *below.watched], below.complete, below.links)
+
+
+def links_out(workspace: Path, links: list[str]) -> dict[str, str]:
+    """Of the symlinks ``links`` (relative paths in ``workspace``), those that lead out of it: each path and the
+    real path it leads to, at most ``LINKS_OUT_LIMIT``. A relative target without ``..`` stays in the link's
+    folder, or leaves it through another link, which is in ``links`` itself."""
+    out: dict[str, str] = {}
+    for relative in links:
+        path = workspace / relative
+        try:
+            target = os.readlink(path)
+        except OSError:
+            continue
+        if not target.startswith("/") and ".." not in Path(target).parts:
+            continue
+        leads = Path(os.path.realpath(path))
+        if not leads.is_relative_to(workspace):
+            out[relative] = str(leads)
+            if len(out) >= LINKS_OUT_LIMIT:
+                break
+    return out
 
 
 def _kind(mode: int) -> str:
@@ -226,7 +252,7 @@ def fingerprint(workspace: Path, found: Protected | None = None) -> dict[str, st
     """Every watched path that exists, and what is in watched directories: relative path -> signature.
     ``WALK_KEY`` says whether the search below the top was complete. ``found`` is what ``protected_paths``
     just returned, to save a second walk."""
-    _, paths, complete = found or protected_paths(workspace)
+    _, paths, complete, _ = found or protected_paths(workspace)
     entries: dict[str, str] = {WALK_KEY: "complete" if complete else
                                f"stopped after {WALK_LIMIT} entries or {DEPTH_LIMIT} folders deep"}
     budget = [ENTRY_LIMIT, HASH_BUDGET]  # entries left in protected directories, bytes left to hash

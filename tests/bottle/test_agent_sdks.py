@@ -251,3 +251,26 @@ def test_typescript_sdk_query_through_its_executable_path(
     inside = (workspace / "environ.txt").read_text()
     assert f"{NAMED}=named-by-the-agent" in inside and canary not in inside
     assert leftovers(client, AGENT) == []
+
+
+def test_typescript_sdk_cwd_through_a_link_a_bottle_made_is_refused(
+        client: docker.DockerClient, drop_in_env: dict[str, str], workspace: Path, typescript_sdk: Path,
+        tmp_path: Path) -> None:
+    """The TypeScript SDK starts the drop-in in its cwd and leaves $PWD as it was: a cwd through a link that a
+    bottle left in its workspace (``docs`` -> a host folder) would make that folder the next bottle's
+    workspace, mounted read-write. The first query plants the link; the second, its cwd that link, is refused."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "canary").write_text("host-secret\n")
+
+    def query(prompt: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["node", str(TS_QUERY), str(typescript_sdk), str(DROP_IN), prompt], capture_output=True,
+                              text=True, timeout=QUERY_SECONDS, cwd=cwd, env={**os.environ, **drop_in_env})
+
+    planted = query(f"run: ln -s {secret} /workspace/docs", workspace)
+    assert planted.returncode == 0, planted.stderr
+    assert (workspace / "docs").resolve() == secret
+    followed = query("run: cat /workspace/canary", workspace / "docs")
+    assert "host-secret" not in followed.stdout
+    assert followed.returncode != 0 and f"{secret} is where {workspace / 'docs'} leads" in followed.stderr
+    assert leftovers(client, AGENT) == []

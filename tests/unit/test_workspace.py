@@ -123,7 +123,7 @@ def test_a_repository_signs_only_what_runs_code(project: Path) -> None:
 
 def test_nested_git_walk_is_bounded_and_a_full_walk_turning_partial_is_a_change(project: Path) -> None:
     (project / "a" / "b" / ".git").mkdir(parents=True)
-    assert ws.nested(project) == (["a/b/.git"], [], True)
+    assert ws.nested(project) == (["a/b/.git"], [], True, [])
     assert ws.nested(project, limit=3).complete is False
     before = ws.fingerprint(project)
     for i in range(30):
@@ -140,7 +140,7 @@ def test_nested_git_walk_is_bounded_and_a_full_walk_turning_partial_is_a_change(
 def test_symlinked_directories_are_not_walked(project: Path, tmp_path: Path) -> None:
     (tmp_path / "outside" / ".git").mkdir(parents=True)
     (project / "link").symlink_to(tmp_path / "outside")
-    assert ws.nested(project) == ([], [], True)
+    assert ws.nested(project) == ([], [], True, ["link"])
 
 
 # ---- mounts ------------------------------------------------------------------------------------------------
@@ -313,9 +313,47 @@ def test_a_link_out_of_an_earlier_workspace_is_not_followed_into_the_next(
     assert workspace_of(str(keys)) == keys  # named as itself, it is the user's choice
     assert workspace_of(str(project / "current")) == project / "src"  # a link that stays inside
     monkeypatch.setenv("PWD", "/elsewhere")  # a $PWD that is not the current directory is not read
+    with pytest.raises(ConfigError, match=rf"{keys} is where {project}/src/docs leads, a symbolic link in "
+                                          rf"{project}.*PWD={keys}"):
+        workspace_of(None)  # and without it, nothing says the way here was not that link: an SDK's cwd
+    monkeypatch.setenv("PWD", str(keys))
     assert workspace_of(None) == keys
     (tmp_path / "code").symlink_to(project)
     assert workspace_of(str(tmp_path / "code")) == project  # the way in to a workspace, from outside it
+
+
+def test_links_out_of_a_workspace_are_remembered_as_its_runs_leave_them(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that changes directory without setting $PWD (the TypeScript Agent SDK's cwd) says nothing of
+    the way it came: a folder that a link out of a workspace where bottles ran leads to, or one inside it, is
+    refused then. Links within the workspace, and links gone by the end of the last run, are not."""
+    from claude_bottle.launch import workspace_of
+
+    outside = tmp_path / "outside"
+    (outside / "deeper").mkdir(parents=True)
+    (tmp_path / "unrelated").mkdir()
+    (project / "inside").mkdir()
+    (project / "a" / "b").mkdir(parents=True)
+    monkeypatch.setenv("PWD", "/elsewhere")
+    watch = trust.Watch(project, "t-links")
+    watch.begin()
+    (project / "a" / "b" / "up").symlink_to("../../../outside")  # relative, out through ..
+    (project / "a" / "near").symlink_to("b")  # stays
+    (project / "a" / "in").symlink_to(project / "inside")  # absolute, but inside
+    watch.end(lambda _: None)
+    assert trust.planted_link_to(outside / "deeper") == (project / "a" / "b" / "up", project)
+    for folder in (project / "inside", tmp_path / "unrelated", tmp_path):
+        assert trust.planted_link_to(folder) is None, folder
+    monkeypatch.chdir(outside / "deeper")
+    with pytest.raises(ConfigError, match="a symbolic link in"):
+        workspace_of(None)
+    assert workspace_of(str(outside / "deeper")) == outside / "deeper", "named, it is the user's choice"
+    watch = trust.Watch(project, "t-links-2")
+    watch.begin()
+    (project / "a" / "b" / "up").unlink()
+    watch.end(lambda _: None)
+    assert trust.planted_link_to(outside) is None
+    assert workspace_of(None) == outside / "deeper"
 
 
 def test_a_protected_directory_nested_deeper_than_python_recurses_is_reported(
