@@ -124,6 +124,8 @@ class Origin:
                 await asyncio.wait_for(self.release.wait(), HOLD_LIMIT)
         if script == "slow":
             await asyncio.sleep(min(float(header_fields(seen.head)["x-delay"]), HOLD_LIMIT))
+        if writer.is_closing():  # the gate closed the connection meanwhile (its client gone)
+            return False
         if script == "sse":
             await self.stream(writer)
             return True

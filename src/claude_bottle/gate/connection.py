@@ -20,7 +20,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from claude_bottle.gate.audit import AuditRecord
-from claude_bottle.gate.failures import BLAME_CLIENT, BLAME_UPSTREAM
+from claude_bottle.gate.failures import BLAME_CLIENT, BLAME_UPSTREAM, ExchangeStopped
 from claude_bottle.gate.framing import JOIN_BELOW, Outgoing
 from claude_bottle.gate.http1 import (
     CONNECTION_CLOSED,
@@ -107,6 +107,8 @@ class HttpConnection(asyncio.Protocol):
         self._between_requests = False  # the reader waits in read_request
         self._exchanged_at = 0.0  # when an exchange express took last ended (the loop's clock)
         self.on_event: Callable[[], None] | None = None  # (client) called in place of waking a reader
+        # (server) called if the connection is lost while set: an exchange waiting for its upstream's answer
+        self.on_lost: Callable[[], None] | None = None
         self._on_silence: Callable[[], None] | None = None  # (client) and if nothing came by the deadline
 
     @property
@@ -168,6 +170,9 @@ class HttpConnection(asyncio.Protocol):
             self._timer = None
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
+        if self.on_lost is not None:
+            lost, self.on_lost = self.on_lost, None
+            lost()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -405,6 +410,17 @@ class HttpConnection(asyncio.Protocol):
         if callback is not None and self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()
+
+    def interrupt(self, failure: ExchangeStopped) -> None:
+        """End the reader's wait in ``next_event`` with ``failure`` (raised there)."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(failure)
+
+    @property
+    def lost(self) -> bool:
+        """The connection is gone: reset by the peer, or closed (a TLS peer's close ends it; a plain TCP
+        peer's only half-closes it, see ``eof_received``)."""
+        return self._lost
 
     @property
     def has_events(self) -> bool:

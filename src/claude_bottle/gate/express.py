@@ -58,6 +58,7 @@ class ExpressExchange:
         self._taken(record(), len(body))
         self.deadline = origin.loop.time() + self.ctx.config.limits.idle_timeout
         origin.await_events(self.arrived, self.deadline, self.hand_over)
+        self.conn.on_lost = self.hand_over  # the client gone before the answer: relay ends the exchange
 
     def _taken(self, record: AuditRecord, size: int) -> None:
         self.record = record
@@ -127,6 +128,7 @@ class ExpressExchange:
 
     def _settle(self) -> None:
         self.origin.await_events(None)
+        self.conn.on_lost = None
 
     def _resume(self, finish: Callable[[], Awaitable[None]]) -> None:
         self.conn.resume(Resume(finish, self.record))

@@ -227,10 +227,23 @@ async def forward(
 async def relay(conn: HttpConnection, origin: HttpConnection, record: AuditRecord, idle: float,
                 response_filters: Sequence[ResponseFilter], deadline: float | None = None) -> None:
     """The response to the request sent on ``origin``, through the filters to ``conn``. ``deadline`` (the
-    loop's clock) bounds the wait for its head as well."""
-    event = await origin.next_event(idle, deadline)
-    while isinstance(event, InformationalResponse):  # 100 Continue and the like are hop-by-hop
-        event = await origin.next_event(idle)
+    loop's clock) bounds the wait for its head as well.
+
+    A client whose connection is lost while the gate waits for that head is gone: the wait ends there
+    (``ClientSide``, as when the answer cannot be written), and ``origin``, its exchange unfinished, is
+    closed by whoever holds it, never reused, so the upstream stops working on a request nobody will read.
+    Lost means reset, or closed under TLS; a plain TCP client's end (EOF) is not: a half-close after the
+    request cannot be told from a close without writing to the client, and a half-closed client still reads
+    its answer (``eof_received``)."""
+    if conn.lost:
+        raise conn.side.gone()
+    conn.on_lost = lambda: origin.interrupt(conn.side.gone())
+    try:
+        event = await origin.next_event(idle, deadline)
+        while isinstance(event, InformationalResponse):  # 100 Continue and the like are hop-by-hop
+            event = await origin.next_event(idle)
+    finally:
+        conn.on_lost = None
     if not isinstance(event, Response):  # the connection's end, the only other event before a response
         raise origin.side.gone("without a response")
     arrived = origin.arrived_body()
