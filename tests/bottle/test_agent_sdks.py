@@ -261,6 +261,7 @@ def test_typescript_sdk_cwd_through_a_link_a_bottle_made_is_refused(
     workspace, mounted read-write. The first query plants the link; the second, its cwd that link, is refused."""
     secret = tmp_path / "secret"
     secret.mkdir()
+    secret.chmod(0o777)  # a folder the agent's user could use as a workspace: only the refusal stops it
     (secret / "canary").write_text("host-secret\n")
 
     def query(prompt: str, cwd: Path) -> subprocess.CompletedProcess[str]:
