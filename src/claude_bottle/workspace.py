@@ -58,7 +58,6 @@ HASH_BUDGET = 256 * 1024 * 1024
 # A bottle can nest folders as deep as a path goes (some 2,000 with one-letter names): past Python's recursion
 # limit, and every path checked lstats each of its parents, so the checks' time grows with the cube of the depth.
 DEPTH_LIMIT = 64
-LINKS_OUT_LIMIT = 10_000  # symlinks out of one workspace that are remembered (trust.record_links_out)
 WALK_KEY = ""  # the entry that records whether the search below the top saw everything
 
 
@@ -144,8 +143,9 @@ def protected_paths(workspace: Path) -> Protected:
 
 def links_out(workspace: Path, links: list[str]) -> dict[str, str]:
     """Of the symlinks ``links`` (relative paths in ``workspace``), those that lead out of it: each path and the
-    real path it leads to, at most ``LINKS_OUT_LIMIT``. A relative target without ``..`` stays in the link's
-    folder, or leaves it through another link, which is in ``links`` itself."""
+    real path it leads to. A relative target without ``..`` stays in the link's folder, or leaves it through
+    another link, which is in ``links`` itself. Not capped but by the walk that found them: a bottle could
+    otherwise put its link after as many decoys."""
     out: dict[str, str] = {}
     for relative in links:
         path = workspace / relative
@@ -158,8 +158,6 @@ def links_out(workspace: Path, links: list[str]) -> dict[str, str]:
         leads = Path(os.path.realpath(path))
         if not leads.is_relative_to(workspace):
             out[relative] = str(leads)
-            if len(out) >= LINKS_OUT_LIMIT:
-                break
     return out
 
 
