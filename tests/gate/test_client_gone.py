@@ -115,29 +115,39 @@ def went_away(record: dict[str, Any]) -> None:
     assert record["bytes_up"] > 0 and record["bytes_down"] == 0, record
 
 
+def hang_up(writer: asyncio.StreamWriter) -> None:
+    """Close with a FIN, as a client that exits or is killed does."""
+    writer.close()
+
+
+@pytest.mark.parametrize("close", [reset, hang_up])
 @pytest.mark.parametrize("split", [None, -5], ids=["whole", "streamed"])
 @pytest.mark.parametrize("express", [False, True], ids=["request-loop", "express"])
-async def test_an_api_client_reset_before_the_answer_ends_its_upstream_request(
-        make_gate: GateFactory, monkeypatch: pytest.MonkeyPatch, express: bool, split: int | None) -> None:
+async def test_an_api_client_gone_before_the_answer_ends_its_upstream_request(
+        make_gate: GateFactory, monkeypatch: pytest.MonkeyPatch, express: bool, split: int | None,
+        close: Callable[[asyncio.StreamWriter], None]) -> None:
     if not express:  # every request on the request loop's path, the forward path's for a streamed body
         monkeypatch.setattr("claude_bottle.gate.api.ApiRoute.express", lambda *args: False)
     async with slow_upstream() as (upstream, port), \
             make_gate(upstream=f"http://127.0.0.2:{port}", idle_timeout=30) as gate:
         reader, writer = await asyncio.open_connection(gate.api.host, gate.api.port)
-        record = await gone_while_held(gate, upstream, reader, writer, messages_request(SMALL, keep_alive=True), split)
+        record = await gone_while_held(gate, upstream, reader, writer, messages_request(SMALL, keep_alive=True), split,
+                                       close)
         assert upstream.count == 2, "one upstream connection: the first request's, kept alive and reused"
     went_away(record)
     assert record["path"] == "/v1/messages"
 
 
-async def test_a_proxy_client_reset_before_the_answer_ends_its_upstream_request(make_gate: GateFactory) -> None:
+@pytest.mark.parametrize("close", [reset, hang_up])
+async def test_a_proxy_client_gone_before_the_answer_ends_its_upstream_request(
+        make_gate: GateFactory, close: Callable[[asyncio.StreamWriter], None]) -> None:
     async with slow_upstream() as (upstream, port), \
             make_gate(allow=(f"127.0.0.2:{port}",), allow_private=LOOPBACK, idle_timeout=30) as gate:
         body = b'{"q": 1}'
         request = (f"POST http://127.0.0.2:{port}/ask HTTP/1.1\r\nHost: 127.0.0.2:{port}\r\n"
                    f"Content-Length: {len(body)}\r\n\r\n").encode() + body
         reader, writer = await asyncio.open_connection(gate.proxy.host, gate.proxy.port)
-        record = await gone_while_held(gate, upstream, reader, writer, request)
+        record = await gone_while_held(gate, upstream, reader, writer, request, close=close)
     went_away(record)
 
 
@@ -158,6 +168,6 @@ async def test_a_tls_client_closing_before_the_answer_ends_its_upstream_request(
         await writer.start_tls(stand_in.client_context(), server_hostname=HOST)
         record = await gone_while_held(gate, upstream, reader, writer, messages_request(SMALL, host=f"{HOST}:{port}",
                                                                                         keep_alive=True),
-                                       close=asyncio.StreamWriter.close)
+                                       close=hang_up)
         assert stand_in.hosts == [HOST], "the tunnel was terminated"
     went_away(record)

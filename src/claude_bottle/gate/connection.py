@@ -107,8 +107,8 @@ class HttpConnection(asyncio.Protocol):
         self._between_requests = False  # the reader waits in read_request
         self._exchanged_at = 0.0  # when an exchange express took last ended (the loop's clock)
         self.on_event: Callable[[], None] | None = None  # (client) called in place of waking a reader
-        # (server) called if the connection is lost while set: an exchange waiting for its upstream's answer
-        self.on_lost: Callable[[], None] | None = None
+        # (server) called if the peer hangs up (closes or resets) while set: an exchange waiting for its answer
+        self.on_hang_up: Callable[[], None] | None = None
         self._on_silence: Callable[[], None] | None = None  # (client) and if nothing came by the deadline
 
     @property
@@ -151,7 +151,8 @@ class HttpConnection(asyncio.Protocol):
         else:
             self._incoming.receive_eof()
             self._wake()
-        # Keep the transport open for the answer (a half-closed client still reads); TLS cannot half-close.
+            self._hung_up()
+        # Keep the transport open: a refusal, or an answer under way, can still be written; TLS cannot half-close.
         return self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -170,8 +171,11 @@ class HttpConnection(asyncio.Protocol):
             self._timer = None
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
-        if self.on_lost is not None:
-            lost, self.on_lost = self.on_lost, None
+        self._hung_up()
+
+    def _hung_up(self) -> None:
+        if self.on_hang_up is not None:
+            lost, self.on_hang_up = self.on_hang_up, None
             lost()
 
     def pause_writing(self) -> None:
@@ -417,10 +421,9 @@ class HttpConnection(asyncio.Protocol):
             self._waiter.set_exception(failure)
 
     @property
-    def lost(self) -> bool:
-        """The connection is gone: reset by the peer, or closed (a TLS peer's close ends it; a plain TCP
-        peer's only half-closes it, see ``eof_received``)."""
-        return self._lost
+    def hung_up(self) -> bool:
+        """The peer closed its side or reset the connection: nothing more will come from it."""
+        return self._eof
 
     @property
     def has_events(self) -> bool:
@@ -428,8 +431,8 @@ class HttpConnection(asyncio.Protocol):
 
     @property
     def ready_for_express(self) -> bool:
-        """Nothing holds back a write now: what the connection sends goes at once."""
-        return not (self._lost or self._writing_paused or self._reading_paused)
+        """The peer has not hung up and nothing holds back a write now: what the connection sends goes at once."""
+        return not (self._eof or self._writing_paused or self._reading_paused)
 
     def arrived_body(self) -> bytes | None:
         """The current message's whole body if all of it has arrived (taken, as ``body`` would deliver it),

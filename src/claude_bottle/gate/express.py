@@ -58,7 +58,7 @@ class ExpressExchange:
         self._taken(record(), len(body))
         self.deadline = origin.loop.time() + self.ctx.config.limits.idle_timeout
         origin.await_events(self.arrived, self.deadline, self.hand_over)
-        self.conn.on_lost = self.hand_over  # the client gone before the answer: relay ends the exchange
+        self.conn.on_hang_up = self.hand_over  # the client gone before the answer: relay ends the exchange
 
     def _taken(self, record: AuditRecord, size: int) -> None:
         self.record = record
@@ -128,7 +128,7 @@ class ExpressExchange:
 
     def _settle(self) -> None:
         self.origin.await_events(None)
-        self.conn.on_lost = None
+        self.conn.on_hang_up = None
 
     def _resume(self, finish: Callable[[], Awaitable[None]]) -> None:
         self.conn.resume(Resume(finish, self.record))

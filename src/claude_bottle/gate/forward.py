@@ -229,21 +229,21 @@ async def relay(conn: HttpConnection, origin: HttpConnection, record: AuditRecor
     """The response to the request sent on ``origin``, through the filters to ``conn``. ``deadline`` (the
     loop's clock) bounds the wait for its head as well.
 
-    A client whose connection is lost while the gate waits for that head is gone: the wait ends there
-    (``ClientSide``, as when the answer cannot be written), and ``origin``, its exchange unfinished, is
-    closed by whoever holds it, never reused, so the upstream stops working on a request nobody will read.
-    Lost means reset, or closed under TLS; a plain TCP client's end (EOF) is not: a half-close after the
-    request cannot be told from a close without writing to the client, and a half-closed client still reads
-    its answer (``eof_received``)."""
-    if conn.lost:
+    A client that hangs up while the gate waits for that head is gone: the wait ends there (``ClientSide``,
+    as when the answer cannot be written), and ``origin``, its exchange unfinished, is closed by whoever holds
+    it, never reused, so the upstream stops working on a request nobody will read. Hanging up is a reset or a
+    close, a plain TCP client's FIN included (a client that exits or is killed sends one): it cannot be told
+    from a half-close without writing to the client, so a half-closed client gets no answer, as from nginx
+    (its 499)."""
+    if conn.hung_up:
         raise conn.side.gone()
-    conn.on_lost = lambda: origin.interrupt(conn.side.gone())
+    conn.on_hang_up = lambda: origin.interrupt(conn.side.gone())
     try:
         event = await origin.next_event(idle, deadline)
         while isinstance(event, InformationalResponse):  # 100 Continue and the like are hop-by-hop
             event = await origin.next_event(idle)
     finally:
-        conn.on_lost = None
+        conn.on_hang_up = None
     if not isinstance(event, Response):  # the connection's end, the only other event before a response
         raise origin.side.gone("without a response")
     arrived = origin.arrived_body()
