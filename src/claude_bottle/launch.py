@@ -286,7 +286,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         progress(f"images ready ({time.monotonic() - began:.1f} s)")
         run = Run(run_spec(launch, bottle_image, gate_image, user, tuple(found.mounted)), opened)
         watch = trust.Watch(launch.workspace, run.id)
-        reaper = watch_over(run.id)  # removes the run if this process dies without doing it
+        reaper = watch_over(run.id, launch.workspace)  # removes the run if this process dies without doing it
         try:
             watch.begin(found)
             progress(f"starting gate for agent {agent.name}")

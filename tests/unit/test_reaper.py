@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from claude_bottle import trust
 from claude_bottle.runtime import engines, reaper, stillness
 from tests.fake_engine import FakeEngine
 
@@ -20,25 +21,26 @@ from tests.fake_engine import FakeEngine
 ])
 def test_the_run_is_removed_unless_its_end_was_said(monkeypatch: pytest.MonkeyPatch, said: bytes,
                                                     removed: bool) -> None:
-    reaped: list[str] = []
-    monkeypatch.setattr(reaper, "reap", reaped.append)
+    reaped: list[tuple[str, Path]] = []
+    monkeypatch.setattr(reaper, "reap", lambda run_id, workspace: reaped.append((run_id, workspace)))
     ours, theirs = os.pipe()
     os.write(theirs, said)
     os.close(theirs)
     try:
-        assert reaper.main(["dev-0a1b2c3d"], ours) == 0
+        assert reaper.main(["dev-0a1b2c3d", "/home/u/project"], ours) == 0
     finally:
         os.close(ours)
-    assert reaped == (["dev-0a1b2c3d"] if removed else [])
+    assert reaped == ([("dev-0a1b2c3d", Path("/home/u/project"))] if removed else [])
 
 
-@pytest.mark.parametrize("argv", [[], ["a", "b"], ["claude-bottle.run=x"], ["-x"], [""]])
-def test_anything_but_one_run_id_is_refused(argv: list[str]) -> None:
+@pytest.mark.parametrize("argv", [[], ["a"], ["a", "/w", "b"], ["claude-bottle.run=x", "/w"], ["-x", "/w"], ["", "/w"],
+                                  ["a", "relative/w"], ["a", ""]])
+def test_anything_but_one_run_id_and_its_workspace_is_refused(argv: list[str]) -> None:
     assert reaper.main(argv) == 2
 
 
 def test_a_released_reaper_exits_at_once() -> None:
-    watching = reaper.watch("dev-0a1b2c3d")
+    watching = reaper.watch("dev-0a1b2c3d", Path("/home/u/project"))
     assert watching.process.poll() is None, "it waits on this process"
     watching.release()
     assert watching.process.returncode == 0
@@ -58,7 +60,26 @@ def test_the_reaper_of_a_start_killed_in_its_turn_resumes_the_bottles_it_paused(
     (tmp_path / "claude-bottle" / stillness.PAUSED_FILE).write_text("claude-bottle-mine-bottle\n")
     monkeypatch.setattr(engines, "open_engine", lambda: engine)
     monkeypatch.setattr(reaper, "SECOND_PASS_SECONDS", 0)
-    reaper.reap("dev-0a1b2c3d")
+    reaper.reap("dev-0a1b2c3d", tmp_path / "project")
     assert {c.name: c.status for c in engine.containers()} == {
         "claude-bottle-other-bottle": "paused", "claude-bottle-mine-bottle": "running"}
     assert not (tmp_path / "claude-bottle" / stillness.PAUSED_FILE).exists()
+
+
+def test_the_reaper_of_a_killed_run_remembers_the_links_out_its_bottle_left(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """A killed run never walks its workspace at its end: its reaper does, so a start that cannot say how it
+    reached its folder is refused where the bottle's link leads (trust.planted_link_to) before the workspace's
+    next run, not after it."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    project, keys = tmp_path / "project", tmp_path / "keys"
+    project.mkdir()
+    keys.mkdir()
+    (project / "docs").symlink_to(keys)  # made by the bottle during the killed run
+    monkeypatch.setattr(engines, "open_engine", FakeEngine)
+    monkeypatch.setattr(reaper, "SECOND_PASS_SECONDS", 0)
+    assert trust.planted_link_to(keys) is None
+    reaper.reap("dev-0a1b2c3d", project)
+    assert trust.planted_link_to(keys) == (project / "docs", project)
+    reaper.reap("dev-0a1b2c3d", tmp_path / "gone")  # a workspace removed since: nothing to remember, no error

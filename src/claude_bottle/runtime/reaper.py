@@ -4,9 +4,12 @@
 that ends on purpose (removed, or kept with ``--keep``) says so (``Reaper.release``); when the pipe ends
 without that, this process is gone, and the reaper removes the run as ``claude-bottle stop`` would: its bottle,
 then its gate once its audit is kept on the host. The gate stops by itself too (runtime/lifeline.py): this
-also takes away what it leaves, within seconds. The reaper acts on the run's id alone, given by this process;
-nothing in the bottle reaches it. A host that loses power takes the reaper with it: what that leaves is
-listed by ``ls`` and removed by the next start on its workspace, or ``stop``.
+also takes away what it leaves, within seconds. Then it remembers the symlinks out of the run's workspace, as
+the run's own end would have (claude_bottle.trust): a start that cannot say how it reached its folder is
+refused where one leads, from then on, not only after the workspace's next run. The reaper acts on the run's
+id and workspace alone, given by this process; nothing in the bottle reaches it. A host that loses power
+takes the reaper with it: what that leaves is listed by ``ls`` and removed by the next start on its
+workspace, or ``stop``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 RELEASED = b"done\n"
 SECOND_PASS_SECONDS = 2.0  # a create request the dead process had in flight may still land: look again
@@ -39,18 +43,21 @@ class Reaper:
             self.process.wait(5)  # reaped here, so it is no zombie of ours
 
 
-def watch(run_id: str) -> Reaper:
-    """Start the reaper of run ``run_id``: in a session of its own, so the terminal's Ctrl-C and hang-up,
-    meant for this process, do not reach it; with this environment (the engine's address)."""
-    process = subprocess.Popen([sys.executable, "-m", "claude_bottle.runtime.reaper", run_id],
+def watch(run_id: str, workspace: Path) -> Reaper:
+    """Start the reaper of run ``run_id`` on ``workspace``: in a session of its own, so the terminal's Ctrl-C
+    and hang-up, meant for this process, do not reach it; with this environment (the engine's address)."""
+    process = subprocess.Popen([sys.executable, "-m", "claude_bottle.runtime.reaper", run_id, str(workspace)],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     return Reaper(process)
 
 
-def reap(run_id: str) -> None:
+def reap(run_id: str, workspace: Path) -> None:
     """Remove run ``run_id`` as ``stop`` does, twice, ``SECOND_PASS_SECONDS`` apart; then resume the bottles it
-    held still while its own started, if it died then (runtime/stillness.py)."""
+    held still while its own started, if it died then (runtime/stillness.py), and remember the links out of
+    ``workspace`` its bottle left."""
+    from claude_bottle import trust
+    from claude_bottle import workspace as ws
     from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.removal import remove_run
     from claude_bottle.runtime.stillness import resume_left_paused, turn
@@ -61,18 +68,22 @@ def reap(run_id: str) -> None:
     remove_run(engine, run_id)
     with turn() as folder:
         resume_left_paused(engine, folder)
+    with contextlib.suppress(OSError):  # a workspace gone or unreadable: its next start walks it again
+        trust.record_links_out(workspace, ws.protected_paths(workspace).links)
 
 
 def main(argv: list[str], fd: int = 0) -> int:
-    """Wait for ``fd`` (standard input) to end; unless what came last is ``RELEASED``, remove the run."""
-    if len(argv) != 1 or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", argv[0]):
+    """``argv``: the run's id and its workspace. Wait for ``fd`` (standard input) to end; unless what came last
+    is ``RELEASED``, remove the run."""
+    if (len(argv) != 2 or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", argv[0])
+            or not os.path.isabs(argv[1])):
         return 2
     said = b""
     while chunk := os.read(fd, 64):
         said = (said + chunk)[-64:]
     if said.endswith(RELEASED):
         return 0
-    reap(argv[0])
+    reap(argv[0], Path(argv[1]))
     return 0
 
 
