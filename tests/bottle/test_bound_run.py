@@ -17,8 +17,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from claude_bottle import records
+from claude_bottle import records, trust
 from claude_bottle.errors import EXIT_GATE
+from claude_bottle.paths import workspace_state_dir
 from claude_bottle.runtime.names import AGENT_LABEL, RUN_LABEL
 from tests.bottle.conftest import Upstream, write_agent
 
@@ -104,15 +105,23 @@ def gone_within(client: docker.DockerClient, agent: str, seconds: float) -> list
 def test_the_cli_killed_outright_leaves_no_container_of_its_run(
         client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
         built_images: tuple[str, str], command: str) -> None:
+    """And its reaper remembers the link out of the workspace its bottle made, as the run's end would have."""
     agent = f"killed-{command}"
     with mid_run(client, upstream, agent, workspace, command) as (process, run_id):
         gate = client.containers.get(f"claude-bottle-{run_id}-gate")
+        bottle = client.containers.get(f"claude-bottle-{run_id}-bottle")
+        assert bottle.exec_run(["ln", "-s", "/etc", "/workspace/docs"]).exit_code == 0
         os.kill(process.pid, signal.SIGKILL)
         killed = time.monotonic()
         assert gone_within(client, agent, GONE_SECONDS) == [], "the run's containers outlived the CLI"
         assert time.monotonic() - killed < GONE_SECONDS
         with pytest.raises(docker.errors.NotFound):
             gate.reload()
+        remembered = workspace_state_dir(workspace) / trust.LINKS_OUT
+        deadline = time.monotonic() + GONE_SECONDS
+        while not remembered.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert json.loads(remembered.read_text())["links"] == {"docs": "/etc"}, "the reaper walked the workspace"
     assert records.find(run_id).run == run_id, "its audit is kept on the host"
 
 
