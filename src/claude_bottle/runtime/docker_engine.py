@@ -4,6 +4,7 @@ in ``runtime.podman_engine``; ``runtime.engines`` opens the one the engine is.""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -28,6 +29,19 @@ from claude_bottle.runtime.seam import (
     NetworkInfo,
     NetworkSpec,
 )
+
+
+@contextlib.contextmanager
+def _unless_gone(conflict_is_done: bool = False) -> Iterator[None]:
+    """A call on a container that has nothing left to do when it is gone already (404), or, with
+    ``conflict_is_done``, in a state where the call means nothing (409); other failures are the engine's."""
+    try:
+        yield
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if not (conflict_is_done and exc.status_code == 409):
+            raise api_failed(exc) from None
 
 
 class DockerEngine(Engine):
@@ -115,46 +129,24 @@ class DockerEngine(Engine):
         return file_in_archive(archive)
 
     def stop(self, name: str, timeout: float) -> None:
-        try:
+        with _unless_gone():
             self.client.api.stop(name, timeout=timeout)
-        except docker.errors.NotFound:  # gone already
-            pass
-        except docker.errors.APIError as exc:
-            raise api_failed(exc) from None
 
     def pause(self, name: str) -> None:
-        try:
+        with _unless_gone():
             self.client.api.pause(name)
-        except docker.errors.NotFound:  # gone already
-            pass
-        except docker.errors.APIError as exc:
-            raise api_failed(exc) from None
 
     def unpause(self, name: str) -> None:
-        try:
+        with _unless_gone(conflict_is_done=True):  # 409: not paused
             self.client.api.unpause(name)
-        except docker.errors.NotFound:  # gone already
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: not paused
-                raise api_failed(exc) from None
 
     def kill(self, name: str, signum: int) -> None:
-        try:
+        with _unless_gone(conflict_is_done=True):  # 409: not running
             self.client.api.kill(name, signal=signum)
-        except docker.errors.NotFound:  # gone already
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: not running
-                raise api_failed(exc) from None
 
     def remove_container(self, name: str) -> None:
-        try:
+        with _unless_gone():
             self.client.api.remove_container(name, force=True)
-        except docker.errors.NotFound:  # gone already
-            pass
-        except docker.errors.APIError as exc:
-            raise api_failed(exc) from None
 
     def exec(self, name: str, argv: list[str], timeout: float | None = None) -> tuple[int, bytes]:
         if timeout is None:
