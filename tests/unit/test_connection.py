@@ -1,4 +1,4 @@
-"""gate/connection.py's coalesced writes: a message in one write, a streamed piece out before the loop waits."""
+"""gate/sending.py's coalesced writes: a message in one write, a streamed piece out before the loop waits."""
 
 from __future__ import annotations
 

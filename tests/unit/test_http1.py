@@ -1,4 +1,4 @@
-"""gate/http1.py and gate/connection.py's reading and framing on llhttp: what the gate adds to the parser, byte by byte."""
+"""gate/http1.py and gate/receiving.py's reading and framing on llhttp: what the gate adds to the parser, byte by byte."""
 
 from __future__ import annotations
 

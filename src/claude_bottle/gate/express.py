@@ -23,10 +23,11 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 
 from claude_bottle.gate.audit import AuditRecord
-from claude_bottle.gate.connection import HttpConnection, Resume
+from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.forward import ResponseFilter, answered, deliver, relay
 from claude_bottle.gate.http1 import Request, Response
+from claude_bottle.gate.receiving import Resume
 
 # A route's express: True when it took the request queued on the connection (see the module's note).
 Express = Callable[[HttpConnection, GateContext, set[HttpConnection]], bool]

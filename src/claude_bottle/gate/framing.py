@@ -1,6 +1,6 @@
 """The sending half of HTTP/1.1, without I/O: the heads the gate writes and each message's framing, held to
-the exchange's state (``Outgoing``), as gate/http1.py is the receiving half. gate/connection.py writes what
-this frames.
+the exchange's state (``Outgoing``), as gate/http1.py is the receiving half. gate/sending.py writes what this
+frames.
 
 The gate frames every message it sends itself: a body of known length by its ``Content-Length`` (and held to
 it: more or less is the gate's own error, ``LocalProtocolError``), one of unknown length chunked for an

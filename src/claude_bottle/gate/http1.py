@@ -1,5 +1,6 @@
 """HTTP/1.1 messages and their parsing, without I/O: bytes in, events out (as mitmproxy's http1 layer and h11
-do). gate/connection.py feeds it what arrives and sends what the gate frames; the stub upstream uses the same.
+do). gate/receiving.py feeds it what arrives, and gate/sending.py sends what the gate frames; the stub upstream
+uses the same.
 
 The parser is llhttp (httptools). In its strict mode (httptools' default) it refuses what request smuggling
 relies on: bare-LF line endings, obsolete line folding, both ``Content-Length`` and ``Transfer-Encoding``,

@@ -26,12 +26,13 @@ from urllib.parse import urlsplit
 from claude_bottle.gate.ask import BY_LIMIT, BY_TIMEOUT, DENY_ONCE
 from claude_bottle.gate.audit import OPAQUE, RAW_TCP, TERMINATED, AuditRecord
 from claude_bottle.gate.ca import HostNotPermitted
-from claude_bottle.gate.connection import READ_SIZE, HttpConnection
+from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.failures import Refused
 from claude_bottle.gate.forward import Inbound, ResponseFilter, forward, outbound, set_headers
 from claude_bottle.gate.http1 import ProtocolError, Request, Response, State, header_values
 from claude_bottle.gate.inspection import IDENTITY, answered, identity_only, inspected, reflection_scan
+from claude_bottle.gate.receiving import READ_SIZE
 from claude_bottle.gate.routes import bound_elsewhere, route_for
 from claude_bottle.gate.terminate import KeptOrigin, authority, terminate
 from claude_bottle.gate.tls import BadHello, NotTls, read_client_hello, wanted

@@ -8,11 +8,12 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from claude_bottle.gate.audit import AuditRecord
-from claude_bottle.gate.connection import HttpConnection, Resume
+from claude_bottle.gate.connection import HttpConnection
 from claude_bottle.gate.context import GateContext
 from claude_bottle.gate.express import Express
 from claude_bottle.gate.failures import ClientSide, ExchangeStopped, GateFault
 from claude_bottle.gate.http1 import Request
+from claude_bottle.gate.receiving import Resume
 from claude_bottle.gate.refusals import answer
 
 Exchange = Callable[[HttpConnection, Request, AuditRecord, GateContext], Awaitable[None]]
