@@ -114,10 +114,13 @@ def listing(changes: list[ws.Change], shown: int | None = SHOWN_CHANGES) -> str:
     return "\n".join(lines)
 
 
-def _remove_created_git(workspace: Path, git_was_absent: bool) -> None:
+def _remove_created_git(workspace: Path, git_was_absent: bool, record: Path) -> None:
     """A workspace without .git gets an empty read-only mount there, for which the engine creates an empty
-    directory on the host: remove it, if it is still that."""
-    if git_was_absent:
+    directory on the host: remove it, if it is still that, once no run but the one of ``record`` is in progress
+    on the workspace. A running bottle has that directory as a mount point, and the kernel takes a mount off a
+    directory removed under it: that bottle's .git would no longer be read-only, and it could make one."""
+    others = [path for path in record.parent.glob("*.json") if path != record]
+    if git_was_absent and not any(map(_running, others)):
         with contextlib.suppress(OSError):
             (workspace / ws.GIT).rmdir()  # only ever succeeds on an empty directory (never follows a link)
 
@@ -140,7 +143,7 @@ def _stale_runs(workspace: Path) -> list[ws.Change]:
                 record = json.loads(f.read())
             except ValueError:
                 record = {}
-            _remove_created_git(workspace, bool(record.get("git_absent")))
+            _remove_created_git(workspace, bool(record.get("git_absent")), path)
             found += ws.changes(record.get("fingerprint", {}), ws.fingerprint(workspace))
             path.unlink()
     return found
@@ -195,8 +198,13 @@ def planted_link_to(folder: Path) -> tuple[Path, Path] | None:
 def in_progress(workspace: Path, run_id: str) -> bool:
     """Whether the process that started run ``run_id`` on ``workspace`` is alive and has not ended it: it holds
     the lock of the run's ``Watch`` from before its gate starts until after its removal."""
+    return _running(Watch.record(workspace, run_id))
+
+
+def _running(record: Path) -> bool:
+    """Whether the run of the ``Watch`` record ``record`` is in progress: its process holds the record's lock."""
     try:
-        fd = os.open(Watch.record(workspace, run_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
@@ -215,7 +223,7 @@ class Watch:
     def __init__(self, workspace: Path, run_id: str) -> None:
         self.workspace = workspace
         self.path = self.record(workspace, run_id)
-        self.git_absent = not os.path.lexists(workspace / ws.GIT)
+        self.git_absent = ws.no_repository_entry(workspace)
         self.before: dict[str, str] = {}
         self._lock: int | None = None
 
@@ -241,7 +249,7 @@ class Watch:
     def end(self, report: Callable[[str], None]) -> list[ws.Change]:
         if self._lock is None:
             return []
-        _remove_created_git(self.workspace, self.git_absent)
+        _remove_created_git(self.workspace, self.git_absent, self.path)
         now = ws.protected_paths(self.workspace)
         found = ws.changes(self.before, ws.fingerprint(self.workspace, now))
         record_links_out(self.workspace, now.links)

@@ -198,6 +198,18 @@ def _signature(path: Path, info: os.stat_result, budget: list[int]) -> str:
     return _kind(info.st_mode)
 
 
+def no_repository_entry(workspace: Path) -> bool:
+    """Whether the workspace has no ``.git``, or only an empty ``.git`` directory: the mount point the engine
+    makes on the host for a bottle's empty read-only ``.git`` (a bottle of another run may still be on it),
+    which git takes for no repository."""
+    try:
+        return stat.S_ISDIR((workspace / GIT).lstat().st_mode) and not os.listdir(workspace / GIT)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
 def lstat_inside(workspace: Path, relative: str) -> tuple[str, os.stat_result] | None:
     """``lstat`` of ``relative`` with every component checked, never following a symlink: the path and its
     status, or where a parent is not a real directory (a symlink could lead out of the workspace), that
@@ -222,6 +234,8 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
         return
     relative, info = found
     path = workspace / relative
+    if relative == GIT and no_repository_entry(workspace):
+        return  # a mount point, signed as no .git: another run's bottle may keep it after this run ends
     budget[0] -= 1
     entries[relative] = _signature(path, info, budget)
     if not stat.S_ISDIR(info.st_mode):

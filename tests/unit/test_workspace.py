@@ -292,6 +292,35 @@ def test_the_empty_git_directory_made_for_the_mount_is_removed(project: Path) ->
     assert not (project / ".git").exists()
 
 
+def test_the_empty_git_directory_stays_while_another_run_on_the_workspace_has_it_mounted(project: Path) -> None:
+    """Two runs on a workspace without .git: the second mounts the first's empty .git as a mount point. Removed
+    on the host at the first run's end, the kernel would take the second bottle's read-only mount off it."""
+    subprocess.run(["rm", "-rf", str(project / ".git")], check=True)
+    first = trust.Watch(project, "t-first")
+    first.begin()
+    (project / ".git").mkdir()  # what the engine does on the host for the read-only mount
+    second = trust.Watch(project, "t-second")
+    second.begin()
+    assert first.end(print) == []
+    assert (project / ".git").is_dir(), "the second run's bottle is on it"
+    assert second.end(print) == []
+    assert not (project / ".git").exists(), "removed by the last run"
+
+
+def test_a_killed_run_s_empty_git_directory_stays_while_another_run_has_it_mounted(project: Path) -> None:
+    subprocess.run(["rm", "-rf", str(project / ".git")], check=True)
+    script = ("import os, sys; from pathlib import Path; from claude_bottle import trust; "
+              "w = trust.Watch(Path(sys.argv[1]), 'killed'); w.begin(); "
+              "(Path(sys.argv[1]) / '.git').mkdir(); os._exit(9)")
+    subprocess.run([sys.executable, "-c", script, str(project)], check=False, env=dict(os.environ))
+    running = trust.Watch(project, "t-running")
+    running.begin()
+    trust.check(project)  # the next start compares the killed run, and leaves the running one's mount point
+    assert (project / ".git").is_dir()
+    assert running.end(print) == []
+    assert not (project / ".git").exists()
+
+
 def test_a_link_out_of_an_earlier_workspace_is_not_followed_into_the_next(
         project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from claude_bottle.launch import workspace_of
