@@ -436,6 +436,25 @@ def test_a_bottle_the_engine_cannot_pause_stops_the_start_and_nothing_stays_paus
     assert [c.name for c in engine.containers()] == [second, first]
 
 
+def test_a_ctrl_c_while_a_bottle_is_paused_leaves_it_running(workspace: Path, state: Path) -> None:
+    """The engine pauses it, and the interrupt comes before its answer: the start ends, its neighbour runs."""
+    engine = BottleEngine()
+    same = neighbour(engine, "same", workspace)
+
+    def pause(name: str) -> None:
+        FakeEngine.pause(engine, name)
+        raise KeyboardInterrupt
+
+    engine.pause = pause  # type: ignore[method-assign]
+    run = new_run(engine, workspace)
+    run.start_gate()
+    with pytest.raises(KeyboardInterrupt):
+        run.start_bottle(["sleep", "600"])
+    run.remove()
+    assert engine.containers_by_name[same].status == "running"
+    assert not (state / "claude-bottle" / stillness.PAUSED_FILE).exists()
+
+
 def test_a_workspace_that_leads_elsewhere_by_the_bottles_start_is_refused(workspace: Path, tmp_path: Path) -> None:
     """What was resolved when the start began is looked at again once neighbours are still: a symlink made on
     the way since then (by a bottle on a folder around it) refuses the start."""

@@ -89,16 +89,19 @@ def held_still(engine: Engine, sources: Iterable[Path]) -> Iterator[list[str]]:
             if found:
                 listed.write_text("".join(f"{container.name}\n" for container in found))
             for container in found:
+                # Listed first: a Ctrl-C while the engine pauses it, or before the answer is in, still resumes it
+                # (resuming one that is not paused does nothing).
+                paused.append(container.name)
                 try:
                     engine.pause(container.name)
                 except DockerError as exc:
+                    paused.pop()  # not paused by this start (one paused by hand meanwhile stays so)
                     workspace = container.mounts.get("/workspace", "a folder this one overlaps")
                     raise DockerError(
                         f"cannot pause {container.name}, a bottle running on {workspace}, while this one starts: "
                         f"{exc}. A bottle running on an overlapping folder could turn the new bottle's mounts to "
                         "other files of this machine as it starts: stop it (`claude-bottle stop`) or wait for it "
                         "to end, then start again") from None
-                paused.append(container.name)
             yield paused
         finally:
             for name in paused:
