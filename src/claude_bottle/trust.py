@@ -19,7 +19,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,19 @@ def _write_json(path: Path, value: Any) -> None:
     os.replace(temporary, path)
 
 
+@contextlib.contextmanager
+def _updating(path: Path) -> Iterator[None]:
+    """Held while ``path`` is read, changed and written: runs on one workspace end at once (parallel Agent SDK
+    queries), and a change one records while another writes its own would be lost."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 # ---- project files -----------------------------------------------------------------------------------------
 
 def approvals_path() -> Path:
@@ -67,9 +80,10 @@ def approved_digest(workspace: Path) -> str | None:
 
 
 def approve(workspace: Path, digest: str) -> None:
-    approvals = _read_json(approvals_path()) or {}
-    approvals[str(workspace)] = digest
-    _write_json(approvals_path(), approvals)
+    with _updating(approvals_path()):
+        approvals = _read_json(approvals_path()) or {}
+        approvals[str(workspace)] = digest
+        _write_json(approvals_path(), approvals)
 
 
 # ---- changes runs made to protected files ---------------------------------------------------------------
@@ -85,24 +99,26 @@ def pending_review(workspace: Path) -> list[ws.Change]:
 
 
 def _add_review(workspace: Path, changes: list[ws.Change]) -> None:
-    merged = list(dict.fromkeys(pending_review(workspace) + changes))
-    _write_json(workspace_state_dir(workspace) / REVIEW, {
-        "workspace": str(workspace),
-        "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in merged],
-    })
+    with _updating(workspace_state_dir(workspace) / REVIEW):
+        merged = list(dict.fromkeys(pending_review(workspace) + changes))
+        _write_json(workspace_state_dir(workspace) / REVIEW, {
+            "workspace": str(workspace),
+            "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in merged],
+        })
 
 
 def clear_review(workspace: Path, reviewed: list[ws.Change]) -> None:
     """Forget the changes the user reviewed; any recorded since stay."""
-    left = [c for c in pending_review(workspace) if c not in reviewed]
-    if left:
-        _write_json(workspace_state_dir(workspace) / REVIEW, {
-            "workspace": str(workspace),
-            "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in left],
-        })
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            (workspace_state_dir(workspace) / REVIEW).unlink()
+    with _updating(workspace_state_dir(workspace) / REVIEW):
+        left = [c for c in pending_review(workspace) if c not in reviewed]
+        if left:
+            _write_json(workspace_state_dir(workspace) / REVIEW, {
+                "workspace": str(workspace),
+                "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in left],
+            })
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                (workspace_state_dir(workspace) / REVIEW).unlink()
 
 
 def listing(changes: list[ws.Change], shown: int | None = SHOWN_CHANGES) -> str:

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -319,6 +320,27 @@ def test_a_killed_run_s_empty_git_directory_stays_while_another_run_has_it_mount
     assert (project / ".git").is_dir()
     assert running.end(print) == []
     assert not (project / ".git").exists()
+
+
+def test_two_runs_ending_at_once_both_leave_their_changes_to_review(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parallel runs on one workspace: the second records its change while the first has read the pending ones
+    and is about to write them with its own. Neither change is lost."""
+    first, second = ws.Change(".envrc", None, "a"), ws.Change(".mcp.json", None, "b")
+    read = trust.pending_review
+    other = threading.Thread(target=trust._add_review, args=(project, [second]))
+
+    def pending_review(workspace: Path) -> list[ws.Change]:
+        found = read(workspace)
+        if not other.is_alive() and other.ident is None:
+            other.start()
+            other.join(0.3)  # the other run's end, which waits for this one's write
+        return found
+
+    monkeypatch.setattr(trust, "pending_review", pending_review)
+    trust._add_review(project, [first])
+    other.join()
+    assert read(project) == [first, second]
 
 
 def test_a_link_out_of_an_earlier_workspace_is_not_followed_into_the_next(
