@@ -155,13 +155,15 @@ def _stale_runs(workspace: Path) -> list[ws.Change]:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # a run in progress: it checks itself when it ends
+            if os.fstat(f.fileno()).st_nlink == 0:
+                continue  # its run ended, or another start took it, between the open and the lock
             try:
                 record = json.loads(f.read())
             except ValueError:
                 record = {}
             _remove_created_git(workspace, bool(record.get("git_absent")), path)
             found += ws.changes(record.get("fingerprint", {}), ws.fingerprint(workspace))
-            path.unlink()
+            path.unlink(missing_ok=True)
     return found
 
 

@@ -3,6 +3,7 @@ records a run's changes for review, killed runs included."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -274,6 +275,24 @@ def test_a_killed_run_is_compared_at_the_next_start(project: Path) -> None:
         trust.check(project)
     with pytest.raises(ConfigError, match=r"\.envrc: created"):
         trust.check(project)  # it stays pending until reviewed
+
+
+def test_a_run_that_ends_as_the_next_start_looks_at_it_is_left_to_itself(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start opens the run's record, the run ends (its record removed, its lock let go), the start locks
+    the record: the run has checked itself, and the start goes on."""
+    watch = trust.Watch(project, "t-ending")
+    watch.begin()
+    (project / ".envrc").write_text("planted")
+    lock = fcntl.flock
+
+    def flock(fd: object, operation: int) -> None:
+        if watch._lock is not None and operation & fcntl.LOCK_NB:
+            assert [c.path for c in watch.end(lambda _: None)] == [".envrc"]
+        lock(fd, operation)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    assert [c.path for c in trust.unreviewed(project)] == [".envrc"]
 
 
 def test_a_run_in_progress_is_left_to_check_itself(project: Path) -> None:
