@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from claude_bottle import records
+from claude_bottle.commands import allow
 from claude_bottle.errors import BottleError, DockerError
 from claude_bottle.runtime.files import bottle_files
 from claude_bottle.runtime.listing import bottle_of, gate_of, running_run, runs
 from claude_bottle.runtime.names import EGRESS_NETWORK, POOL_LABEL, RunNames, claim_container
 from claude_bottle.runtime.pool import POOL_KEPT, claim_internal, egress_network, trim_pool
 from claude_bottle.runtime.removal import remove_run
+from claude_bottle.runtime.seam import ContainerInfo
 from tests.fake_engine import FakeEngine
 
 AUDIT = json.dumps({"decision": "allow", "reason": "in the allowlist", "target": "pypi.org:443"}).encode() + b"\n"
@@ -99,6 +102,28 @@ def test_a_runs_containers_are_found_by_workspace_then_agent() -> None:
     remove_run(engine, other.id)
     with pytest.raises(DockerError, match="no running bottle"):
         gate_of(engine, None, Path("/src/app"))
+
+
+def test_a_deny_reaches_every_bottle_of_the_agent_on_the_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parallel runs of one agent on one workspace: a destination refused is refused in each, not in one."""
+    engine = FakeEngine()
+    both = [started_run(engine, "dev", "/src/app") for _ in range(2)]
+    elsewhere = started_run(engine, "dev", "/src/other")
+    asked: list[str] = []
+
+    def control_gate(engine: FakeEngine, gate: ContainerInfo, op: str, entry: str = "") -> dict[str, Any]:
+        asked.append(gate.name)
+        return {"ok": True, "message": f"denied {entry}"}
+
+    monkeypatch.setattr("claude_bottle.runtime.engines.open_engine", lambda: engine)
+    monkeypatch.setattr("claude_bottle.runtime.gate.control_gate", control_gate)
+    allow.deny("dev", "evil.example", "/src/app", save=False, yes=True)
+    assert sorted(asked) == sorted(run.gate for run in both)
+    asked.clear()
+    allow.allow(None, "pypi.org", "/src/other", save=False, yes=True)
+    assert asked == [elsewhere.gate]
+    with pytest.raises(DockerError, match="several bottles are running; name the AGENT"):
+        allow.deny(None, "evil.example", "/src/app", save=False, yes=True)
 
 
 def test_a_network_someone_is_on_goes_to_no_other_run() -> None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def gate_for(agent: str | None, workspace: str | None) -> tuple[Engine, ContainerInfo]:
-    """The gate of the bottle to change, with its engine: ``agent``'s, this workspace's, or the only one
+    """The gate of the bottle to answer, with its engine: ``agent``'s, this workspace's, or the only one
     running."""
     from pathlib import Path
 
@@ -26,16 +26,29 @@ def gate_for(agent: str | None, workspace: str | None) -> tuple[Engine, Containe
     return engine, gate_of(engine, agent, Path(workspace or os.getcwd()).expanduser().resolve())
 
 
+def gates_for(agent: str | None, workspace: str | None) -> tuple[Engine, list[ContainerInfo]]:
+    """The gates of the bottles to change, with their engine: ``agent``'s on this workspace (each, where
+    several run there at once), else ``agent``'s, or the only one running."""
+    from pathlib import Path
+
+    from claude_bottle.runtime.engines import open_engine
+    from claude_bottle.runtime.listing import gates_of
+
+    engine = open_engine()
+    return engine, gates_of(engine, agent, Path(workspace or os.getcwd()).expanduser().resolve())
+
+
 def allow(agent: str | None, entry: str, workspace: str | None, save: bool, yes: bool) -> None:
-    """Allow ``entry`` (HOST[:PORT] as in an allow list) in the running bottle; with ``save`` also add it to
-    the agent's file."""
+    """Allow ``entry`` (HOST[:PORT] as in an allow list) in the running bottles (``gates_for``); with ``save``
+    also add it to the agent's file."""
     from claude_bottle import suggest
     from claude_bottle.runtime.gate import control_gate
     from claude_bottle.runtime.names import RunNames, run_of
 
-    engine, gate = gate_for(agent, workspace)
-    reply = control_gate(engine, gate, "allow", entry)
-    click.echo(f"{reply['message']} in {run_of(gate.name)}")
+    engine, gates = gates_for(agent, workspace)
+    for gate in gates:
+        reply = control_gate(engine, gate, "allow", entry)
+        click.echo(f"{reply['message']} in {run_of(gate.name)}")
     if save:
         name = RunNames.from_labels(gate.labels).agent or agent or ""
         if reply["message"].removeprefix("allowed ") in agent_file.allowlist(name).texts():
@@ -46,15 +59,16 @@ def allow(agent: str | None, entry: str, workspace: str | None, save: bool, yes:
 
 
 def deny(agent: str | None, entry: str, workspace: str | None, save: bool, yes: bool) -> None:
-    """Refuse ``entry`` in the running bottle from now on; with ``save`` also remove it from the agent's file
-    (ConfigError when the file does not list it as written)."""
+    """Refuse ``entry`` in the running bottles (``gates_for``) from now on; with ``save`` also remove it from the
+    agent's file (ConfigError when the file does not list it as written)."""
     from claude_bottle import suggest
     from claude_bottle.runtime.gate import control_gate
     from claude_bottle.runtime.names import RunNames, run_of
 
-    engine, gate = gate_for(agent, workspace)
-    reply = control_gate(engine, gate, "deny", entry)
-    click.echo(f"{reply['message']} in {run_of(gate.name)}")
+    engine, gates = gates_for(agent, workspace)
+    for gate in gates:  # every bottle of the agent here: one left out would keep reaching what is refused
+        reply = control_gate(engine, gate, "deny", entry)
+        click.echo(f"{reply['message']} in {run_of(gate.name)}")
     if not save:
         return
     name, pattern = RunNames.from_labels(gate.labels).agent or agent or "", reply["message"].removeprefix("denied ")

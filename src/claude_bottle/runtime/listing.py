@@ -54,5 +54,24 @@ def gate_of(engine: Engine, agent: str | None, workspace: Path | None = None) ->
     return _container_of(engine, agent, workspace, GATE)
 
 
+def gates_of(engine: Engine, agent: str | None, workspace: Path | None = None) -> list[ContainerInfo]:
+    """The gates of every run ``gate_of`` chooses from: runs of one agent at once on one workspace (parallel
+    Agent SDK queries) are all changed by an ``allow`` or a ``deny``, not one of them. A DockerError as
+    ``gate_of``'s when there is none, or several and no agent was named."""
+    def matching(place: Path | None) -> list[str]:
+        return [r["run"] for r in runs(engine) if (agent is None or r["agent"] == agent)
+                and (place is None or r["workspace"] == str(place))]
+
+    found = (workspace and matching(workspace)) or matching(None)
+    if len(found) > 1 and agent is None:
+        raise DockerError("several bottles are running; name the AGENT (see `claude-bottle ls`)")
+    if not found:
+        raise DockerError(f"no running bottle{f' for agent {agent}' if agent else ''}; see `claude-bottle ls`")
+    gates = [engine.container(RunNames(run_id).container(GATE)) for run_id in found]
+    if None in gates:
+        raise DockerError(f"run {found[gates.index(None)]} has no gate container; remove it with `claude-bottle stop`")
+    return [gate for gate in gates if gate is not None]
+
+
 def bottle_of(engine: Engine, agent: str | None, workspace: Path | None = None) -> ContainerInfo:
     return _container_of(engine, agent, workspace, BOTTLE)
