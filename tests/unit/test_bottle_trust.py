@@ -85,6 +85,25 @@ def test_only_the_newest_images_bundles_are_kept(state: Path) -> None:
     assert len(list((state / "claude-bottle" / "image-trust").glob("*.crt"))) == IMAGE_BUNDLES_KEPT
 
 
+def test_bundles_another_start_removes_meanwhile_are_no_failure(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starts of other images at once prune the kept bundles: one listed, or found, and gone when read."""
+    engine = FakeEngine()
+    for n in range(IMAGE_BUNDLES_KEPT):
+        image_trust_store(engine, bottle_of_image(engine, ROOTS, image=f"{n:064x}"))
+    kept = state / "claude-bottle" / "image-trust"
+    listed = Path.glob
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: [*listed(self, pattern), kept / "gone.crt"])
+    assert image_trust_store(engine, bottle_of_image(engine, ROOTS, image="ef" * 32)) == ROOTS
+    read = Path.read_bytes
+
+    def pruned(self: Path) -> bytes:
+        self.unlink()
+        return read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", pruned)
+    assert image_trust_store(engine, bottle_of_image(engine, ROOTS, image="ef" * 32)) == ROOTS
+
+
 @pytest.mark.parametrize("bundle", [b"", b"not a certificate\n"])
 def test_a_bundle_without_certificates_is_refused_and_not_kept(bundle: bytes, state: Path) -> None:
     engine = FakeEngine()

@@ -175,7 +175,10 @@ def image_trust_store(engine: Engine, container: ContainerInfo) -> bytes:
     kept = state_dir() / "image-trust"
     cached = kept / f"{image}.crt"
     if image and cached.is_file():
-        return cached.read_bytes()
+        try:
+            return cached.read_bytes()
+        except FileNotFoundError:  # removed by another start's pruning since: read from the container
+            pass
     try:
         found = engine.read_file(container.name, IMAGE_BUNDLE)
     except DockerError as exc:
@@ -192,9 +195,17 @@ def image_trust_store(engine: Engine, container: ContainerInfo) -> bytes:
         partial = cached.with_name(f".{cached.name}.{os.getpid()}")
         partial.write_bytes(bundle)
         os.replace(partial, cached)
-        for old in sorted(kept.glob("*.crt"), key=lambda p: p.stat().st_mtime)[:-IMAGE_BUNDLES_KEPT]:
+        for old in sorted(kept.glob("*.crt"), key=_age)[:-IMAGE_BUNDLES_KEPT]:
             old.unlink(missing_ok=True)
     return bundle
+
+
+def _age(bundle: Path) -> float:
+    """When a kept bundle was written; 0 for one another start removed since it was listed."""
+    try:
+        return bundle.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def write_for_bottle(path: Path, data: bytes) -> None:
