@@ -12,6 +12,7 @@ credential before a line is written, so what is copied here holds none.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import logging
 import logging.handlers
@@ -74,23 +75,30 @@ def save(run_id: str, agent: str, workspace: str, started: str, logs: Iterable[b
     state_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     folder = run_dir(run_id)
     folder.mkdir(parents=True, exist_ok=True)
-    for name in (AUDIT_FILE, f"{AUDIT_FILE}.1"):  # saved again (an earlier save failed): the log is read whole
-        (folder / name).unlink(missing_ok=True)
-    handler = logging.handlers.RotatingFileHandler(folder / AUDIT_FILE, maxBytes=RUN_BYTES // 2, backupCount=1,
-                                                   encoding="utf-8")
-    count = 0
+    # One save of a run at a time: its end and a `stop` from another terminal remove it at once, and two
+    # writers of one audit file would write its lines twice, or rotate away each other's.
+    lock = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for line in whole_lines(logs):
-            if line.startswith(b"{"):
-                count += 1
-                handler.emit(logging.makeLogRecord({"msg": line.decode("utf-8", "replace").rstrip("\r")}))
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in (AUDIT_FILE, f"{AUDIT_FILE}.1"):  # saved again (an earlier save failed, or the other one
+            (folder / name).unlink(missing_ok=True)    # of two at once): the log is read whole
+        handler = logging.handlers.RotatingFileHandler(folder / AUDIT_FILE, maxBytes=RUN_BYTES // 2,
+                                                       backupCount=1, encoding="utf-8")
+        count = 0
+        try:
+            for line in whole_lines(logs):
+                if line.startswith(b"{"):
+                    count += 1
+                    handler.emit(logging.makeLogRecord({"msg": line.decode("utf-8", "replace").rstrip("\r")}))
+        finally:
+            handler.close()
+        record = RunRecord(run_id, agent, workspace, workspace_key(Path(workspace)) if workspace else "", started,
+                           now(), count)
+        partial = folder / f".{RECORD_FILE}.new"
+        partial.write_text(json.dumps(asdict(record), indent=2) + "\n")
+        os.replace(partial, folder / RECORD_FILE)
     finally:
-        handler.close()
-    record = RunRecord(run_id, agent, workspace, workspace_key(Path(workspace)) if workspace else "", started,
-                       now(), count)
-    partial = folder / f".{RECORD_FILE}.new"
-    partial.write_text(json.dumps(asdict(record), indent=2) + "\n")
-    os.replace(partial, folder / RECORD_FILE)
+        os.close(lock)
     prune(keep=run_id)
     return record
 

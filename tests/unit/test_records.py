@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging.handlers
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +40,25 @@ def test_a_run_saved_again_keeps_its_lines_once() -> None:
     records.save("dev-1", "dev", "/srv/a", "t", [line(0) + b"\n"])
     record = records.save("dev-1", "dev", "/srv/a", "t", [line(0) + b"\n" + line(1) + b"\n"])
     assert [json.loads(text)["n"] for text in records.audit_lines(record)] == [0, 1]
+
+
+def test_a_run_saved_twice_at_once_keeps_its_lines_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's end and a `stop` from another terminal save its audit at once: the one that started second
+    finishes first, and the first one's file is still its own."""
+    log = [line(0) + b"\n" + line(1) + b"\n"]
+    other = threading.Thread(target=records.save, args=("dev-1", "dev", "/srv/a", "t", log))
+    handler = logging.handlers.RotatingFileHandler
+
+    def opened(*args: Any, **kwargs: Any) -> logging.handlers.RotatingFileHandler:
+        if other.ident is None:
+            other.start()
+            other.join(0.3)  # the other save, which waits for this one
+        return handler(*args, **kwargs)
+
+    monkeypatch.setattr(logging.handlers, "RotatingFileHandler", opened)
+    records.save("dev-1", "dev", "/srv/a", "t", log)
+    other.join()
+    assert [json.loads(text)["n"] for text in records.audit_lines(records.find("dev-1"))] == [0, 1]
 
 
 def test_a_flood_keeps_the_newest_lines_within_the_per_run_cap(monkeypatch: pytest.MonkeyPatch) -> None:
