@@ -415,6 +415,29 @@ def test_a_bottle_created_and_never_started_holds_them_until_its_run_ends(worksp
     assert engine.containers_by_name[same].status == "running"
 
 
+def test_a_bottle_not_seen_for_an_engine_error_holds_them_still(workspace: Path) -> None:
+    """An engine that fails to answer while the bottle is created does not say it started: they stay paused."""
+    engine = BottleEngine()
+    same = neighbour(engine, "same", workspace)
+    run = new_run(engine, workspace)
+    run.start_gate()
+    looked = threading.Event()
+
+    def container(name: str) -> Any:
+        if name == run.names.bottle:
+            looked.set()
+            raise DockerError("the engine is busy (fake)")
+        return FakeEngine.container(engine, name)
+
+    engine.container = container  # type: ignore[method-assign]
+    run.create_bottle(["claude"], tty=True)
+    assert looked.wait(5)
+    time.sleep(0.2)
+    assert engine.containers_by_name[same].status == "paused"
+    run.remove()
+    assert engine.containers_by_name[same].status == "running"
+
+
 def test_a_bottle_the_engine_cannot_pause_stops_the_start_and_nothing_stays_paused(workspace: Path) -> None:
     engine = BottleEngine()
     first, second = neighbour(engine, "first", workspace), neighbour(engine, "second", workspace / "x")

@@ -336,8 +336,8 @@ class Run:
             while not self._still_over.wait(STARTED_POLL_SECONDS):
                 try:
                     bottle = self.engine.container(self.names.bottle)
-                except DockerError:
-                    break
+                except DockerError:  # not known to be started: its mounts may be still to come
+                    continue
                 if bottle is None or bottle.status != "created":
                     break
             self._let_neighbours_go()
