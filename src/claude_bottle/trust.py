@@ -193,11 +193,17 @@ def record_links_out(workspace: Path, links: list[str]) -> None:
     have made: a start whose caller does not say how it reached its folder is refused where one leads
     (``planted_link_to``)."""
     path = workspace_state_dir(workspace) / LINKS_OUT
-    out = ws.links_out(workspace, links)
-    if out:
-        _write_json(path, {"workspace": str(workspace), "links": out})
-    else:
-        path.unlink(missing_ok=True)
+    with _updating(path):
+        # Those remembered already are looked at again: a start's walk is as old as its image builds, and a run
+        # ending meanwhile may have remembered a link this walk did not see; one gone since is forgotten.
+        known: list[str] = []
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            known = [str(relative) for relative in json.loads(path.read_text(encoding="utf-8"))["links"]]
+        out = ws.links_out(workspace, list(dict.fromkeys([*links, *known])))
+        if out:
+            _write_json(path, {"workspace": str(workspace), "links": out})
+        else:
+            path.unlink(missing_ok=True)
 
 
 def planted_link_to(folder: Path) -> tuple[Path, Path] | None:

@@ -426,6 +426,25 @@ def test_links_out_of_a_workspace_are_remembered_as_its_runs_leave_them(
     assert workspace_of(None) == outside / "deeper"
 
 
+def test_a_link_out_a_run_remembered_is_kept_by_a_start_that_walked_before_it_was_made(
+        project: Path, tmp_path: Path) -> None:
+    """A start walks the workspace, builds its images, then records the links it found: a run on the workspace
+    that ended meanwhile remembered one made since, which stays remembered."""
+    (tmp_path / "outside").mkdir()
+    starting = trust.Watch(project, "t-starting")
+    walked = ws.protected_paths(project)
+    ending = trust.Watch(project, "t-ending")
+    ending.begin()
+    (project / "docs").symlink_to(tmp_path / "outside")  # made by the ending run's bottle
+    ending.end(lambda _: None)
+    starting.begin(walked)
+    assert trust.planted_link_to(tmp_path / "outside") == (project / "docs", project)
+    starting.end(lambda _: None)
+    (project / "docs").unlink()
+    trust.record_links_out(project, [])
+    assert trust.planted_link_to(tmp_path / "outside") is None, "gone, forgotten"
+
+
 def test_a_protected_directory_nested_deeper_than_python_recurses_is_reported(
         project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bottle may create a protected directory that did not exist (its read-only mount is only where one
