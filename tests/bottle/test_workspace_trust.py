@@ -167,12 +167,22 @@ def test_the_bottle_cannot_make_host_git_run_its_command(
 def test_a_workspace_without_git_cannot_get_one(
     upstream: Upstream, token: str, workspace: Path, host_git: HostGit,
 ) -> None:
+    """Not while another run on it ends either: the empty .git the engine made on the host is the mount point
+    of every bottle there, and removed under a running one, the kernel would take its read-only mount off."""
     subprocess.run(["rm", "-rf", str(workspace / ".git")], check=True)
-    with bottle(workspace, token, upstream) as run:
-        code, output = inside(run, f"cd /workspace && git init -q . && git config core.fsmonitor 'touch {host_git.canary}'")
-        assert code != 0, f"git init worked: {output}"
-        during = host_git.status(workspace)  # the engine made an empty .git for the mount point meanwhile
-        assert during.returncode == 128 and "not a git repository" in during.stderr
+    plant = f"cd /workspace && git init -q . && git config core.fsmonitor 'touch {host_git.canary}'"
+    first = bottle(workspace, token, upstream)
+    first.__enter__()
+    try:
+        with bottle(workspace, token, upstream) as run:
+            first.__exit__(None, None, None)
+            first = contextlib.nullcontext()  # type: ignore[assignment]
+            code, output = inside(run, plant)
+            assert code != 0, f"git init worked once the other run had ended: {output}"
+            during = host_git.status(workspace)  # the engine made an empty .git for the mount point meanwhile
+            assert during.returncode == 128 and "not a git repository" in during.stderr
+    finally:
+        first.__exit__(None, None, None)
     assert not host_git.canary.exists()
     assert not (workspace / ".git").exists(), "the empty mount point is removed after the run"
     assert host_git.status(workspace).returncode == 128 and not host_git.canary.exists()
