@@ -305,6 +305,10 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         finally:
             with on_stop_signals(signal.SIG_IGN):
                 if keep:
+                    # Kept stopped: a bottle left running (the start ended by a signal while its agent held
+                    # Claude Code stopped) would go on writing the workspace after the check below.
+                    with contextlib.suppress(DockerError):
+                        run.engine.stop(run.names.bottle, timeout=0)
                     mark_kept(run.id)
                     notice(f"kept run {run.id}: remove it with `claude-bottle stop {agent.name}`")
                 else:

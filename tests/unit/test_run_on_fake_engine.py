@@ -8,11 +8,12 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from claude_bottle import records
+from claude_bottle import launch, records
 from claude_bottle.agent.schema import parse_agent
 from claude_bottle.credentials import Credential
 from claude_bottle.errors import ConfigError, DockerError, GateError
@@ -217,6 +218,25 @@ def test_a_kept_run_stays_listed_until_stop_removes_it(workspace: Path) -> None:
     assert [(r["run"], r["status"]) for r in runs(engine)] == [(run.id, "running")]
     remove_run(engine, run.id)  # `claude-bottle stop`
     assert runs(engine) == [] and records.find(run.id).run == run.id
+
+
+def test_a_kept_run_ended_by_a_signal_is_stopped_before_the_workspace_is_checked(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A start with --keep ended by SIGTERM or SIGHUP while the agent holds Claude Code stopped: its bottle is
+    stopped, not left running to write the workspace once the run's check of its protected files is over."""
+    engine = BottleEngine()
+    monkeypatch.setattr(launch, "open_engine", lambda: engine)
+    monkeypatch.setattr(launch, "build_images", lambda *args: ("bottle:1", "gate:1"))
+    monkeypatch.setattr(launch, "bottle_user", lambda *args: "1000:1000")
+    monkeypatch.setattr(launch, "watch_over", lambda run_id: SimpleNamespace(release=lambda: None))
+    agent = parse_agent("dev", {"version": 1}, "dev.toml")
+    with pytest.raises(KeyboardInterrupt), \
+            launch.started(Launch(agent, workspace, Credential.parse(make_token(), "t")), lambda line: None,
+                           keep=True) as run:
+        run.start_bottle(["sleep", "600"])
+        raise KeyboardInterrupt  # forwarded_signals, 10 s after a SIGTERM Claude Code did not end on
+    assert [(r["run"], r["status"]) for r in runs(engine)] == [(run.id, "exited")]  # kept stopped, for stop
 
 
 class Interrupted(BottleEngine):
