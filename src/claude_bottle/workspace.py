@@ -179,9 +179,13 @@ def _file_signature(path: Path, info: os.stat_result, budget: list[int]) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         return f"file, {mode}, unreadable ({exc.strerror})"
+    # At most the size seen: the path may have become another file since (a bottle running on this workspace can
+    # swap in a sparse one of a terabyte, which costs it no space, or a pipe it writes to without end).
+    left = info.st_size
     with os.fdopen(fd, "rb") as f:
-        while chunk := f.read(1 << 20):
+        while left > 0 and (chunk := f.read(min(1 << 20, left))):
             digest.update(chunk)
+            left -= len(chunk)
     return f"file, {mode}, sha256 {digest.hexdigest()[:16]}"
 
 

@@ -500,3 +500,35 @@ def test_hard_links_to_a_large_file_are_hashed_within_a_budget(project: Path, mo
     with big.open("r+b") as f:
         f.write(b"x")
     assert ".vscode/big" in changed(before, ws.fingerprint(project))
+
+
+def test_a_file_swapped_for_a_larger_one_after_its_size_was_seen_is_read_no_further(
+    project: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bottle running on the workspace can replace a protected file between its lstat and its read: with a
+    sparse file of a terabyte (no space to it), every check would hash for minutes. What is read is bounded by
+    the size seen, and the signature still differs from the small file's."""
+    hashed = [0]
+
+    class Counted:
+        def __init__(self) -> None:
+            self.digest = hashlib.sha256()
+
+        def update(self, data: bytes) -> None:
+            hashed[0] += len(data)
+            assert hashed[0] <= 1 << 20, "read past the size seen"
+            self.digest.update(data)
+
+        def hexdigest(self) -> str:
+            return self.digest.hexdigest()
+
+    planted = project / ".envrc"
+    planted.write_text("use nix\n")
+    seen = planted.lstat()
+    small = ws._file_signature(planted, seen, [1, ws.HASH_BUDGET])
+    planted.unlink()
+    with planted.open("wb") as f:
+        f.truncate(1 << 40)
+    monkeypatch.setattr(ws, "hashlib", SimpleNamespace(sha256=Counted))
+    assert ws._file_signature(planted, seen, [1, ws.HASH_BUDGET]) != small
+    assert hashed[0] == seen.st_size
