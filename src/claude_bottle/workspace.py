@@ -17,6 +17,7 @@ instead of content.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -147,6 +148,7 @@ def links_out(workspace: Path, links: list[str]) -> dict[str, str]:
     another link, which is in ``links`` itself. Not capped but by the walk that found them: a bottle could
     otherwise put its link after as many decoys."""
     out: dict[str, str] = {}
+    listed: dict[str, frozenset[str]] = {}
     for relative in links:
         path = workspace / relative
         try:
@@ -155,10 +157,44 @@ def links_out(workspace: Path, links: list[str]) -> dict[str, str]:
             continue
         if not target.startswith("/") and ".." not in Path(target).parts:
             continue
-        leads = Path(os.path.realpath(path))
+        leads = Path(_leads(str(path.parent), target, listed))
         if not leads.is_relative_to(workspace):
             out[relative] = str(leads)
     return out
+
+
+def _leads(folder: str, target: str, listed: dict[str, frozenset[str]]) -> str:
+    """Where a symlink in ``folder`` (a real path) to ``target`` leads, as ``os.path.realpath`` says, but a name
+    is looked up only in a folder that lists it (``listed``: the folders read so far); from the first name that
+    is not listed, the rest is taken as written. A bottle chooses the names: an automounter mounts whatever is
+    looked up below it (``/net/NAME`` on macOS and many Linux hosts), asking DNS for NAME, out past the gate."""
+    done = "/" if target.startswith("/") else folder
+    parts = deque(target.split("/"))
+    hops = 0
+    while parts:
+        name = parts.popleft()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            done = os.path.dirname(done)
+            continue
+        if done not in listed:
+            try:
+                listed[done] = frozenset(os.listdir(done))
+            except OSError:
+                listed[done] = frozenset()
+        path = os.path.join(done, name)
+        if name not in listed[done]:
+            return os.path.normpath(os.path.join(path, *parts))
+        if hops < 40 and os.path.islink(path):  # past 40, a loop: realpath leaves it as it is too
+            hops += 1
+            with contextlib.suppress(OSError):
+                link = os.readlink(path)
+                parts.extendleft(reversed(link.split("/")))
+                done = "/" if link.startswith("/") else done
+                continue
+        done = path
+    return done
 
 
 def _kind(mode: int) -> str:

@@ -12,6 +12,7 @@ import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -532,3 +533,31 @@ def test_a_file_swapped_for_a_larger_one_after_its_size_was_seen_is_read_no_furt
     monkeypatch.setattr(ws, "hashlib", SimpleNamespace(sha256=Counted))
     assert ws._file_signature(planted, seen, [1, ws.HASH_BUDGET]) != small
     assert hashed[0] == seen.st_size
+
+
+def test_where_a_link_leads_is_read_without_looking_up_a_name_its_folder_does_not_list(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An automounter mounts whatever name is looked up below it (``/net/NAME``: DNS asked for NAME, from the
+    host): a link to ``/net/<what the bottle read>.attacker.example`` must not be resolved name by name, or each
+    run's end would send it out past the gate. Links through the host's own links are still followed."""
+    auto = tmp_path / "net"  # an automounter's folder: it lists only what is mounted
+    auto.mkdir()
+    (tmp_path / "real" / "keys").mkdir(parents=True)
+    (tmp_path / "home").symlink_to(tmp_path / "real")
+    chosen = auto / "c2VjcmV0.attacker.example"
+    (project / "exfil").symlink_to(chosen / "x")
+    (project / "keys").symlink_to(tmp_path / "home" / "keys")
+    looked: list[str] = []
+
+    def spied(real: Any) -> Any:
+        def spy(path: Any, *args: Any, **kwargs: Any) -> Any:
+            looked.append(os.fspath(path))
+            return real(path, *args, **kwargs)
+        return spy
+
+    for name in ("lstat", "stat", "readlink"):
+        monkeypatch.setattr(os, name, spied(getattr(os, name)))
+    found = ws.links_out(project, ["exfil", "keys"])
+    monkeypatch.undo()
+    assert not [path for path in looked if path.startswith(str(chosen))]
+    assert found == {"exfil": str(chosen / "x"), "keys": str(tmp_path / "real" / "keys")}
