@@ -25,6 +25,16 @@ def state_dir() -> Path:
     return Path(platformdirs.user_state_dir(APP))
 
 
+def made_state_dir() -> Path:
+    """``state_dir()``, made where missing, readable by this user only: it holds every run's audit and what runs
+    changed in workspaces. Set again each time: the folders ``mkdir(parents=True)`` made on the way to a file
+    inside it got the default mode (0755), whoever came first."""
+    folder = state_dir()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    return folder
+
+
 def agents_dir() -> Path:
     """The user's agent files, ``NAME.toml`` each."""
     return config_dir() / "agents"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from claude_bottle.errors import ConfigError
-from claude_bottle.paths import state_dir, workspace_key
+from claude_bottle.paths import made_state_dir, state_dir, workspace_key
 
 RUN_BYTES = 8 * 1024 * 1024  # per run: two files of half this each
 KEPT_RUNS = 200
@@ -72,7 +72,7 @@ def whole_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
 def save(run_id: str, agent: str, workspace: str, started: str, logs: Iterable[bytes]) -> RunRecord:
     """Copy a run's audit lines (the gate's log, as a stream of chunks; other lines are dropped) to the host,
     then drop the oldest runs beyond the caps. Called once per run, when it is removed."""
-    state_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+    made_state_dir()
     folder = run_dir(run_id)
     folder.mkdir(parents=True, exist_ok=True)
     # One save of a run at a time: its end and a `stop` from another terminal remove it at once, and two

@@ -26,7 +26,7 @@ from typing import Any
 from claude_bottle import workspace as ws
 from claude_bottle.display import printable
 from claude_bottle.errors import ConfigError
-from claude_bottle.paths import config_dir, state_dir, workspace_state_dir
+from claude_bottle.paths import config_dir, made_state_dir, state_dir, workspace_state_dir
 
 APPROVALS = "trusted-projects.json"
 REVIEW = "review.json"
@@ -45,6 +45,8 @@ def _read_json(path: Path) -> Any:
 
 def _write_json(path: Path, value: Any) -> None:
     """Atomically, readable by the user only."""
+    if path.is_relative_to(state_dir()):
+        made_state_dir()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -261,6 +263,7 @@ class Watch:
         found = found or ws.protected_paths(self.workspace)
         self.before = ws.fingerprint(self.workspace, found)
         record_links_out(self.workspace, found.links)
+        made_state_dir()
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}")
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)

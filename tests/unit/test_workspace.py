@@ -561,3 +561,19 @@ def test_where_a_link_leads_is_read_without_looking_up_a_name_its_folder_does_no
     monkeypatch.undo()
     assert not [path for path in looked if path.startswith(str(chosen))]
     assert found == {"exfil": str(chosen / "x"), "keys": str(tmp_path / "real" / "keys")}
+
+
+def test_the_state_folder_is_readable_by_its_user_only_whoever_makes_it_first(project: Path, tmp_path: Path) -> None:
+    """It holds every run's audit (each host and path its bottle asked for) and what runs changed in each
+    workspace: a run's first write there is the watch's, a file some folders deep, whose parents ``mkdir`` made
+    0755; one an earlier version left so is made private again."""
+    from claude_bottle import records
+    from claude_bottle.paths import state_dir
+
+    watch = trust.Watch(project, "t-mode")
+    watch.begin()
+    watch.end(lambda _: None)
+    assert state_dir().stat().st_mode & 0o777 == 0o700
+    state_dir().chmod(0o755)
+    records.save("t-mode", "dev", str(project), records.now(), [b'{"decision": "allow"}\n'])
+    assert state_dir().stat().st_mode & 0o777 == 0o700

@@ -15,7 +15,7 @@ from claude_bottle import records
 from claude_bottle.credentials import CredentialKind
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import RouteSpec
-from claude_bottle.paths import state_dir
+from claude_bottle.paths import made_state_dir, state_dir
 from claude_bottle.policy.addresses import AddressGuard
 from claude_bottle.policy.decide import EgressPolicy
 from claude_bottle.policy.view import policy_toml, policy_view
@@ -68,6 +68,7 @@ def write_policy(run_id: str, view: dict[str, Any]) -> None:
     """Write (replace whole) the bottle's policy file from the gate's ``policy_view``: readable by the
     bottle's user, whoever that is; written on the host only."""
     folder = policy_dir(run_id)
+    made_state_dir()
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o755)
     partial = folder / f".{POLICY_FILE}.{os.getpid()}"
@@ -110,7 +111,7 @@ def seeded_settings() -> Path:
     path = state_dir() / "claude-settings.json"
     content = json.dumps(CLAUDE_SETTINGS, indent=2) + "\n"
     if not path.is_file() or path.read_text() != content:
-        state_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+        made_state_dir()
         partial = path.with_name(f".{path.name}.{os.getpid()}")
         partial.write_text(content)
         partial.chmod(0o644)  # read by the bottle's user, whoever that is
@@ -191,7 +192,8 @@ def image_trust_store(engine: Engine, container: ContainerInfo) -> bytes:
         raise DockerError(f"{IMAGE_BUNDLE} in the bottle image holds no certificate: rebuild it with "
                           "`claude-bottle build`")
     if image:
-        kept.mkdir(mode=0o700, parents=True, exist_ok=True)
+        made_state_dir()
+        kept.mkdir(mode=0o700, exist_ok=True)
         partial = cached.with_name(f".{cached.name}.{os.getpid()}")
         partial.write_bytes(bundle)
         os.replace(partial, cached)

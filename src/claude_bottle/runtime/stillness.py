@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from claude_bottle.errors import DockerError
-from claude_bottle.paths import state_dir
+from claude_bottle.paths import made_state_dir
 from claude_bottle.runtime.names import LABEL, role_of
 from claude_bottle.runtime.seam import ContainerInfo, Engine
 
@@ -47,8 +47,7 @@ def neighbours(engine: Engine, sources: Iterable[Path]) -> list[ContainerInfo]:
 @contextlib.contextmanager
 def turn(timeout: float = TURN_SECONDS) -> Iterator[Path]:
     """This process's turn among the starts of this user's bottles (a lock in the state folder): the folder."""
-    folder = state_dir()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = made_state_dir()
     fd = os.open(folder / "starts.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         deadline = time.monotonic() + timeout
