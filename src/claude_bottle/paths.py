@@ -35,6 +35,13 @@ def made_state_dir() -> Path:
     return folder
 
 
+def host_command_dir() -> Path:
+    """Where the user's own host commands run (a credential's ``command``, the ``ask_command`` hook): the home
+    folder, never the current one, which is usually a workspace, written by bottles. Run there, ``python -m``,
+    ``uv run``, ``npx`` or a relative path would run what a bottle left in it, on the host."""
+    return Path.home()
+
+
 def agents_dir() -> Path:
     """The user's agent files, ``NAME.toml`` each."""
     return config_dir() / "agents"

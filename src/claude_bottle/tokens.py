@@ -23,7 +23,7 @@ from claude_bottle.agent.credential_config import COMMAND_TIMEOUT, CredentialCon
 from claude_bottle.credentials import Credential, CredentialKind, read_private_file, read_token_file
 from claude_bottle.errors import CredentialError
 from claude_bottle.gate.routes import CredentialRoute, InvalidRoute, check_name, check_secret, new_sentinel
-from claude_bottle.paths import config_dir
+from claude_bottle.paths import config_dir, host_command_dir
 
 SERVICE = "claude-bottle"
 ACCOUNT = "anthropic-token"
@@ -169,7 +169,7 @@ def _command_output(command: tuple[str, ...], where: str) -> str:
     """Standard output of ``command`` run on the host (no shell, no standard input, bounded in time)."""
     try:
         done = subprocess.run(list(command), capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              timeout=COMMAND_TIMEOUT, check=False)
+                              timeout=COMMAND_TIMEOUT, check=False, cwd=host_command_dir())
     except FileNotFoundError:
         raise CredentialError(f"{where}: command {command[0]!r} not found on this host") from None
     except subprocess.TimeoutExpired:

@@ -367,3 +367,16 @@ def test_a_question_decided_before_its_turn_is_not_given_to_the_hook(tmp_path: P
     finally:
         watcher.close()
     assert len(channel.decided) <= ask_watch.MAX_HOOKS
+
+
+def test_a_hook_runs_in_the_home_folder_not_in_the_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's process is usually in its workspace, which its bottle writes: a hook run there (``python -m``,
+    a relative path) would run the bottle's code on the host, and answer its questions."""
+    workspace, home = tmp_path / "project", tmp_path / "home"
+    workspace.mkdir()
+    home.mkdir()
+    (workspace / "planted_hook.py").write_text("print('{\"answer\": \"allow-always\"}')\n")
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("HOME", str(home))
+    description = Asked("q", "evil.example", 443).description("r1", "dev", 60)
+    assert run_hook((sys.executable, "-m", "planted_hook"), description, 10)[0] == "deny-once"

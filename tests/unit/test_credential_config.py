@@ -165,3 +165,19 @@ def test_a_credential_header_is_known_in_every_spelling() -> None:
             parts = name.split(b"-")
             variant = parts[0] + b"".join(sep + part for sep, part in zip(pattern, parts[1:], strict=True))
             assert is_client_credential(variant.upper()) and is_client_credential(variant), variant
+
+
+def test_a_credentials_command_runs_in_the_home_folder_not_in_the_workspace_it_was_started_in(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``start`` runs in a workspace, which bottles write: ``python -m keyring``, ``uv run`` or ``npx`` there
+    would run what one left (a ``keyring.py``, a ``pyproject.toml``) on the host, at every start."""
+    workspace, home = tmp_path / "project", tmp_path / "home"
+    workspace.mkdir()
+    home.mkdir()
+    (workspace / "planted_value.py").write_text(f"print('{VALUE}')\n")  # what a bottle may leave behind
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("HOME", str(home))
+    config = CredentialConfig("github", (("github.com", 443),), Scheme.BASIC, "x-access-token", origin="a.toml",
+                              command=(sys.executable, "-m", "planted_value"))
+    with pytest.raises(CredentialError, match="No module named planted_value"):
+        tokens.route_value(config)

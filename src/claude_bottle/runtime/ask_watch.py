@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from claude_bottle.display import printable
 from claude_bottle.errors import BottleError
+from claude_bottle.paths import host_command_dir
 from claude_bottle.runtime.files import write_policy
 from claude_bottle.runtime.gate import control_command, control_reply
 from claude_bottle.runtime.names import RunNames
@@ -256,7 +257,7 @@ def run_hook(command: tuple[str, ...], description: dict[str, Any], timeout: flo
     running = set() if running is None else running
     try:
         process = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.DEVNULL, start_new_session=True)
+                                   stderr=subprocess.DEVNULL, start_new_session=True, cwd=host_command_dir())
     except OSError as exc:
         return "deny-once", f"cannot start ({exc.strerror or exc})"
     running.add(process)
