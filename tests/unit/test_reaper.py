@@ -83,3 +83,19 @@ def test_the_reaper_of_a_killed_run_remembers_the_links_out_its_bottle_left(
     reaper.reap("dev-0a1b2c3d", project)
     assert trust.planted_link_to(keys) == (project / "docs", project)
     reaper.reap("dev-0a1b2c3d", tmp_path / "gone")  # a workspace removed since: nothing to remember, no error
+
+
+def test_a_package_a_bottle_left_in_the_current_folder_is_not_what_the_reaper_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """A start runs in its workspace, and ``python -m`` imports from the current folder first: a
+    ``claude_bottle`` package planted there by a bottle would run on the host at the next start."""
+    planted = tmp_path / "claude_bottle"
+    (planted / "runtime").mkdir(parents=True)
+    (planted / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    (planted / "runtime" / "__init__.py").write_text("")
+    (planted / "runtime" / "reaper.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    watching = reaper.watch("dev-0a1b2c3d", tmp_path)
+    watching.release()
+    assert watching.process.returncode == 0 and not (tmp_path / "ran").exists()

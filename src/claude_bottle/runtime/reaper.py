@@ -45,8 +45,10 @@ class Reaper:
 
 def watch(run_id: str, workspace: Path) -> Reaper:
     """Start the reaper of run ``run_id`` on ``workspace``: in a session of its own, so the terminal's Ctrl-C
-    and hang-up, meant for this process, do not reach it; with this environment (the engine's address)."""
-    process = subprocess.Popen([sys.executable, "-m", "claude_bottle.runtime.reaper", run_id, str(workspace)],
+    and hang-up, meant for this process, do not reach it; with this environment (the engine's address). Python's
+    ``-P``: ``-m`` would put the current folder first on the import path, and that is usually the workspace,
+    where a bottle can leave a ``claude_bottle`` package of its own for the host to run."""
+    process = subprocess.Popen([sys.executable, "-P", "-m", "claude_bottle.runtime.reaper", run_id, str(workspace)],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     return Reaper(process)
