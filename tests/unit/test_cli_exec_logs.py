@@ -268,3 +268,22 @@ def test_logs_skips_a_piece_of_a_line_the_engine_kept_without_its_beginning(reco
         assert shown.exception is None and "exfil.example:443" in shown.output, args
     suggested = CliRunner().invoke(cli, ["policy", "suggest", "--run", "dev-7"])
     assert suggested.exception is None and "exfil.example:443" in suggested.output
+
+
+def test_a_workspace_a_bottle_named_is_listed_and_reported_with_its_control_characters_escaped(
+        recorded: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder a bottle made in its workspace is where a program may start the next (an Agent SDK's cwd taken
+    from the tree): its name, a clipboard write, is listed and said as escapes, never written to the terminal."""
+    from claude_bottle.commands.common import progress
+
+    named = str(recorded / "pkg\x1b]52;c;ZWNobyBwd25lZA==\x07")
+    records.save("dev-7", "dev", named, "t", [])
+    listed = CliRunner().invoke(cli, ["logs", "--runs"]).output
+    engine = FakeEngine()
+    engine.add_container(RunNames("dev-7", "dev", named).bottle, RunNames("dev-7", "dev", named).labels)
+    monkeypatch.setattr(engines, "open_engine", lambda: engine)
+    running = CliRunner().invoke(cli, ["ls"]).output
+    progress(f"starting Claude Code in {named}")
+    said = capsys.readouterr().err
+    for shown in (listed, running, said):
+        assert "\x1b" not in shown and "\x07" not in shown and "\\x1b]52;c;" in shown, shown

@@ -14,8 +14,12 @@ if TYPE_CHECKING:
 
 
 def progress(message: str) -> None:
-    """Report a step of a long command on stderr, leaving stdout to the command's output."""
-    click.echo(message, err=True)
+    """Report a step of a long command on stderr, leaving stdout to the command's output. Its control characters
+    are shown escaped: a step names the workspace, whose folder a bottle may have made (the drop-in started in a
+    subfolder an Agent SDK's caller took from the tree), and notices name what bottles left."""
+    from claude_bottle.display import printable_lines
+
+    click.echo(printable_lines(message), err=True)
 
 
 def with_runtime(agent: AgentConfig, runtime: str | None) -> AgentConfig:

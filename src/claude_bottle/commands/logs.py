@@ -25,9 +25,11 @@ def print_runs(found: list[RunRecord], as_json: bool) -> None:
     elif not found:
         click.echo("no runs recorded yet: a run's audit is kept once it ends")
     else:
+        from claude_bottle.display import printable
+
         click.echo(f"{'RUN':24} {'AGENT':16} {'STARTED':20} {'ENDED':20} {'LINES':>7} WORKSPACE")
-        for r in found:
-            click.echo(f"{r.run:24} {r.agent:16} {r.started:20} {r.ended:20} {r.lines:7} {r.workspace}")
+        for r in found:  # a workspace's folder may be one a bottle made, and named
+            click.echo(f"{r.run:24} {r.agent:16} {r.started:20} {r.ended:20} {r.lines:7} {printable(r.workspace)}")
 
 
 def read_audit(agent: str | None, workspace: str | None, run_id: str | None, follow: bool

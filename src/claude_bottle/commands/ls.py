@@ -9,6 +9,7 @@ import click
 
 def list_runs(as_json: bool) -> None:
     """Print the running bottles as a table, or as JSON."""
+    from claude_bottle.display import printable
     from claude_bottle.runtime.engines import open_engine
     from claude_bottle.runtime.listing import runs
 
@@ -20,4 +21,4 @@ def list_runs(as_json: bool) -> None:
     else:
         click.echo(f"{'AGENT':16} {'RUN':24} {'STATUS':10} WORKSPACE")
         for r in found:
-            click.echo(f"{r['agent']:16} {r['run']:24} {r['status']:10} {r['workspace']}")
+            click.echo(f"{r['agent']:16} {r['run']:24} {r['status']:10} {printable(r['workspace'])}")
