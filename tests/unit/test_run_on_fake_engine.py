@@ -229,7 +229,7 @@ def test_a_kept_run_ended_by_a_signal_is_stopped_before_the_workspace_is_checked
     monkeypatch.setattr(launch, "open_engine", lambda: engine)
     monkeypatch.setattr(launch, "build_images", lambda *args: ("bottle:1", "gate:1"))
     monkeypatch.setattr(launch, "bottle_user", lambda *args: "1000:1000")
-    monkeypatch.setattr(launch, "watch_over", lambda run_id: SimpleNamespace(release=lambda: None))
+    monkeypatch.setattr(launch, "watch_over", lambda run_id, workspace: SimpleNamespace(release=lambda: None))
     agent = parse_agent("dev", {"version": 1}, "dev.toml")
     with pytest.raises(KeyboardInterrupt), \
             launch.started(Launch(agent, workspace, Credential.parse(make_token(), "t")), lambda line: None,
