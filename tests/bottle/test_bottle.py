@@ -35,7 +35,7 @@ from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, gate_audit, in_terminal, leftovers, on_screen, write_agent
 
 pytestmark = pytest.mark.docker
-CLI = [sys.executable, "-m", "claude_bottle"]
+CLI = [sys.executable, "-P", "-m", "claude_bottle"]
 
 
 def cli(*args: str, upstream: Upstream, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -140,7 +140,7 @@ def test_the_gate_stops_when_the_stream_it_was_started_on_closes(
         # host leaves it. `ls` shows it; the next start here removes it.
         bottle = client.containers.get(f"claude-bottle-{run_id}-bottle")
         assert exited_within(bottle, BOTTLE_GONE_SECONDS) == "exited", "the bottle outlived its gate"
-        listed = subprocess.run([sys.executable, "-m", "claude_bottle", "ls", "--json"], capture_output=True,
+        listed = subprocess.run([sys.executable, "-P", "-m", "claude_bottle", "ls", "--json"], capture_output=True,
                                 text=True, timeout=60, check=True)
         assert {entry["run"]: entry["status"] for entry in json.loads(listed.stdout)}[run_id] == "exited"
         with mid_run(client, upstream, "killed-all", workspace) as (second, _):

@@ -26,7 +26,7 @@ AGENT = "claude-args"
 
 
 def cli(upstream: Upstream, *args: str) -> list[str]:
-    return [sys.executable, "-m", "claude_bottle", "run", AGENT, *args, "--upstream", upstream.url,
+    return [sys.executable, "-P", "-m", "claude_bottle", "run", AGENT, *args, "--upstream", upstream.url,
             "--upstream-network", upstream.network]
 
 

@@ -23,7 +23,7 @@ from tests.bottle.conftest import Upstream, leftovers, write_agent
 from tests.prerequisites import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.gvisor]
-CLI = [sys.executable, "-m", "claude_bottle"]
+CLI = [sys.executable, "-P", "-m", "claude_bottle"]
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from claude_bottle.verify.standins import StandIn, in_bottle, stub_container
 from tests.bottle.conftest import TEST_LABEL, Upstream, write_agent
 
 pytestmark = pytest.mark.docker
-CLI = [sys.executable, "-m", "claude_bottle"]
+CLI = [sys.executable, "-P", "-m", "claude_bottle"]
 PORT = 8000  # the stand-ins' port (verify.STUB_PORT)
 
 

@@ -144,7 +144,7 @@ def test_stop_all_removes_the_kept_networks_with_every_bottle(
         assert ended.internal is not None
     with run_of("running", workspace, token, upstream) as running:
         assert ended.internal.id in pooled(client)
-        stopped = subprocess.run([sys.executable, "-m", "claude_bottle", "stop", "--all"], capture_output=True,
+        stopped = subprocess.run([sys.executable, "-P", "-m", "claude_bottle", "stop", "--all"], capture_output=True,
                                  text=True, timeout=120)
         assert stopped.returncode == 0 and running.id in stopped.stdout, stopped.stderr
         assert pooled(client) == {}, "kept networks outlived stop --all"

@@ -26,7 +26,7 @@ from tests.bottle.conftest import PODMAN_SOCKET as SOCKET
 from tests.bottle.conftest import write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman]
-CLI = [sys.executable, "-m", "claude_bottle"]
+CLI = [sys.executable, "-P", "-m", "claude_bottle"]
 
 
 def on_podman(*args: str, cwd: Path, home: Path, timeout: float = 1500) -> subprocess.CompletedProcess[str]:

@@ -41,7 +41,7 @@ from claude_bottle.verify.standins import stub_container
 from tests.bottle.conftest import TEST_LABEL, Upstream, build_test_images, leftovers, podman_client, write_agent
 
 pytestmark = [pytest.mark.docker, pytest.mark.podman, pytest.mark.rootless]
-CLI = [sys.executable, "-m", "claude_bottle"]
+CLI = [sys.executable, "-P", "-m", "claude_bottle"]
 RUNTIME_DIR = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
 SOCKET = os.environ.get("CLAUDE_BOTTLE_TEST_PODMAN_ROOTLESS", f"unix://{RUNTIME_DIR}/podman/podman.sock")
 

@@ -27,7 +27,7 @@ from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, leftovers, write_agent
 
 pytestmark = pytest.mark.docker
-CLI = [sys.executable, "-m", "claude_bottle"]
+CLI = [sys.executable, "-P", "-m", "claude_bottle"]
 
 HOOK = {"hooks": [{"type": "command", "command": "touch /workspace/hook-ran"}]}
 HOOKS = json.dumps({"hooks": {"SessionStart": [HOOK], "UserPromptSubmit": [HOOK],

@@ -237,7 +237,7 @@ def run_p(egress: Egress, workspace: Path, upstream_url: str, **environ: str) ->
     """``claude-bottle run -p`` against the stub at ``upstream_url``, its gate on ``egress`` only, with
     ``environ`` added."""
     write_agent(AGENT, "")
-    return subprocess.run([sys.executable, "-m", "claude_bottle", "run", AGENT, "-p", "say hi", "--upstream",
+    return subprocess.run([sys.executable, "-P", "-m", "claude_bottle", "run", AGENT, "-p", "say hi", "--upstream",
                            upstream_url, "--upstream-network", egress.network], env={**os.environ, **environ},
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240, cwd=workspace)
 

@@ -35,7 +35,7 @@ from claude_bottle.verify.suite import attack
 from tests.bottle.conftest import bottle_runtime, leftovers
 
 pytestmark = pytest.mark.docker
-CLI = [sys.executable, "-m", "claude_bottle"]
+CLI = [sys.executable, "-P", "-m", "claude_bottle"]
 GROUPS = {"direct egress", "egress proxy", "API route", "credential discovery", "privilege and persistence",
           persistence.GROUP, inspected.INSPECTION, mcp_attacks.MCP, SENTINELS}
 

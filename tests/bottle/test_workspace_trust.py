@@ -29,7 +29,7 @@ from claude_bottle.verify.standins import in_bottle as inside
 from tests.bottle.conftest import Upstream, leftovers, write_agent
 
 pytestmark = pytest.mark.docker
-CLI = [sys.executable, "-m", "claude_bottle"]
+CLI = [sys.executable, "-P", "-m", "claude_bottle"]
 AGENT_UID = 1000  # the bottle's user when the tests run as root
 
 

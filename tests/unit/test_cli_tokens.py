@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "claude_bottle"]
+CLI = [sys.executable, "-P", "-m", "claude_bottle"]
 TOKEN = "sk-ant-oat01-" + "L" * 60
 
 

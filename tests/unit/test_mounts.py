@@ -145,3 +145,20 @@ def test_run_refuses_such_a_workspace_before_anything_starts(tmp_path: Path) -> 
                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert result.returncode == 2, result.stderr
     assert f"refusing the workspace {project}: it contains claude-bottle's config folder" in result.stderr
+
+
+def test_a_workspace_or_writable_mount_holding_what_claude_bottle_runs_from_is_refused(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """claude-bottle installed in a project's .venv (or editable from its source): a bottle there would change
+    the code the host runs as claude-bottle at the next start, with the user's token at hand."""
+    project = home / "data" / "project"
+    site = project / ".venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
+    for place in (project, project / ".venv"):
+        with pytest.raises(ConfigError, match=rf"refusing the workspace {place}: it holds {site}, which"):
+            check_workspace(place)
+    check_workspace(home / "data" / "sub")  # beside it
+    with pytest.raises(ConfigError, match="which this claude-bottle runs from on the host"):
+        check_mounts((mounts.Mount(project, "/data", False, "agent.toml"),), home / "data" / "sub")
+    check_mounts((mounts.Mount(project, "/data", True, "agent.toml"),), home / "data" / "sub")  # read-only

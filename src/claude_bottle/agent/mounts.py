@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,20 +106,40 @@ def never_mounted() -> list[tuple[Path, str]]:
          (state_dir(), "claude-bottle's state folder (the runs' audit)")]
 
 
+def running_from() -> list[Path]:
+    """What the host runs as claude-bottle: its package, its Python environment and the folders it imports
+    from (a project's ``.venv`` it was installed in, the source of an editable install)."""
+    import claude_bottle
+
+    return [Path(claude_bottle.__file__).parent, Path(sys.prefix), *(Path(p) for p in sys.path if os.path.isdir(p))]
+
+
 def check_workspace(workspace: Path) -> None:
     """The workspace is mounted read-write, so it may reach none of ``never_mounted`` either (``~/.config``,
-    where one edits dotfiles, holds claude-bottle's token file)."""
+    where one edits dotfiles, holds claude-bottle's token file), nor hold what the host runs as claude-bottle
+    (``running_from``): a bottle would change the code of the next start."""
     for protected, what in never_mounted():
         if relation := _relation(workspace, protected):
             raise ConfigError(f"refusing the workspace {workspace}: it {relation} {what}, {protected}, which a "
                               "bottle must never reach; run from a folder that does not hold it, or pass "
                               "--workspace DIR")
+    _hold_no_code(workspace, "the workspace")
+
+
+def _hold_no_code(place: Path, what: str) -> None:
+    for code in running_from():
+        if _relation(place, code) in ("is", "contains"):
+            raise ConfigError(f"refusing {what} {place}: it holds {code}, which this claude-bottle runs from on the "
+                              "host, so a bottle could change what runs at the next start; install claude-bottle "
+                              "outside it (pipx, `uv tool install`, or a virtual environment of its own)")
 
 
 def check_mounts(mounts: tuple[Mount, ...], workspace: Path) -> None:
     """No mount may reach the workspace: it is at /workspace already, with its .git protections, which a
     second, writable view of it (or of a folder around it) would bypass."""
     for mount in mounts:
+        if not mount.read_only:
+            _hold_no_code(mount.source, f"the writable mount {mount.origin}:")
         if relation := _relation(mount.source, workspace):
             raise ConfigError(f"{mount.origin}: {mount.source} {relation} the workspace {workspace}, which the "
                               "bottle has at /workspace already; mount another folder")
