@@ -68,7 +68,7 @@ class Bottle:
         if cas and "CLAUDE_BOTTLE_EXTRA_CA_CERTS" not in os.environ:
             self.env["CLAUDE_BOTTLE_EXTRA_CA_CERTS"] = ":".join(cas)
         self.cli = [str(VENV_BIN / "claude-bottle")] if (VENV_BIN / "claude-bottle").exists() else \
-            [sys.executable, "-m", "claude_bottle"]
+            [sys.executable, "-P", "-m", "claude_bottle"]
         self.workspace = tmp / "project"
         self.started: list[str] = []
 

@@ -346,7 +346,7 @@ def command_line() -> str:
 
 def claude_bottle_argv() -> list[str]:
     script = Path(sys.executable).parent / "claude-bottle"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "claude_bottle"]
+    return [str(script)] if script.exists() else [sys.executable, "-P", "-m", "claude_bottle"]
 
 
 # --------------------------------------------------------------------------------------------- results

@@ -103,7 +103,7 @@ def result(run: Run, host: str, seconds: float = 60) -> str:
 
 
 def approver(workspace: Path, agent: str) -> pexpect.spawn:
-    child = pexpect.spawn(sys.executable, ["-m", "claude_bottle", "approve", agent], cwd=str(workspace),
+    child = pexpect.spawn(sys.executable, ["-P", "-m", "claude_bottle", "approve", agent], cwd=str(workspace),
                           env=dict(os.environ), timeout=30, dimensions=(40, 140), encoding="utf-8",
                           codec_errors="replace")
     child.expect("claude-bottle approve: run")

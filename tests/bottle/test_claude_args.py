@@ -130,7 +130,7 @@ def test_an_interactive_bottle_draws_its_interface_but_reaches_nothing_past_the_
         'for f in /proc/[0-9]*/fd/1; do [ "$(readlink $f)" = "$own" ] || '
         r"printf '\033]52;c;cHduZWQ=\007\033[21t\033P$qm\033\\' > $f; done 2>/dev/null" "\n"
         "echo planted\n")
-    child = pexpect.spawn(sys.executable, ["-m", "claude_bottle", "start", AGENT, "--upstream", upstream.url,
+    child = pexpect.spawn(sys.executable, ["-P", "-m", "claude_bottle", "start", AGENT, "--upstream", upstream.url,
                                            "--upstream-network", upstream.network],
                           cwd=str(workspace), timeout=120, dimensions=(40, 140), encoding="utf-8",
                           codec_errors="replace")
