@@ -474,9 +474,8 @@ def test_a_protected_directory_nested_deeper_than_python_recurses_is_reported(
             os.rmdir("a")
 
 
-def test_hard_links_to_a_large_file_are_hashed_within_a_budget(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hard links cost a bottle no space: a protected directory of links to one large file is hashed up to a
-    budget in all (256 MiB), the rest signed by size and change time, and a change to the file is still seen."""
+def count_hashed(monkeypatch: pytest.MonkeyPatch, most: int | None = None) -> list[int]:
+    """The bytes the fingerprint hashes, counted (in the list's one item); past ``most``, the test fails."""
     hashed = [0]
 
     class Counted:
@@ -485,12 +484,20 @@ def test_hard_links_to_a_large_file_are_hashed_within_a_budget(project: Path, mo
 
         def update(self, data: bytes) -> None:
             hashed[0] += len(data)
+            assert most is None or hashed[0] <= most, "read past the size seen"
             self.digest.update(data)
 
         def hexdigest(self) -> str:
             return self.digest.hexdigest()
 
     monkeypatch.setattr(ws, "hashlib", SimpleNamespace(sha256=Counted))
+    return hashed
+
+
+def test_hard_links_to_a_large_file_are_hashed_within_a_budget(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hard links cost a bottle no space: a protected directory of links to one large file is hashed up to a
+    budget in all (256 MiB), the rest signed by size and change time, and a change to the file is still seen."""
+    hashed = count_hashed(monkeypatch)
     big = project / ".vscode" / "big"
     big.parent.mkdir()
     big.write_bytes(b"\0" * ws.HASH_LIMIT)
@@ -509,20 +516,6 @@ def test_a_file_swapped_for_a_larger_one_after_its_size_was_seen_is_read_no_furt
     """A bottle running on the workspace can replace a protected file between its lstat and its read: with a
     sparse file of a terabyte (no space to it), every check would hash for minutes. What is read is bounded by
     the size seen, and the signature still differs from the small file's."""
-    hashed = [0]
-
-    class Counted:
-        def __init__(self) -> None:
-            self.digest = hashlib.sha256()
-
-        def update(self, data: bytes) -> None:
-            hashed[0] += len(data)
-            assert hashed[0] <= 1 << 20, "read past the size seen"
-            self.digest.update(data)
-
-        def hexdigest(self) -> str:
-            return self.digest.hexdigest()
-
     planted = project / ".envrc"
     planted.write_text("use nix\n")
     seen = planted.lstat()
@@ -530,7 +523,7 @@ def test_a_file_swapped_for_a_larger_one_after_its_size_was_seen_is_read_no_furt
     planted.unlink()
     with planted.open("wb") as f:
         f.truncate(1 << 40)
-    monkeypatch.setattr(ws, "hashlib", SimpleNamespace(sha256=Counted))
+    hashed = count_hashed(monkeypatch, most=1 << 20)
     assert ws._file_signature(planted, seen, [1, ws.HASH_BUDGET]) != small
     assert hashed[0] == seen.st_size
 
