@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ class FakeEngine(Engine):
         self.containers_by_name: dict[str, ContainerInfo] = {}
         self.networks_by_name: dict[str, NetworkInfo] = {}
         self.members: dict[str, set[str]] = {}  # network name -> container names
+        self.stale: dict[str, set[str]] = {}  # network name -> removed containers whose endpoints it still counts
         self.images: dict[str, list[str]] = {}  # repository -> image ids
         self.volumes: dict[str, dict[str, str]] = {}  # name -> labels
         self.output: dict[str, bytes] = {}
@@ -224,9 +225,9 @@ class FakeEngine(Engine):
             raise DockerError(f"No such container: {container}")
         self.members[network].add(name)
 
-    def remove_network(self, name: str) -> None:
+    def remove_network(self, name: str, gone: Sequence[str] = ()) -> None:
         self._check("remove_network")
-        if self.members.get(name):
+        if self.members.get(name) or self.stale.get(name, set()) - set(gone):
             raise DockerError(f"network {name} has active endpoints")
         if self.networks_by_name.pop(name, None) is not None:
             self.members.pop(name, None)

@@ -56,12 +56,13 @@ def test_verify_blocks_every_attack_on_a_default_bottle(
     runtime = ["--runtime", bottle_runtime()] if bottle_runtime() else []
     result = subprocess.run([*CLI, "verify", "--json", *runtime], capture_output=True, text=True, timeout=300,
                             cwd=tmp_path)
+    assert result.stdout, result.stderr
     report = json.loads(result.stdout)
     assert [r for r in report["results"] if not r["blocked"]] == []
     assert result.returncode == 0, result.stderr
     assert report["leaks"] == 0 and report["attacks"] == len(report["results"]) >= 60
     assert {r["group"] for r in report["results"]} == GROUPS
-    assert leftovers(client, "default") == []
+    assert leftovers(client, "default") == [], result.stderr
 
 
 def test_verify_prints_a_table(client: docker.DockerClient, built_images: tuple[str, str], tmp_path: Path,

@@ -238,3 +238,46 @@ def test_an_exec_with_a_deadline_gives_up_on_a_stream_that_never_ends(monkeypatc
         seam.exec("bottle", ["true"], timeout=5)
     monkeypatch.setattr(seam, "_exec", lambda name, argv: (3, b"out"))
     assert seam.exec("bottle", ["true"], timeout=5) == (3, b"out")
+
+
+class StaleEndpointApi(docker.APIClient):
+    """The SDK's API client for a network the engine still counts endpoints on after their containers went:
+    ``stale``, the containers' names, each freed only by a forced disconnect by that name (as Docker 20.10)."""
+
+    def __init__(self, stale: set[str]) -> None:
+        super().__init__(base_url="unix:///nonexistent/docker.sock", version="1.41")
+        self.stale, self.asked = stale, []
+
+    def remove_network(self, net_id: str) -> None:
+        self.asked.append(("remove", net_id))
+        if self.stale:
+            raise docker.errors.APIError(
+                "403 Client Error", explanation=f"error while removing network: network {net_id} id 12ab has active "
+                                                "endpoints")
+
+    def disconnect_container_from_network(self, container: str, net_id: str, force: bool = False) -> None:
+        self.asked.append(("disconnect", container))
+        if not force or container not in self.stale:
+            raise docker.errors.APIError("404 Client Error", explanation=f"No such container: {container}")
+        self.stale.discard(container)
+
+
+def test_a_stale_endpoint_of_a_removed_container_is_forced_off_before_its_network_goes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(docker_engine, "STALE_ENDPOINT_PAUSE", 0.01)
+    client = docker_client()
+    client.api = api = StaleEndpointApi({"run-stub"})
+    DockerEngine(client).remove_network("run-outside", ["run-gate", "run-stub"])
+    assert api.asked == [("remove", "run-outside"), ("disconnect", "run-gate"), ("disconnect", "run-stub"),
+                         ("remove", "run-outside")]
+    # without the names of what was on it, the engine's refusal is the answer
+    client.api = api = StaleEndpointApi({"run-stub"})
+    with pytest.raises(DockerError, match=r"has active endpoints$"):
+        DockerEngine(client).remove_network("run-outside")
+    assert api.asked == [("remove", "run-outside")]
+    # a count that no forced disconnect clears: the error says how to clear it
+    client.api = api = StaleEndpointApi({"lost"})
+    with pytest.raises(DockerError, match=r"the engine's count is stale: restart the engine, then "
+                                          r"`docker network rm run-outside`"):
+        DockerEngine(client).remove_network("run-outside", ["run-stub"])
+    assert api.asked.count(("remove", "run-outside")) == docker_engine.STALE_ENDPOINT_TRIES

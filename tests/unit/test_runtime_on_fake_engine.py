@@ -17,7 +17,7 @@ from claude_bottle.runtime.listing import bottle_of, gate_of, running_run, runs
 from claude_bottle.runtime.names import EGRESS_NETWORK, POOL_LABEL, RunNames, claim_container
 from claude_bottle.runtime.pool import POOL_KEPT, claim_internal, egress_network, trim_pool
 from claude_bottle.runtime.removal import remove_run
-from claude_bottle.runtime.seam import ContainerInfo
+from claude_bottle.runtime.seam import ContainerInfo, NetworkSpec
 from tests.fake_engine import FakeEngine
 
 AUDIT = json.dumps({"decision": "allow", "reason": "in the allowlist", "target": "pypi.org:443"}).encode() + b"\n"
@@ -64,6 +64,16 @@ def test_removal_is_safe_at_any_step_and_again() -> None:
     remove_run(engine, run.id)
     assert engine.containers() == []
     remove_run(engine, RunNames.new("dev").id)  # nothing of it was made
+
+
+def test_a_network_of_the_run_goes_even_where_the_engine_still_counts_a_removed_container_on_it() -> None:
+    engine = FakeEngine()
+    run = started_run(engine)
+    outside = engine.create_network(NetworkSpec(f"{run.gate}-outside", run.labels, internal=True))
+    engine.connect(outside.name, run.gate)
+    engine.stale[outside.name] = {run.gate}  # Docker 20.10 now and then, once the gate is removed
+    remove_run(engine, run.id)
+    assert engine.network(outside.name) is None and engine.containers() == []
 
 
 def test_a_run_whose_audit_cannot_be_kept_keeps_its_gate(state: Path) -> None:

@@ -28,6 +28,7 @@ from claude_bottle.runtime.podman_engine import PodmanEngine
 from claude_bottle.runtime.removal import remove_run
 from claude_bottle.runtime.run import Run
 from claude_bottle.runtime.seam import ContainerSpec, NetworkSpec
+from claude_bottle.verify import standins
 from claude_bottle.verify.standins import (
     MCP_STAND_IN,
     StandIn,
@@ -35,6 +36,7 @@ from claude_bottle.verify.standins import (
     engine_view,
     in_bottle,
     run_probe,
+    stand_ins,
     stub_container,
 )
 from tests.fake_engine import FakeEngine
@@ -181,6 +183,21 @@ def test_a_ctrl_c_while_the_engine_creates_leaves_nothing_once_removed(created: 
     for creating in engine.creating:
         creating.join()
     assert engine.containers() == []
+
+
+def test_a_network_the_engine_will_not_remove_is_named_and_the_report_still_comes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker 20.10 now and then keeps counting an endpoint it cannot name: verify's findings are not lost to it."""
+    engine = StubEngine()
+    said: list[str] = []
+    monkeypatch.setattr(standins, "open_engine", lambda: engine)
+    monkeypatch.setattr(standins, "build_images", lambda *args: ("bottle:1", "gate:1"))
+    with stand_ins(parse_agent("dev", {"version": 1}, "dev.toml"), said.append) as env:
+        engine.stale[env.outside] = {"a gone container it cannot name"}
+        findings = ["every attack blocked"]
+    assert findings and engine.containers() == []
+    assert [n.name for n in engine.networks("claude-bottle")] == [env.outside]
+    assert said[-1] == f"verify could not remove all it started: network {env.outside} has active endpoints"
 
 
 # ---- the Docker and Podman implementations -------------------------------------------------------------------

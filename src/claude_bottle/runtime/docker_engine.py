@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,11 @@ from claude_bottle.runtime.seam import (
     NetworkInfo,
     NetworkSpec,
 )
+
+# A network whose containers were all removed that the engine still counts endpoints on: how often its removal is
+# tried (each time after forcing those endpoints off), and the pause after the first try (growing by as much).
+STALE_ENDPOINT_TRIES = 4
+STALE_ENDPOINT_PAUSE = 0.25
 
 
 @contextlib.contextmanager
@@ -233,13 +239,24 @@ class DockerEngine(Engine):
         except docker.errors.APIError as exc:
             raise api_failed(exc) from None
 
-    def remove_network(self, name: str) -> None:
-        try:
-            self.client.api.remove_network(name)
-        except docker.errors.NotFound:  # gone already
-            pass
-        except docker.errors.APIError as exc:
-            raise api_failed(exc) from None
+    def remove_network(self, name: str, gone: Sequence[str] = ()) -> None:
+        for attempt in range(STALE_ENDPOINT_TRIES):
+            try:
+                self.client.api.remove_network(name)
+                return
+            except docker.errors.NotFound:  # gone already
+                return
+            except docker.errors.APIError as exc:
+                if "active endpoints" not in str(exc.explanation or exc) or not gone:
+                    raise api_failed(exc) from None
+                if attempt == STALE_ENDPOINT_TRIES - 1:
+                    raise DockerError(f"{api_failed(exc)}; what was on it is gone, so the engine's count is "
+                                      f"stale: restart the engine, then `docker network rm {name}`") from None
+            # By name: the engine finds a stale endpoint by its container's name, not by the id it no longer lists.
+            for container in gone:
+                with contextlib.suppress(docker.errors.APIError):
+                    self.client.api.disconnect_container_from_network(container, name, force=True)
+            time.sleep(STALE_ENDPOINT_PAUSE * (attempt + 1))
 
     def create_volume(self, name: str, labels: dict[str, str]) -> str:
         try:

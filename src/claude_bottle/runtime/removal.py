@@ -72,7 +72,9 @@ def remove_run(engine: Engine, run_id: str) -> None:
             future.result()
         list(pool.map(remove, gates))
         list(pool.map(remove, claims))  # the network is free once nothing of the run is on it
-        list(pool.map(engine.remove_network, [n.name for n in engine.networks(selector)]))
+        names = [c.name for c in containers]
+        list(pool.map(lambda network: engine.remove_network(network, names),
+                      [n.name for n in engine.networks(selector)]))
     if claims:
         with contextlib.suppress(DockerError):  # housekeeping: a later run's end trims again
             trim_pool(engine, claims[0].image)

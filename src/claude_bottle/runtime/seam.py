@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,8 +247,10 @@ class Engine(ABC):
         """Join ``container`` to ``network``, known there as ``alias`` or at ``address`` when given."""
 
     @abstractmethod
-    def remove_network(self, name: str) -> None:
-        """Remove it; nothing when it is gone already."""
+    def remove_network(self, name: str, gone: Sequence[str] = ()) -> None:
+        """Remove it; nothing when it is gone already. ``gone``: the containers that were on it, removed just
+        before: an endpoint the engine still counts for one of them is forced off and the removal tried again
+        (Docker keeps one now and then, and refuses the removal until it is forced off or the engine restarts)."""
 
     # ---- volumes --------------------------------------------------------------------------------------
 

@@ -261,7 +261,10 @@ def stand_ins(agent: AgentConfig, progress: Progress, credential: Credential | N
                            https, ca, mcp, server.name, workspaces)
         finally:
             with on_stop_signals(lambda signum, frame: None):
-                remove_run(engine, verify_id)
+                try:
+                    remove_run(engine, verify_id)
+                except DockerError as exc:  # the report still comes: what is left is named, with its remedy
+                    progress(f"verify could not remove all it started: {exc}")
                 for workspace in workspaces:  # the scratch projects' Claude state: of no later use
                     with contextlib.suppress(DockerError):
                         engine.remove_volume(state_volume(agent.name, workspace))
