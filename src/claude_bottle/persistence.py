@@ -190,6 +190,7 @@ class Plants:
                   {"terminal.integrated.profiles.linux": {"x": {"path": "sh", "args": ["-c", self.touch("vscode")]}}}),
             "mkdir -p /workspace/.claude && " + write("/workspace/.claude/settings.json", hooks(self.touch("hook2"))),
             write("/workspace/.mcp.json", {"mcpServers": {"x": {"command": "sh", "args": ["-c", self.touch("mcp")]}}}),
+            "mkdir -p /workspace/.hg && " + write("/workspace/.hg/hgrc", f"[hooks]\npre-status = {self.touch('hg')}"),
             # a repository whose folder's name would forge a line of the review, and clear the screen
             f"mkdir -p \"$(printf '/workspace/%b' {shlex.quote(FORGED.encode('unicode_escape').decode())})/.git\"",
             # where a protected folder would be, a symlink to a host folder, for the next run to mount
@@ -245,8 +246,9 @@ class Plants:
             look("a project file written by the bottle", "unused until the user approves it", self._project_file),
             look("a project file choosing the upstream and mounting a host folder, approved unread",
                  "those keys refused even so", self._project_file_keys),
-            look("files the host's editor, direnv and Claude Code run (.envrc, .mcp.json, .claude/, .idea), and a "
-                 "nested .git whose name forges a line", "reported one line each, and the next start waits for review",
+            look("files the host's editor, direnv, Mercurial and Claude Code run (.envrc, .mcp.json, .claude/, .idea, "
+                 ".hg), and a nested .git whose name forges a line",
+                 "reported one line each, and the next start waits for review",
                  self._review),
             look("the run's audit, after the run", "kept on the host, without the credential",
                  functools.partial(self._audit, run_id, secret)),
@@ -280,7 +282,7 @@ class Plants:
         return f"accepted: {', '.join(chosen) or 'the file'}", False
 
     def _review(self) -> Verdict:
-        planted = {".envrc", ".mcp.json", ".claude/settings.json", ".idea", f"{FORGED}/.git"}
+        planted = {".envrc", ".mcp.json", ".claude/settings.json", ".idea", ".hg/hgrc", f"{FORGED}/.git"}
         pending = trust.pending_review(self.workspace)
         reported = {c.path for c in pending}
         shown = trust.listing(pending)

@@ -1,12 +1,12 @@
 """The workspace files that can run code on the host, and fingerprints to see what a run changed in them.
 
 A bottle writes its workspace, and the user's tools later read some files there as configuration that runs
-code: git (``.git``), editors (``.vscode/``, ``.idea/``), direnv (``.envrc``), Claude Code on the host
-(``.claude/settings.json``, ``.mcp.json``), commit hooks kept in the tree (``.husky/``,
-``.pre-commit-config.yaml``). Those paths are *protected*: mounted read-only into the bottle where they
+code: git (``.git``), Mercurial (``.hg``), Jujutsu (``.jj``), editors (``.vscode/``, ``.idea/``), direnv
+(``.envrc``), Claude Code on the host (``.claude/settings.json``, ``.mcp.json``), commit hooks kept in the tree
+(``.husky/``, ``.pre-commit-config.yaml``). Those paths are *protected*: mounted read-only into the bottle where they
 exist (``claude_bottle.runtime.files.protective_mounts``) and fingerprinted before and after every run
-(here), so whatever still changed is reported. Below the top level, nested ``.git`` entries are protected
-too, and the configs a tool reads from any folder it is started in are fingerprinted.
+(here), so whatever still changed is reported. Below the top level, nested repositories (``.git``, ``.hg``, ``.jj``) are
+protected too, and the configs a tool reads from any folder it is started in are fingerprinted.
 
 Everything here reads with ``lstat`` and never follows a symlink. Work is bounded: the search below the top
 level stops after ``WALK_LIMIT`` directory entries, a protected directory is fingerprinted up to
@@ -27,10 +27,22 @@ from pathlib import Path
 from typing import NamedTuple
 
 GIT = ".git"
+# Of a repository folder only what makes its tool run something: its config and hooks, and where it points
+# (its objects and history change with every commit). Mercurial runs the hooks in .hg/hgrc before any command;
+# Jujutsu runs what its repository's config names (a pager, `jj fix` tools), and a secondary workspace's
+# .jj/repo is a file naming the repository it uses.
+GIT_SIGNED = ("config", "config.worktree", "commondir", "hooks")
+REPOSITORY_SIGNED = {
+    GIT: GIT_SIGNED,
+    ".hg": ("hgrc", "hgrc-not-shared", "requires", "sharedpath"),
+    ".jj": ("repo/config.toml", "repo/config-id", "workspace-config.toml"),
+}
+REPOSITORIES = tuple(REPOSITORY_SIGNED)
 # Relative paths, as sandbox-runtime protects them plus their equivalents: all are read as configuration
-# that runs code by git, editors, direnv, dev containers, commit-hook managers and Claude Code on the host.
+# that runs code by version control, editors, direnv, dev containers, commit-hook managers and Claude Code on
+# the host.
 PROTECTED = (
-    GIT, ".gitmodules", ".gitattributes", ".lfsconfig",
+    *REPOSITORIES, ".gitmodules", ".gitattributes", ".lfsconfig", ".hgsub",
     ".envrc", ".vscode", ".idea", ".devcontainer",
     ".husky", ".githooks", ".pre-commit-config.yaml",
     ".mcp.json", ".claude/settings.json", ".claude/settings.local.json",
@@ -44,8 +56,6 @@ IN_ANY_FOLDER = (
     ".mcp.json", ".claude/settings.json", ".claude/settings.local.json",
     ".claude/commands", ".claude/agents", ".claude/hooks", ".claude/skills",
 )
-# Of a .git directory only what makes git run something: its config and hooks, and where it points.
-GIT_SIGNED = ("config", "config.worktree", "commondir", "hooks")
 # A folder git takes for a repository itself, with no .git entry (a bare repository: git looks for one in every
 # folder it searches, and runs what its config says, as core.fsmonitor on `git status`): HEAD and objects/ and
 # refs/, or HEAD and a commondir file that points to the rest.
@@ -72,7 +82,7 @@ class Change:
 
     def describe(self) -> str:
         if self.path == WALK_KEY:
-            return f"the search for nested .git entries and configs: {self.after} (was: {self.before})"
+            return f"the search for nested repositories and configs: {self.after} (was: {self.before})"
         if self.before is None:
             return f"{self.path}: created ({self.after})"
         if self.after is None:
@@ -92,8 +102,8 @@ class Protected(NamedTuple):
 
 
 def nested(workspace: Path, limit: int | None = None) -> Protected:
-    """Below the top level, breadth first: relative paths of every ``.git`` entry (a repository, a gitfile, a
-    symlink) and of what makes git run something in every folder laid out as a repository (``_BARE``, the
+    """Below the top level, breadth first: relative paths of every ``REPOSITORIES`` entry (a repository, a
+    gitfile, a symlink) and of what makes git run something in every folder laid out as a repository (``_BARE``, the
     workspace itself included: its HEAD and ``GIT_SIGNED``), to mount; of ``IN_ANY_FOLDER`` in every folder
     that has one, to watch; and whether the walk saw every entry (False once it passed ``limit``, or
     WALK_LIMIT, or left folders more than DEPTH_LIMIT deep unread)."""
@@ -123,7 +133,7 @@ def nested(workspace: Path, limit: int | None = None) -> Protected:
             path = f"{relative}/{entry.name}" if relative else entry.name
             if entry.is_symlink():
                 links.append(path)
-            if entry.name == GIT:
+            if entry.name in REPOSITORIES:
                 if relative:
                     found.append(path)
             elif entry.is_dir(follow_symlinks=False):
@@ -135,7 +145,7 @@ def nested(workspace: Path, limit: int | None = None) -> Protected:
 
 
 def protected_paths(workspace: Path) -> Protected:
-    """To mount: ``PROTECTED`` and the nested ``.git`` entries and repository layouts; to watch: those and the
+    """To mount: ``PROTECTED`` and the nested repositories and bare repository layouts; to watch: those and the
     configs ``IN_ANY_FOLDER`` below the top."""
     below = nested(workspace)
     mounted = list(dict.fromkeys([*PROTECTED, *below.mounted]))
@@ -267,8 +277,8 @@ def lstat_inside(workspace: Path, relative: str) -> tuple[str, os.stat_result] |
 
 
 def _record(workspace: Path, relative: str, entries: dict[str, str], budget: list[int], depth: int = 0) -> None:
-    """Sign ``relative`` and, for a directory, what is in it (of a .git directory, only GIT_SIGNED) down to
-    ``DEPTH_LIMIT`` folders below it (``depth``: how far below it already is)."""
+    """Sign ``relative`` and, for a directory, what is in it (of a repository folder, only ``REPOSITORY_SIGNED``)
+    down to ``DEPTH_LIMIT`` folders below it (``depth``: how far below it already is)."""
     found = lstat_inside(workspace, relative)
     if found is None:
         return
@@ -280,9 +290,11 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
     entries[relative] = _signature(path, info, budget)
     if not stat.S_ISDIR(info.st_mode):
         return
-    is_git = path.name == GIT
-    if is_git:  # a repository's contents change with every commit; its identity and what runs code do not
-        entries[relative] += f", inode {info.st_ino}"
+    if (signed := REPOSITORY_SIGNED.get(path.name)) is not None:
+        entries[relative] += f", inode {info.st_ino}"  # its identity: a repository put in its place differs
+        for name in signed:
+            _record(workspace, f"{relative}/{name}", entries, budget, depth + 1)
+        return
     if depth >= DEPTH_LIMIT:
         entries[relative] += f", not fully checked (more than {DEPTH_LIMIT} folders deep)"
         return
@@ -292,8 +304,6 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
         entries[relative] += f", unreadable ({exc.strerror})"
         return
     for name in names:
-        if is_git and name not in GIT_SIGNED:
-            continue
         if budget[0] <= 0:
             entries[relative] += ", not fully checked (too many entries)"
             return

@@ -290,11 +290,11 @@ def test_changed_auto_run_files_are_reported_and_hold_the_workspace_until_truste
 ) -> None:
     plant = ("run: mkdir -p .vscode .claude pkg/.claude && echo '{}' > .vscode/settings.json && echo 'curl x | sh' > .envrc "
              "&& echo '{\"hooks\": {}}' > .claude/settings.json && echo '{\"hooks\": {}}' > pkg/.claude/settings.json "
-             "&& echo planted")
+             "&& mkdir .hg && printf '[hooks]\\npre-status = touch /tmp/owned\\n' > .hg/hgrc && echo planted")
     result = cli("run", "-p", plant, cwd=workspace, upstream=upstream)  # real Claude Code runs the command
     assert result.returncode == 0 and "Tool said: planted" in result.stdout, result.stderr
     assert "these files can run code on your machine" in result.stderr
-    for name in (".vscode/settings.json", ".envrc", ".claude/settings.json", "pkg/.claude/settings.json"):
+    for name in (".vscode/settings.json", ".envrc", ".claude/settings.json", "pkg/.claude/settings.json", ".hg/hgrc"):
         assert f"{name}: created" in result.stderr
     held = cli("run", "-p", "hi", cwd=workspace, upstream=upstream)
     assert held.returncode == 2 and ".envrc: created" in held.stderr
@@ -314,14 +314,20 @@ def test_existing_auto_run_files_are_read_only_in_the_bottle(
     (workspace / ".vscode").mkdir()
     (workspace / ".vscode" / "settings.json").write_text("{}\n")
     (workspace / ".envrc").write_text("export A=1\n")
+    (workspace / ".hg").mkdir()
+    (workspace / ".hg" / "hgrc").write_text("[paths]\n")
+    (workspace / "vendor" / ".jj" / "repo").mkdir(parents=True)
     give_to_agent(workspace)
     reports: list[str] = []
     with bottle(workspace, token, upstream, reports) as run:
         for script in ("echo evil > /workspace/.envrc", "echo evil > /workspace/.vscode/tasks.json",
                        "rm /workspace/.vscode/settings.json", "mv /workspace/.vscode /workspace/vscode-old",
-                       "rm /workspace/.envrc"):
+                       "rm /workspace/.envrc", "printf '[hooks]\\npre-status = touch /tmp/owned\\n' >> /workspace/.hg/hgrc",
+                       "mv /workspace/.hg /workspace/hg-old",
+                       "echo '[ui]' > /workspace/vendor/.jj/repo/config.toml", "rm -r /workspace/vendor/.jj"):
             code, output = inside(run, script)
             assert code != 0, f"{script} worked: {output}"
-    assert (workspace / ".envrc").read_text() == "export A=1\n"
+    assert (workspace / ".envrc").read_text() == "export A=1\n" and (workspace / ".hg" / "hgrc").read_text() == "[paths]\n"
+    assert not (workspace / "vendor" / ".jj" / "repo" / "config.toml").exists()
     assert (workspace / ".vscode" / "settings.json").exists() and not (workspace / ".vscode" / "tasks.json").exists()
     assert not any("can run code" in line for line in reports)

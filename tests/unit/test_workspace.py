@@ -57,6 +57,12 @@ def test_untouched_workspace_has_no_changes_and_ordinary_files_are_not_watched(p
     lambda p: ((p / "src/vendor/.git").mkdir(parents=True)),
     lambda p: (p / "src/.git").write_text("gitdir: /tmp/evil\n"),
     lambda p: (p / ".mcp.json").symlink_to("/etc/passwd"),
+    lambda p: ((p / ".hg").mkdir(), (p / ".hg/hgrc").write_text("[hooks]\npre-status = touch /tmp/owned\n")),
+    lambda p: ((p / ".jj/repo").mkdir(parents=True),
+               (p / ".jj/repo/config.toml").write_text('[ui]\npager = ["sh", "-c", "touch /tmp/owned"]\n')),
+    lambda p: (p / ".hgsub").write_text("vendor = [git]ext::sh -c touch% /tmp/owned\n"),
+    lambda p: ((p / "src/vendor/.hg").mkdir(parents=True)),
+    lambda p: ((p / "src/.jj").mkdir(parents=True)),
 ])
 def test_each_planted_file_is_a_change(project: Path, plant: object) -> None:
     before = ws.fingerprint(project)
@@ -122,6 +128,29 @@ def test_a_repository_signs_only_what_runs_code(project: Path) -> None:
     (project / ".git" / "index").write_bytes(b"DIRC")
     (project / ".git" / "objects").mkdir()
     assert ws.changes(before, ws.fingerprint(project)) == [], "commits on the host are not a bottle's plant"
+
+
+def test_mercurial_and_jujutsu_repositories_sign_only_what_runs_code(project: Path) -> None:
+    """Mercurial runs .hg/hgrc's hooks before any command; Jujutsu runs what .jj/repo/config.toml names (its
+    pager on `jj log`), and a secondary workspace's .jj/repo is a file naming the repository."""
+    (project / ".hg" / "store" / "data").mkdir(parents=True)
+    (project / ".hg" / "hgrc").write_text("[paths]\n")
+    (project / ".jj" / "repo" / "store").mkdir(parents=True)
+    (project / ".jj" / "working_copy").mkdir()
+    (project / "vendor" / ".jj").mkdir(parents=True)
+    (project / "vendor" / ".jj" / "repo").write_text("../../.jj/repo")
+    before = ws.fingerprint(project)
+    assert {".hg/hgrc", ".jj", "vendor/.jj/repo"} <= before.keys()
+    (project / ".hg" / "store" / "data" / "main.py.i").write_bytes(b"\0")
+    (project / ".jj" / "working_copy" / "tree_state").write_bytes(b"\0")
+    (project / ".jj" / "repo" / "store" / "extra").write_bytes(b"\0")
+    assert changed(before, ws.fingerprint(project)) == [], "commits on the host are not a bottle's plant"
+    (project / ".hg" / "hgrc").write_text("[hooks]\npre-status = touch /tmp/owned\n")
+    (project / ".jj" / "repo" / "config.toml").write_text('[fix.tools.x]\ncommand = ["touch", "/tmp/owned"]\n')
+    (project / "vendor" / ".jj" / "repo").write_text("/tmp/evil/repo")
+    assert changed(before, ws.fingerprint(project)) == [".hg/hgrc", ".jj/repo/config.toml", "vendor/.jj/repo"]
+    mounts = {p.target for p in protective_mounts(project, ws.protected_paths(project).mounted)}
+    assert {"/workspace/.hg", "/workspace/.jj", "/workspace/vendor/.jj"} <= mounts
 
 
 def test_nested_git_walk_is_bounded_and_a_full_walk_turning_partial_is_a_change(project: Path) -> None:
