@@ -49,6 +49,9 @@ Progress = Callable[[str], None]
 COPY_SECONDS = 5  # for what the bottle wrote last to reach the terminal once the engine's client has exited
 READER_SECONDS = 1.0  # how often a run without a terminal checks that its output still has a reader
 END_SECONDS = 10  # for Claude Code to end after SIGTERM or SIGHUP before its run is removed (docker stop's 10 s)
+# A bottle paused while another start on its workspace mounts (runtime/stillness.py) takes no signal: one for it
+# waits this long for the bottle to go on (a start holds it for a second or two).
+PAUSED_SIGNAL_SECONDS = 10
 
 
 def host_ca_enabled(environ: dict[str, str]) -> bool:
@@ -335,10 +338,15 @@ def forwarded_signals(engine: Engine, container: str) -> Iterator[None]:
     run: a bottle still there ``END_SECONDS`` after the first is ended from here (KeyboardInterrupt, the run
     removed), as ``docker stop`` would. The agent is Claude Code's user and can stop it (SIGSTOP), and a
     stopped Claude Code never takes the signal: its run, gate and credential would stay for as long as the
-    caller waits. SIGINT is a key Claude Code reads (it ends a turn, not the run): only passed on."""
+    caller waits. SIGINT is a key Claude Code reads (it ends a turn, not the run): only passed on. A bottle paused
+    for another start's mounts gets the signal once it goes on."""
 
     def forward(signum: int, frame: FrameType | None) -> None:
         try:
+            deadline = time.monotonic() + PAUSED_SIGNAL_SECONDS
+            while (found := engine.container(container)) is not None and found.status == "paused" and \
+                    time.monotonic() < deadline:
+                time.sleep(0.05)
             engine.kill(container, signum)
         except DockerError:
             raise KeyboardInterrupt from None

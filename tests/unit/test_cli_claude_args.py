@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from typing import Any
 
@@ -96,6 +97,17 @@ def test_signals_go_to_the_bottle_and_an_engine_that_cannot_take_them_ends_the_r
     engine.fail.add("kill")
     with pytest.raises(KeyboardInterrupt), forwarded_signals(engine, "b"):
         os.kill(os.getpid(), signal.SIGHUP)
+
+
+def test_a_signal_for_a_bottle_paused_by_another_start_reaches_it_once_it_goes_on() -> None:
+    """The engine refuses any signal to a paused container: a Ctrl-C while a start on the same workspace holds
+    the bottle paused for its mounts (runtime/stillness.py) waits for it instead of being lost."""
+    engine = FakeEngine()
+    engine.add_container("b", {}, status="paused")
+    threading.Timer(0.3, engine.unpause, ["b"]).start()
+    with forwarded_signals(engine, "b"):
+        os.kill(os.getpid(), signal.SIGINT)
+    assert engine.events[-2:] == [("unpause", "b"), ("kill", f"b {signal.SIGINT}")]
 
 
 def test_a_bottle_that_does_not_end_on_sigterm_is_ended_from_here(monkeypatch: pytest.MonkeyPatch) -> None:
