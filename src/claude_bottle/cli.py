@@ -333,8 +333,9 @@ def deny(ctx: click.Context, words: tuple[str, ...], workspace: str | None, save
 @cli.command(context_settings=CONTEXT)
 @_agent_argument
 @click.option("--workspace", metavar="DIR", help="Prefer the bottle of this workspace (default: here).")
+@click.option("--run", "run_id", metavar="ID", help="This run's questions (as its notices name it; see `ls`).")
 @click.option("--yes", is_flag=True, help="Write the agent's file for an allow-always without asking.")
-def approve(agent: str | None, workspace: str | None, yes: bool) -> None:
+def approve(agent: str | None, workspace: str | None, run_id: str | None, yes: bool) -> None:
     """Answer a running bottle's held requests (ask mode), live: a allow once, A allow always (also in the
     agent's file, the change shown first), d deny once, D deny always, j/k select, q quit.
 
@@ -343,7 +344,7 @@ def approve(agent: str | None, workspace: str | None, yes: bool) -> None:
     """
     from claude_bottle.commands import approve as command
 
-    command.approve(agent, workspace, yes)
+    command.approve(agent, workspace, yes, run_id)
 
 
 @cli.group(context_settings=CONTEXT)

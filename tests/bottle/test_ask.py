@@ -102,8 +102,10 @@ def result(run: Run, host: str, seconds: float = 60) -> str:
     raise AssertionError(f"the request to {host} did not end within {seconds}s")
 
 
-def approver(workspace: Path, agent: str) -> pexpect.spawn:
-    child = pexpect.spawn(sys.executable, ["-P", "-m", "claude_bottle", "approve", agent], cwd=str(workspace),
+def approver(workspace: Path, agent: str, run: str) -> pexpect.spawn:
+    """``approve`` as the run's start line names it (by its run)."""
+    child = pexpect.spawn(sys.executable, ["-P", "-m", "claude_bottle", "approve", agent, "--run", run],
+                          cwd=str(workspace),
                           env=dict(os.environ), timeout=30, dimensions=(40, 140), encoding="utf-8",
                           codec_errors="replace")
     child.expect("claude-bottle approve: run")
@@ -126,10 +128,11 @@ def test_held_requests_are_answered_by_the_terminal_the_hook_or_the_timeout(
         run = stack.enter_context(started(launch, lambda line: None, notice=said.append))
         run.create_bottle(["sleep", "900"], tty=False)
         run.engine.start(run.names.bottle)
-        assert any(line.startswith("ask mode:") and f"claude-bottle approve {name}" in line for line in said)
+        assert any(line.startswith("ask mode:") and f"`claude-bottle approve {name} --run {run.id}`" in line
+                   for line in said)
 
         # approve on a terminal: allow once; the held request completes, no restart
-        child = stack.enter_context(contextlib.closing(approver(workspace, name)))
+        child = stack.enter_context(contextlib.closing(approver(workspace, name, run.id)))
         fetch(run, "term-once", wait=False)
         child.expect(f"term-once:{PORT} GET /v1/models")
         time.sleep(ANSWER_DELAY + 0.2)  # a key answers only what was on the screen that long

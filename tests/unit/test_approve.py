@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from claude_bottle.commands import approve
-from claude_bottle.commands.approve import Board, keys_of, loop, saver
-from claude_bottle.errors import ConfigError
+from claude_bottle.commands.approve import Board, gate_to_answer, keys_of, loop, saver
+from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.runtime.ask_watch import Asked
+from claude_bottle.runtime.names import RunNames
+from tests.fake_engine import FakeEngine
 from tests.unit.fake_control import DROPPED_SCRIPT, WATCH_SCRIPT, FakeChannel, asked
 
 
@@ -292,3 +294,24 @@ def test_a_gate_without_ask_mode_says_so(running: Callable[..., tuple[Screen, in
     screen, _, thread = running(channel, False)
     thread.join(10)
     assert "the gate refused to be watched: watch: this gate does not ask" in screen.text
+
+
+def test_runs_of_one_agent_on_one_workspace_at_once_are_answered_by_naming_one() -> None:
+    """Parallel Agent SDK queries: each run holds its own questions, and its notices name it (`--run`)."""
+    engine = FakeEngine()
+    app = Path("/src/app")
+    first, second, ops = RunNames.new("dev", app), RunNames.new("dev", app), RunNames.new("ops", app)
+    for run in (first, ops):
+        engine.add_container(run.gate, run.labels)
+    assert gate_to_answer(engine, "dev", app, None).name == first.gate
+    engine.add_container(second.gate, second.labels)
+    with pytest.raises(DockerError, match=r"2 runs of agent dev are running, each with its own questions: .*"
+                                          r"`claude-bottle approve --run RUN`") as refused:
+        gate_to_answer(engine, "dev", app, None)
+    assert first.id in str(refused.value) and second.id in str(refused.value)
+    assert gate_to_answer(engine, None, app, second.id).name == second.gate
+    assert gate_to_answer(engine, "dev", Path("/elsewhere"), first.id).name == first.gate
+    with pytest.raises(DockerError, match=rf"run {ops.id} is agent ops's, not dev's"):
+        gate_to_answer(engine, "dev", app, ops.id)
+    with pytest.raises(DockerError, match=r"no run dev-0000 is running; see `claude-bottle ls`"):
+        gate_to_answer(engine, None, app, "dev-0000")

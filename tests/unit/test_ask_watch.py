@@ -179,8 +179,8 @@ def test_each_question_is_notified_and_other_events_are_not(tmp_path: Path) -> N
     finally:
         watcher.close()
     lines = sorted(shown.read_text().splitlines())
-    assert lines == ["one.example:443 (run r1): claude-bottle approve dev",
-                     "two.example:80 POST /up (run r1): claude-bottle approve dev"]
+    assert lines == ["one.example:443: claude-bottle approve dev --run r1",
+                     "two.example:80 POST /up: claude-bottle approve dev --run r1"]
 
 
 def test_closing_kills_a_hook_still_running(tmp_path: Path) -> None:
@@ -223,7 +223,7 @@ def test_a_watch_that_ends_is_started_again_then_said(monkeypatch: pytest.Monkey
     watcher.close()
     assert started.read_text() == "..."  # the first watch and two more
     assert said == ["ask: the gate's questions are no longer watched here (exit 1: cannot reach the gate's "
-                    "control socket); `claude-bottle approve dev` still answers them"]
+                    "control socket); `claude-bottle approve dev --run r1` still answers them"]
 
 
 def test_a_watch_that_fails_at_start_then_works_is_watched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -242,11 +242,13 @@ def test_a_watch_that_fails_at_start_then_works_is_watched(monkeypatch: pytest.M
 
 
 def test_where_questions_are_answered() -> None:
-    assert where_answered("dev", (), False).startswith(
-        "ask mode: a destination outside the allowlist waits for an answer from `claude-bottle approve dev`")
-    line = where_answered("dev", ("/opt/hook",), True)
-    assert "the hook /opt/hook, then `claude-bottle approve dev` in another terminal (desktop notifications on)" \
-        in line
+    assert where_answered("dev", "dev-1a2b", (), False).startswith(
+        "ask mode: a destination outside the allowlist waits for an answer from "
+        "`claude-bottle approve dev --run dev-1a2b`")
+    line = where_answered("dev", "dev-1a2b", ("/opt/hook",), True)
+    assert "the hook /opt/hook, then `claude-bottle approve dev --run dev-1a2b` in another terminal (desktop " \
+        "notifications on)" in line
+    assert "`claude-bottle approve --run r-1` in" in where_answered("", "r-1", (), False)
 
 
 def test_a_question_for_the_hook_is_json(tmp_path: Path) -> None:

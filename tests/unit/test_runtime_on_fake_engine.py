@@ -13,7 +13,7 @@ from claude_bottle import records
 from claude_bottle.commands import allow
 from claude_bottle.errors import BottleError, DockerError
 from claude_bottle.runtime.files import bottle_files
-from claude_bottle.runtime.listing import bottle_of, gate_of, running_run, runs
+from claude_bottle.runtime.listing import bottle_of, gates_of, running_run, runs
 from claude_bottle.runtime.names import EGRESS_NETWORK, POOL_LABEL, RunNames, claim_container
 from claude_bottle.runtime.pool import POOL_KEPT, claim_internal, egress_network, trim_pool
 from claude_bottle.runtime.removal import remove_run
@@ -105,13 +105,13 @@ def test_a_runs_containers_are_found_by_workspace_then_agent() -> None:
     other = started_run(engine, "ops", "/src/ops")
     assert running_run(engine, None, Path("/src/app")) == here.id
     assert bottle_of(engine, "ops", Path("/src/app")).name == other.bottle
-    assert gate_of(engine, None, Path("/src/ops")).name == other.gate
+    assert [g.name for g in gates_of(engine, None, Path("/src/ops"))] == [other.gate]
     with pytest.raises(DockerError, match="several bottles are running"):
         running_run(engine, None, None)
     remove_run(engine, here.id)
     remove_run(engine, other.id)
     with pytest.raises(DockerError, match="no running bottle"):
-        gate_of(engine, None, Path("/src/app"))
+        gates_of(engine, None, Path("/src/app"))
 
 
 def test_a_deny_reaches_every_bottle_of_the_agent_on_the_workspace(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,18 +14,6 @@ if TYPE_CHECKING:
     from claude_bottle.runtime.seam import ContainerInfo, Engine
 
 
-def gate_for(agent: str | None, workspace: str | None) -> tuple[Engine, ContainerInfo]:
-    """The gate of the bottle to answer, with its engine: ``agent``'s, this workspace's, or the only one
-    running."""
-    from pathlib import Path
-
-    from claude_bottle.runtime.engines import open_engine
-    from claude_bottle.runtime.listing import gate_of
-
-    engine = open_engine()
-    return engine, gate_of(engine, agent, Path(workspace or os.getcwd()).expanduser().resolve())
-
-
 def gates_for(agent: str | None, workspace: str | None) -> tuple[Engine, list[ContainerInfo]]:
     """The gates of the bottles to change, with their engine: ``agent``'s on this workspace (each, where
     several run there at once), else ``agent``'s, or the only one running."""

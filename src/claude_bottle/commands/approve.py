@@ -20,14 +20,16 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from claude_bottle.errors import BottleError
+from claude_bottle.errors import BottleError, DockerError
 
 if TYPE_CHECKING:
     from claude_bottle.runtime.ask_watch import Asked, Channel, WatchProcess
+    from claude_bottle.runtime.seam import ContainerInfo, Engine
 
 KEYS = {"a": "allow-once", "A": "allow-always", "d": "deny-once", "D": "deny-always"}
 MOVES = {"j": 1, "k": -1, "\x1b[B": 1, "\x1b[A": -1, "\x1bOB": 1, "\x1bOA": -1}
@@ -318,12 +320,38 @@ def cbreak(fd: int) -> Iterator[Callable[[], contextlib.AbstractContextManager[N
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def approve(agent: str | None, workspace: str | None, yes: bool) -> None:
-    """Answer the held requests of ``agent``'s running bottle (or this workspace's, or the only one)."""
-    from claude_bottle.commands.allow import gate_for
-    from claude_bottle.runtime.ask_watch import GateChannel
+def gate_to_answer(engine: Engine, agent: str | None, workspace: Path, run: str | None) -> ContainerInfo:
+    """The gate of run ``run``, else of ``agent``'s running bottle (this workspace's, else anywhere; or the only
+    one). Runs of one agent on one workspace at once (parallel Agent SDK queries) each ask their own questions:
+    then the run must be named, as each run's notices name it."""
+    from claude_bottle.runtime.listing import gates_of, runs
+    from claude_bottle.runtime.names import RunNames, run_of
 
-    engine, gate = gate_for(agent, workspace)
+    if run is None:
+        gates = gates_of(engine, agent, workspace)
+        if len(gates) > 1:
+            raise DockerError(f"{len(gates)} runs of agent {agent} are running, each with its own questions: "
+                              f"{', '.join(run_of(g.name) for g in gates)}; answer one with `claude-bottle "
+                              "approve --run RUN` (a terminal each)")
+        return gates[0]
+    found = next((r for r in runs(engine) if r["run"] == run), None)
+    if found is None:
+        raise DockerError(f"no run {run} is running; see `claude-bottle ls`")
+    if agent and found["agent"] != agent:
+        raise DockerError(f"run {run} is agent {found['agent'] or '(none)'}'s, not {agent}'s")
+    gate = engine.container(RunNames(run).gate)
+    if gate is None:
+        raise DockerError(f"run {run} has no gate container; remove it with `claude-bottle stop`")
+    return gate
+
+
+def approve(agent: str | None, workspace: str | None, yes: bool, run: str | None = None) -> None:
+    """Answer the held requests of run ``run``, else of ``agent``'s running bottle (``gate_to_answer``)."""
+    from claude_bottle.runtime.ask_watch import GateChannel
+    from claude_bottle.runtime.engines import open_engine
+
+    engine = open_engine()
+    gate = gate_to_answer(engine, agent, Path(workspace or os.getcwd()).expanduser().resolve(), run)
     channel = GateChannel(engine, gate)
     name = channel.agent or agent or ""
     board = Board(channel.run, name)

@@ -372,7 +372,7 @@ class Watcher:
             if self.closing.wait(RESTART_SECONDS):
                 return
         self.say(f"ask: the gate's questions are no longer watched here ({why}); "
-                 f"`claude-bottle approve {self.agent}` still answers them")
+                 f"`{approve_command(self.agent, self.run)}` still answers them")
 
     def asked(self, asked: Asked) -> None:
         """A new question: notify, and hand it to the hook. A question seen before (the watch's first lines
@@ -387,8 +387,8 @@ class Watcher:
         if self.desktop is not None and (len(self.notified) < MAX_NOTIFICATIONS
                                          or now - self.notified[0] >= NOTIFY_WINDOW):
             self.notified.append(now)
-            argv = self.desktop("claude-bottle: allow?", f"{asked.summary()} (run {self.run}): "
-                                f"claude-bottle approve {self.agent}")
+            argv = self.desktop("claude-bottle: allow?",
+                                f"{asked.summary()}: {approve_command(self.agent, self.run)}")
             self.pool.submit(notify, argv)
         if self.hook:
             self.pool.submit(self._ask_hook, asked)
@@ -430,9 +430,15 @@ class Watcher:
                      f"{reply.get('error', 'no reason given')}")
 
 
-def where_answered(agent: str, hook: tuple[str, ...], desktop: bool) -> str:
+def approve_command(agent: str, run: str) -> str:
+    """The command that answers the run's questions on a terminal: by its id, as runs of one agent on one
+    workspace at once (parallel Agent SDK queries) each ask their own."""
+    return " ".join(["claude-bottle approve", *([agent] if agent else []), "--run", run])
+
+
+def where_answered(agent: str, run: str, hook: tuple[str, ...], desktop: bool) -> str:
     """The line a run in ask mode says at start: where its questions are answered."""
-    places = [f"`claude-bottle approve {agent}` in another terminal"]
+    places = [f"`{approve_command(agent, run)}` in another terminal"]
     if hook:
         places.insert(0, f"the hook {printable(' '.join(hook), 80)}")
     if desktop:
@@ -447,7 +453,7 @@ def watching(engine: Engine, gate: ContainerInfo, hook: tuple[str, ...], timeout
     """Watch the run's gate for the length of the block (``Watcher``), having said where questions are
     answered."""
     channel = GateChannel(engine, gate)
-    say(where_answered(channel.agent, hook, desktop is not None))
+    say(where_answered(channel.agent, channel.run, hook, desktop is not None))
     watcher = Watcher(channel, channel.run, channel.agent, hook, timeout, desktop, say)
     watcher.start()
     try:

@@ -50,14 +50,10 @@ def _container_of(engine: Engine, agent: str | None, workspace: Path | None, rol
     return found
 
 
-def gate_of(engine: Engine, agent: str | None, workspace: Path | None = None) -> ContainerInfo:
-    return _container_of(engine, agent, workspace, GATE)
-
-
 def gates_of(engine: Engine, agent: str | None, workspace: Path | None = None) -> list[ContainerInfo]:
-    """The gates of every run ``gate_of`` chooses from: runs of one agent at once on one workspace (parallel
-    Agent SDK queries) are all changed by an ``allow`` or a ``deny``, not one of them. A DockerError as
-    ``gate_of``'s when there is none, or several and no agent was named."""
+    """The gates of ``agent``'s runs on ``workspace``, else anywhere (None: any agent): runs of one agent at once on
+    one workspace (parallel Agent SDK queries) are all changed by an ``allow`` or a ``deny``, not one of them. A
+    DockerError when there is none, or several and no agent was named."""
     def matching(place: Path | None) -> list[str]:
         return [r["run"] for r in runs(engine) if (agent is None or r["agent"] == agent)
                 and (place is None or r["workspace"] == str(place))]
