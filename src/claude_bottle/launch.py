@@ -342,6 +342,10 @@ def forwarded_signals(engine: Engine, container: str) -> Iterator[None]:
     for another start's mounts gets the signal once it goes on."""
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        # The run's end is counted from the signal, not from its delivery: a bottle held paused meanwhile
+        # must not stretch it.
+        if signum != signal.SIGINT and not signal.getitimer(signal.ITIMER_REAL)[0]:
+            signal.setitimer(signal.ITIMER_REAL, END_SECONDS)
         try:
             deadline = time.monotonic() + PAUSED_SIGNAL_SECONDS
             while (found := engine.container(container)) is not None and found.status == "paused" and \
@@ -350,8 +354,6 @@ def forwarded_signals(engine: Engine, container: str) -> Iterator[None]:
             engine.kill(container, signum)
         except DockerError:
             raise KeyboardInterrupt from None
-        if signum != signal.SIGINT and not signal.getitimer(signal.ITIMER_REAL)[0]:
-            signal.setitimer(signal.ITIMER_REAL, END_SECONDS)
 
     def overdue(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt

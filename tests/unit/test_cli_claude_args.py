@@ -110,6 +110,17 @@ def test_a_signal_for_a_bottle_paused_by_another_start_reaches_it_once_it_goes_o
     assert engine.events[-2:] == [("unpause", "b"), ("kill", f"b {signal.SIGINT}")]
 
 
+def test_a_bottle_held_paused_does_not_stretch_the_end_of_a_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("claude_bottle.launch.END_SECONDS", 0.3, raising=False)
+    engine = FakeEngine()
+    engine.add_container("b", {}, status="paused")  # a start that hangs while it holds the bottle
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), forwarded_signals(engine, "b"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(15)
+    assert time.monotonic() - began < 3
+
+
 def test_a_bottle_that_does_not_end_on_sigterm_is_ended_from_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent stops its Claude Code (SIGSTOP, as Claude Code's own user): the SIGTERM passed on waits there
     forever, and so would the run and its gate. Some time after it, the run is ended all the same; a SIGINT
