@@ -192,10 +192,9 @@ def test_a_network_the_engine_will_not_remove_is_named_and_the_report_still_come
     said: list[str] = []
     monkeypatch.setattr(standins, "open_engine", lambda: engine)
     monkeypatch.setattr(standins, "build_images", lambda *args: ("bottle:1", "gate:1"))
-    with stand_ins(parse_agent("dev", {"version": 1}, "dev.toml"), said.append) as env:
+    with stand_ins(parse_agent("dev", {"version": 1}, "dev.toml"), said.append) as env:  # ends without raising
         engine.stale[env.outside] = {"a gone container it cannot name"}
-        findings = ["every attack blocked"]
-    assert findings and engine.containers() == []
+    assert engine.containers() == []
     assert [n.name for n in engine.networks("claude-bottle")] == [env.outside]
     assert said[-1] == f"verify could not remove all it started: network {env.outside} has active endpoints"
 
