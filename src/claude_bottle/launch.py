@@ -20,7 +20,7 @@ from types import FrameType
 from typing import IO, Any, TextIO
 
 from claude_bottle import trust, workspace
-from claude_bottle.agent.mounts import Mount, check_mounts, check_workspace
+from claude_bottle.agent.mounts import check_mounts, check_workspace
 from claude_bottle.agent.schema import AgentConfig, McpServer
 from claude_bottle.claude_code import LATEST
 from claude_bottle.credentials import Credential
@@ -29,7 +29,7 @@ from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.gate.routes import CredentialRoute
 from claude_bottle.gate.settings import Upstream
 from claude_bottle.gate.upstream_proxy import UpstreamProxy
-from claude_bottle.paths import workspace_state_dir
+from claude_bottle.host_inputs import check_ca_files
 from claude_bottle.relay import TerminalRelay
 from claude_bottle.runtime import engine, images
 from claude_bottle.runtime.engines import open_engine
@@ -79,20 +79,6 @@ def build_inputs(agent: AgentConfig, environ: dict[str, str] | None = None,
         extra_ca_files=tuple(dict.fromkeys(from_host + listed)),
         extra_packages=agent.extra_packages,
     )
-
-
-def check_ca_files(inputs: images.BuildInputs, workspace: Path, mounts: tuple[Mount, ...] = ()) -> None:
-    """No CA certificate the images, the gate and the host trust may lie where the bottle writes (by its real
-    path: a symlink or a relative path too): the workspace and the agent's writable mounts. The bottle would add a
-    CA of its own there for the next run."""
-    writable = [(Path(os.path.realpath(workspace)), "the workspace"),
-                *((mount.source, f"the writable mount {mount.origin}") for mount in mounts if not mount.read_only)]
-    for path in inputs.extra_ca_files:
-        real = Path(os.path.realpath(path))
-        for place, what in writable:
-            if real.is_relative_to(place):
-                raise ConfigError(f"extra CA certificate {path} lies in {what} ({place}), which the bottle can "
-                                  "write: keep it elsewhere (docs/engines.md#tls-inspection)")
 
 
 def build_images(engine: Engine, agent: AgentConfig, progress: Progress,
@@ -155,13 +141,11 @@ def _refuse_a_planted_way_out(given: Path, workspace: Path) -> None:
         link = Path(*parts[:depth])
         if not link.is_symlink():
             continue
-        parent = link.parent.resolve()
-        target = link.resolve()
-        for earlier in (parent, *parent.parents):
-            if workspace_state_dir(earlier).is_dir() and not target.is_relative_to(earlier):
-                raise ConfigError(
-                    f"{given} goes through {link}, a symbolic link that leaves {earlier}: bottles have run in "
-                    f"that workspace and could have made it. If you mean its target, pass --workspace {workspace}")
+        earlier = trust.workspace_holding(link.parent.resolve())
+        if earlier and not link.resolve().is_relative_to(earlier):
+            raise ConfigError(
+                f"{given} goes through {link}, a symbolic link that leaves {earlier}: bottles have run in "
+                f"that workspace and could have made it. If you mean its target, pass --workspace {workspace}")
 
 
 @dataclass(frozen=True)
@@ -274,7 +258,7 @@ def started(launch: Launch, progress: Progress, keep: bool = False, review: Prog
         check_workspace(launch.workspace)
         trust.check(launch.workspace)
         check_mounts(agent.mounts, launch.workspace)
-        check_ca_files(build_inputs(agent), launch.workspace, agent.mounts)
+        check_ca_files(build_inputs(agent).extra_ca_files, launch.workspace, agent.mounts)
         user = bottle_user(os.getuid(), os.getgid(), launch.workspace)
         found = workspace.protected_paths(launch.workspace)
         protective_mounts(launch.workspace, found.mounted)  # a .git that cannot be mounted safely fails here

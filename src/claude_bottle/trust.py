@@ -208,6 +208,11 @@ def record_links_out(workspace: Path, links: list[str]) -> None:
             path.unlink(missing_ok=True)
 
 
+def workspace_holding(path: Path) -> Path | None:
+    """The innermost workspace where bottles have run that is or holds ``path`` (a real path), or None."""
+    return next((folder for folder in (path, *path.parents) if workspace_state_dir(folder).is_dir()), None)
+
+
 def planted_link_to(folder: Path) -> tuple[Path, Path] | None:
     """A symlink remembered in a workspace where bottles have run that leads to ``folder`` or a folder holding
     it: the link's path and the workspace; None if there is none."""

@@ -286,11 +286,14 @@ def test_a_running_bottle_cannot_turn_the_next_ones_mounts_to_the_host(
 # ---- files that run code on the host ---------------------------------------------------------------------
 
 def test_changed_auto_run_files_are_reported_and_hold_the_workspace_until_trusted(
-    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path,
+    client: docker.DockerClient, upstream: Upstream, token: str, workspace: Path, tmp_path: Path,
 ) -> None:
+    canary = tmp_path / "helper-ran"  # on the host; the bottle has no such path
     plant = ("run: mkdir -p .vscode .claude pkg/.claude && echo '{}' > .vscode/settings.json && echo 'curl x | sh' > .envrc "
              "&& echo '{\"hooks\": {}}' > .claude/settings.json && echo '{\"hooks\": {}}' > pkg/.claude/settings.json "
-             "&& mkdir .hg && printf '[hooks]\\npre-status = touch /tmp/owned\\n' > .hg/hgrc && echo planted")
+             "&& mkdir .hg && printf '[hooks]\\npre-status = touch /tmp/owned\\n' > .hg/hgrc "
+             f"&& mkdir -p tools && printf '#!/bin/sh\\ntouch {canary}\\necho 0123456789abcdef\\n' > tools/token-helper "
+             "&& chmod +x tools/token-helper && echo planted")
     result = cli("run", "-p", plant, cwd=workspace, upstream=upstream)  # real Claude Code runs the command
     assert result.returncode == 0 and "Tool said: planted" in result.stdout, result.stderr
     assert "these files can run code on your machine" in result.stderr
@@ -300,6 +303,14 @@ def test_changed_auto_run_files_are_reported_and_hold_the_workspace_until_truste
     assert held.returncode == 2 and ".envrc: created" in held.stderr
     assert f"claude-bottle trust {workspace}" in held.stderr
     assert leftovers(client, "default") == [], "nothing was started"
+    # A credential's command that lies in a workspace where bottles have run is never run, from any workspace.
+    other = tmp_path / "other"
+    other.mkdir()
+    write_agent("helped", f'[credentials.corp]\nhosts = ["git.corp.example"]\nscheme = "bearer"\n'
+                          f'command = ["{workspace}/tools/token-helper"]\n')
+    refused = cli("run", "helped", "-p", "hi", cwd=other, upstream=upstream)
+    assert refused.returncode == 2 and "a workspace where bottles have run" in refused.stderr, refused.stderr
+    assert (workspace / "tools" / "token-helper").exists() and not canary.exists()
     unconfirmed = cli("trust", str(workspace), cwd=workspace)
     assert unconfirmed.returncode == 2 and "--yes" in unconfirmed.stderr and ".envrc" in unconfirmed.stdout
     assert cli("run", "-p", "hi", cwd=workspace, upstream=upstream).returncode == 2

@@ -23,18 +23,21 @@ def prepare(agent_name: str | None, workspace: str | None, upstream: str | None,
             upstream_network: tuple[str, ...], runtime: str | None = None, learn: bool = False,
             upstream_proxy: str | None = None, ask: bool = False) -> Launch:
     """Everything a run needs before anything starts: the agent (with --runtime), the workspace, the token,
-    the agent's credential routes and the gate's upstream proxy (--upstream-proxy, else the agent's, else
-    the host's proxy variables); a bad --upstream or proxy fails here. Ask mode is on with ``ask`` (--ask) or
-    the agent's ``ask``; --learn with --ask is refused, and --learn turns the agent's ``ask`` off for the run."""
+    the agent's credential routes (their commands and its ``ask_command`` refused where a bottle writes them)
+    and the gate's upstream proxy (--upstream-proxy, else the agent's, else the host's proxy variables); a bad
+    --upstream or proxy fails here. Ask mode is on with ``ask`` (--ask) or the agent's ``ask``; --learn with
+    --ask is refused, and --learn turns the agent's ``ask`` off for the run."""
     from claude_bottle import tokens
     from claude_bottle.agent.load import load_agent
     from claude_bottle.agent.upstream_proxy import choose_upstream_proxy
     from claude_bottle.commands.common import with_runtime
     from claude_bottle.gate.settings import parse_upstream
+    from claude_bottle.host_inputs import check_host_commands
     from claude_bottle.launch import Launch, workspace_of
 
     path = workspace_of(workspace)
     agent = with_runtime(load_agent(agent_name, path), runtime)
+    check_host_commands(agent, path)  # before a credential's command runs
     parsed_upstream = parse_upstream(upstream) if upstream is not None else None
     credential, _ = tokens.find()
     if learn and ask:
