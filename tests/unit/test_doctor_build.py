@@ -13,7 +13,7 @@ from claude_bottle.agent.schema import AgentConfig
 from claude_bottle.cli import cli
 from claude_bottle.commands.doctor import dlp_engine_line
 from claude_bottle.credentials import Credential
-from claude_bottle.errors import DockerError
+from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.launch import build_inputs
 from claude_bottle.runtime import engines, images
 from claude_bottle.runtime.engine import EngineInfo
@@ -92,6 +92,19 @@ def test_build_builds_both_images_on_the_engine_and_prints_their_tags(monkeypatc
     built = [tag for event, tag in engine.events if event == "build"]
     assert len(built) == 2
     assert f"bottle image: {built[0]}\ngate image:   {built[1]}" in result.output
+
+
+def test_build_refuses_an_extra_ca_where_a_bottle_writes_as_a_run_would(
+        monkeypatch: pytest.MonkeyPatch, no_host_cas: None, tmp_path: Path) -> None:
+    engine = FakeEngine()
+    monkeypatch.setattr(engines, "open_engine", lambda: engine)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    (tmp_path / "project" / "certs").mkdir(parents=True)
+    (tmp_path / "project" / "certs" / "corp.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("CLAUDE_BOTTLE_EXTRA_CA_CERTS", str(tmp_path / "project" / "certs" / "corp.crt"))
+    result = CliRunner().invoke(cli, ["build", "--workspace", str(tmp_path / "project")])
+    assert isinstance(result.exception, ConfigError) and "corp.crt lies in the workspace" in str(result.exception)
+    assert engine.events == []
 
 
 def test_build_goes_through_the_proxy_a_run_would_use(monkeypatch: pytest.MonkeyPatch, no_host_cas: None,

@@ -181,7 +181,7 @@ def test_a_ca_certificate_where_the_bottle_writes_is_refused_before_anything_is_
         agent = AgentConfig(extra_ca_certificates=(folder / "corp.crt",),
                             mounts=(Mount(shared, "/shared", False, "dev.toml: mounts[0].source"),))
     run = launch.Launch(agent, project, Credential.parse(make_token(), "t"))
-    with pytest.raises(ConfigError, match="which the bottle can write") as caught, \
+    with pytest.raises(ConfigError, match="which a bottle can write") as caught, \
             launch.started(run, lambda line: None):
         pass
     assert "corp.crt" in str(caught.value) and built == []

@@ -14,10 +14,13 @@ def build(agent: str | None, workspace: str | None) -> None:
 
     from claude_bottle.agent.load import load_agent
     from claude_bottle.agent.upstream_proxy import choose_upstream_proxy
-    from claude_bottle.launch import build_images, workspace_of
+    from claude_bottle.host_inputs import check_ca_files
+    from claude_bottle.launch import build_images, build_inputs, workspace_of
     from claude_bottle.runtime.engines import open_engine
 
-    config = load_agent(agent, workspace_of(workspace))
+    path = workspace_of(workspace)
+    config = load_agent(agent, path)
+    check_ca_files(build_inputs(config).extra_ca_files, path, config.mounts)  # as a run of it would
     proxy = choose_upstream_proxy(None, config.upstream_proxy, os.environ)
     bottle, gate_image = build_images(open_engine(), config, progress, proxy)
     click.echo(f"bottle image: {bottle}\ngate image:   {gate_image}")
