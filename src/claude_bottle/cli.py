@@ -333,14 +333,18 @@ def deny(ctx: click.Context, words: tuple[str, ...], workspace: str | None, save
 @cli.command(context_settings=CONTEXT)
 @_agent_argument
 @click.option("--workspace", metavar="DIR", help="Prefer the bottle of this workspace (default: here).")
-@click.option("--run", "run_id", metavar="ID", help="This run's questions (as its notices name it; see `ls`).")
+@click.option("--run", "run_id", metavar="ID",
+              help="Only this run's questions (as its notices name it; see `ls`). Default: every run of the agent "
+                   "on the workspace, those that start meanwhile included.")
 @click.option("--yes", is_flag=True, help="Write the agent's file for an allow-always without asking.")
 def approve(agent: str | None, workspace: str | None, run_id: str | None, yes: bool) -> None:
-    """Answer a running bottle's held requests (ask mode), live: a allow once, A allow always (also in the
-    agent's file, the change shown first), d deny once, D deny always, j/k select, q quit.
+    """Answer running bottles' held requests (ask mode), live: a allow once, A allow always (also in the
+    agent's file, the change shown first), d deny once, D deny always, j/k select, q quit. Each request is one
+    run's, and answered in that run.
 
     Without a terminal, a line mode: each request printed as `asked ID RUN HOST:PORT ...`, answers read as
-    `ANSWER ID` lines (a, A, d, D or allow-once, allow-always, deny-once, deny-always).
+    `ANSWER ID` lines, or `ANSWER ID RUN` where runs share an ID (a, A, d, D or allow-once, allow-always,
+    deny-once, deny-always).
     """
     from claude_bottle.commands import approve as command
 

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.docker
 PORT = 8000
 TIMEOUT = 8  # the agent's ask_timeout: long enough for approve's keys, short enough to wait out
 FLOOD = 200
-NAMES = ("term-once", "term-deny", "term-always", "nobody", "hook-allow", "hook-deny", "hook-hang", "hook-crash")
+NAMES = ("term-once", "term-deny", "term-always", "term-second", "nobody", "hook-allow", "hook-deny", "hook-hang", "hook-crash")
 HOOK = """\
 import json, os, signal, sys, time
 host = json.load(sys.stdin)["host"]
@@ -102,13 +102,13 @@ def result(run: Run, host: str, seconds: float = 60) -> str:
     raise AssertionError(f"the request to {host} did not end within {seconds}s")
 
 
-def approver(workspace: Path, agent: str, run: str) -> pexpect.spawn:
-    """``approve`` as the run's start line names it (by its run)."""
-    child = pexpect.spawn(sys.executable, ["-P", "-m", "claude_bottle", "approve", agent, "--run", run],
-                          cwd=str(workspace),
+def approver(workspace: Path, agent: str, run: str | None) -> pexpect.spawn:
+    """``approve`` as the run's start line names it (by its run), or for every run of the agent (``run`` None)."""
+    child = pexpect.spawn(sys.executable, ["-P", "-m", "claude_bottle", "approve", agent,
+                                           *(["--run", run] if run else [])], cwd=str(workspace),
                           env=dict(os.environ), timeout=30, dimensions=(40, 140), encoding="utf-8",
                           codec_errors="replace")
-    child.expect("claude-bottle approve: run")
+    child.expect("claude-bottle approve: ")
     return child
 
 
@@ -159,6 +159,22 @@ def test_held_requests_are_answered_by_the_terminal_the_hook_or_the_timeout(
         assert f'host = "term-always:{PORT}"' in (agents_dir() / f"{name}.toml").read_text()
         child.send("q")
         child.expect(pexpect.EOF)
+
+        # a second run of the agent on the workspace at once (parallel SDK queries): approve without --run
+        # answers both, each question on its own run's gate
+        with started(launch, lambda line: None) as second:
+            second.create_bottle(["sleep", "900"], tty=False)
+            second.engine.start(second.names.bottle)
+            board = stack.enter_context(contextlib.closing(approver(workspace, name, None)))
+            board.expect(r"2 runs \(")
+            fetch(second, "term-second", wait=False)
+            board.expect(f"{second.id}  term-second:{PORT} GET /v1/models")
+            time.sleep(ANSWER_DELAY + 0.2)
+            board.send("a")
+            assert result(second, "term-second") == "200"
+            assert fetch(run, "term-second").startswith("403"), "allowed once in the second run only"
+            board.send("q")
+            board.expect(pexpect.EOF)
 
         # nobody answers: refused at the timeout, saying so
         began = time.monotonic()

@@ -13,11 +13,12 @@ import time
 import tty
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from claude_bottle.commands import approve
-from claude_bottle.commands.approve import Board, gate_to_answer, keys_of, loop, saver
+from claude_bottle.commands.approve import Board, gates_to_answer, keys_of, loop, runs_asking, saver
 from claude_bottle.errors import ConfigError, DockerError
 from claude_bottle.runtime.ask_watch import Asked
 from claude_bottle.runtime.names import RunNames
@@ -25,23 +26,29 @@ from tests.fake_engine import FakeEngine
 from tests.unit.fake_control import DROPPED_SCRIPT, WATCH_SCRIPT, FakeChannel, asked
 
 
+def selected(board: Board) -> Asked | None:
+    """The selected question, without its key."""
+    current = board.current()
+    return current[1] if current else None
+
+
 def test_the_board_lists_questions_in_order_and_drops_those_decided_elsewhere() -> None:
-    board = Board("dev-1234", "dev")
-    assert board.apply(asked("q1", "one.example"), 0.0) == Asked("q1", "one.example", 443)
-    assert board.apply(asked("q1", "one.example"), 1.0) is None  # the watch's first lines repeat what is pending
-    board.apply(asked("q2", "two.example", 80, kind="http", method="GET", path="/x", waited=4.0, waiting=3), 0.0)
+    board = Board("dev", ["dev-1234"])
+    assert board.apply("dev-1234", asked("q1", "one.example"), 0.0) == Asked("q1", "one.example", 443)
+    assert board.apply("dev-1234", asked("q1", "one.example"), 1.0) is None  # the watch's first lines repeat what is pending
+    board.apply("dev-1234", asked("q2", "two.example", 80, kind="http", method="GET", path="/x", waited=4.0, waiting=3), 0.0)
     board.move(5)
-    assert board.current() == Asked("q2", "two.example", 80, "http", "GET", "/x", 4.0, 3)
+    assert selected(board) == Asked("q2", "two.example", 80, "http", "GET", "/x", 4.0, 3)
     screen = board.render(10.0)
     assert "  one.example:443  waited 10s" in screen
     assert "> two.example:80 GET /x (3 requests)  waited 14s" in screen
-    board.apply({"event": "decided", "id": "q2", "answer": "deny-once", "by": "hook"}, 11.0)
+    board.apply("dev-1234", {"event": "decided", "id": "q2", "answer": "deny-once", "by": "hook"}, 11.0)
     assert board.current() is None  # the selected one went: nothing is, until the user moves
     assert board.status == "two.example:80 GET /x: deny-once by hook"
     assert "two.example:80 GET /x: deny-once by hook; j/k selects another request" in board.render(11.0)
     board.move(-1)
-    assert board.current() == Asked("q1", "one.example", 443) and board.selected == 0
-    board.apply({"event": "decided", "id": "q1", "answer": "allow-once", "by": "timeout"}, 11.0)
+    assert selected(board) == Asked("q1", "one.example", 443) and board.selected == 0
+    board.apply("dev-1234", {"event": "decided", "id": "q1", "answer": "allow-once", "by": "timeout"}, 11.0)
     assert board.current() is None and "no request is waiting" in board.render(12.0)
 
 
@@ -52,18 +59,18 @@ LONG_HOST = "registry.npmjs.org." + ".".join(["mirror-cache-edge-node-0123456789
 
 def test_a_long_destination_is_shown_whole_in_the_list_and_only_its_path_is_cut() -> None:
     assert len(LONG_HOST) <= 253
-    board = Board("dev-1234", "dev")
-    board.apply(asked("q1", LONG_HOST, 8443, kind="http", method="POST", path="/" + "p" * 500), 0.0)
+    board = Board("dev", ["dev-1234"])
+    board.apply("dev-1234", asked("q1", LONG_HOST, 8443, kind="http", method="POST", path="/" + "p" * 500), 0.0)
     screen = board.render(1.0)
     assert f"> {LONG_HOST}:8443…  waited 1s" in screen  # no room left for the path: the name fills the row
     assert "p" * 300 not in screen
 
 
 def test_a_long_destination_is_shown_whole_in_the_line_mode() -> None:
-    board = Board("dev-1234", "dev")
-    added = board.apply(asked("q1", LONG_HOST, 8443, kind="http", method="GET", path="/" + "p" * 500), 0.0)
+    board = Board("dev", ["dev-1234"])
+    added = board.apply("dev-1234", asked("q1", LONG_HOST, 8443, kind="http", method="GET", path="/" + "p" * 500), 0.0)
     assert added is not None
-    line = approve.asked_line(board, added)
+    line = approve.asked_line("dev-1234", added)
     assert line.startswith(f"asked q1 dev-1234 {LONG_HOST}:8443 GET /ppp") and line.endswith(" waited 0s\n")
     assert "p" * 300 not in line
 
@@ -71,20 +78,20 @@ def test_a_long_destination_is_shown_whole_in_the_line_mode() -> None:
 def test_the_selection_never_moves_to_another_request_on_its_own() -> None:
     # The bottle ends a question when it likes (its held requests go away): the key the user is pressing for
     # the selected request must not answer the one that slid into its place.
-    board = Board("dev-1234", "dev")
+    board = Board("dev", ["dev-1234"])
     for question, host in (("q1", "first.example"), ("q2", "pypi.org"), ("q3", "exfil.example")):
-        board.apply(asked(question, host), 0.0)
+        board.apply("dev-1234", asked(question, host), 0.0)
     board.move(1)
-    board.apply({"event": "decided", "id": "q1", "answer": "deny-once", "by": "gone"}, 1.0)
-    assert board.current() == Asked("q2", "pypi.org", 443)
+    board.apply("dev-1234", {"event": "decided", "id": "q1", "answer": "deny-once", "by": "gone"}, 1.0)
+    assert selected(board) == Asked("q2", "pypi.org", 443)
     assert "> pypi.org:443" in board.render(1.0)
-    board.apply({"event": "decided", "id": "q2", "answer": "deny-once", "by": "gone"}, 2.0)
+    board.apply("dev-1234", {"event": "decided", "id": "q2", "answer": "deny-once", "by": "gone"}, 2.0)
     assert board.current() is None and "> " not in board.render(2.0)
-    board.apply({"event": "decided", "id": "q3", "answer": "deny-once", "by": "gone"}, 3.0)
-    board.apply(asked("q4", "exfil.example"), 3.0)
+    board.apply("dev-1234", {"event": "decided", "id": "q3", "answer": "deny-once", "by": "gone"}, 3.0)
+    board.apply("dev-1234", asked("q4", "exfil.example"), 3.0)
     assert board.current() is None  # nor to one asked after it
     board.move(0)
-    assert board.current() == Asked("q4", "exfil.example", 443)
+    assert selected(board) == Asked("q4", "exfil.example", 443)
 
 
 def test_keys_keep_arrows_whole() -> None:
@@ -113,16 +120,18 @@ def running() -> Iterator[Callable[..., tuple[Screen, int, threading.Thread]]]:
     """Runs ``loop`` in a thread: the screen, the descriptor to type on, the thread."""
     started: list[tuple[threading.Thread, list[int]]] = []
 
-    def run(channel: FakeChannel, terminal: bool, save: Callable[[str], str] = lambda entry: "saved",
-            board: Board | None = None) -> tuple[Screen, int, threading.Thread]:
+    def run(channel: FakeChannel | dict[str, FakeChannel], terminal: bool,
+            save: Callable[[str], str] = lambda entry: "saved", board: Board | None = None,
+            look: Callable[[], dict[str, Any]] | None = None) -> tuple[Screen, int, threading.Thread]:
         screen = Screen()
         if terminal:
             typing, fd = pty.openpty()
             tty.setcbreak(fd)  # as approve's own ``cbreak`` does: keys come one at a time
         else:
             fd, typing = os.pipe()
-        thread = threading.Thread(target=loop, args=(channel, board or Board("r1", "dev"), fd, screen.write,
-                                                     terminal, save), daemon=True)
+        channels = channel if isinstance(channel, dict) else {"r1": channel}
+        thread = threading.Thread(target=loop, args=(channels, board or Board("dev", []), fd, screen.write,
+                                                     terminal, save, None, look), daemon=True)
         thread.start()
         started.append((thread, [typing, fd]))
         return screen, typing, thread
@@ -296,22 +305,88 @@ def test_a_gate_without_ask_mode_says_so(running: Callable[..., tuple[Screen, in
     assert "the gate refused to be watched: watch: this gate does not ask" in screen.text
 
 
-def test_runs_of_one_agent_on_one_workspace_at_once_are_answered_by_naming_one() -> None:
-    """Parallel Agent SDK queries: each run holds its own questions, and its notices name it (`--run`)."""
+def test_every_run_of_the_agent_on_the_workspace_is_answered_unless_one_is_named() -> None:
+    """Parallel Agent SDK queries: each run holds its own questions; one board takes them all, ``--run`` one."""
     engine = FakeEngine()
     app = Path("/src/app")
     first, second, ops = RunNames.new("dev", app), RunNames.new("dev", app), RunNames.new("ops", app)
     for run in (first, ops):
         engine.add_container(run.gate, run.labels)
-    assert gate_to_answer(engine, "dev", app, None).name == first.gate
+    assert [g.name for g in gates_to_answer(engine, "dev", app, None)] == [first.gate]
     engine.add_container(second.gate, second.labels)
-    with pytest.raises(DockerError, match=r"2 runs of agent dev are running, each with its own questions: .*"
-                                          r"`claude-bottle approve --run RUN`") as refused:
-        gate_to_answer(engine, "dev", app, None)
-    assert first.id in str(refused.value) and second.id in str(refused.value)
-    assert gate_to_answer(engine, None, app, second.id).name == second.gate
-    assert gate_to_answer(engine, "dev", Path("/elsewhere"), first.id).name == first.gate
+    assert {g.name for g in gates_to_answer(engine, "dev", app, None)} == {first.gate, second.gate}
+    assert runs_asking(engine, "dev", {str(app)}).keys() == {first.id, second.id}
+    assert runs_asking(engine, "dev", {"/elsewhere"}) == {}
+    with pytest.raises(DockerError, match="several bottles are running; name the AGENT"):
+        gates_to_answer(engine, None, app, None)
+    assert [g.name for g in gates_to_answer(engine, None, app, second.id)] == [second.gate]
+    assert [g.name for g in gates_to_answer(engine, "dev", Path("/elsewhere"), first.id)] == [first.gate]
     with pytest.raises(DockerError, match=rf"run {ops.id} is agent ops's, not dev's"):
-        gate_to_answer(engine, "dev", app, ops.id)
+        gates_to_answer(engine, "dev", app, ops.id)
     with pytest.raises(DockerError, match=r"no run dev-0000 is running; see `claude-bottle ls`"):
-        gate_to_answer(engine, None, app, "dev-0000")
+        gates_to_answer(engine, None, app, "dev-0000")
+
+
+def test_one_board_shows_each_runs_questions_with_its_run_and_answers_on_that_runs_gate(
+        running: Callable[..., tuple[Screen, int, threading.Thread]]) -> None:
+    """Each gate counts its questions from 1: the same id in two runs is two questions, each answered on its
+    own run's gate, and a key held after one is answered does not answer the other unseen."""
+    one = FakeChannel([asked("1", "pypi.org")])
+    two = FakeChannel([asked("1", "exfil.example")])
+    screen, typing, thread = running({"dev-aaaa": one, "dev-bbbb": two}, True)
+    screen.wait_for("exfil.example:443")
+    screen.wait_for("pypi.org:443")
+    time.sleep(0.2)
+    frame = screen.text.rsplit("\x1b[H\x1b[2J", 1)[-1]
+    assert "claude-bottle approve: 2 runs (dev-aaaa, dev-bbbb) (agent dev)" in frame
+    rows = [row for row in frame.split("\r\n") if row.startswith(("> dev-", "  dev-"))]
+    assert sorted(row[2:].split("  waited")[0] for row in rows) == ["dev-aaaa  pypi.org:443",
+                                                                      "dev-bbbb  exfil.example:443"]
+    first = one if rows[0].startswith("> dev-aaaa") else two  # the board lists them as they came
+    answer(typing, b"aa")  # the second a is for what slid into the selection: not taken
+    screen.wait_for("not taken")
+    os.write(typing, b"q")
+    thread.join(10)
+    assert first.decided == [("1", "allow-once", "terminal")] and (one.decided + two.decided) == first.decided
+
+
+def test_in_the_line_mode_an_id_two_runs_share_needs_its_run(
+        running: Callable[..., tuple[Screen, int, threading.Thread]]) -> None:
+    one, two = FakeChannel([asked("1", "pypi.org")]), FakeChannel([asked("1", "exfil.example")])
+    screen, typing, thread = running({"dev-aaaa": one, "dev-bbbb": two}, False)
+    screen.wait_for("asked 1 dev-bbbb exfil.example:443")
+    screen.wait_for("asked 1 dev-aaaa pypi.org:443")
+    os.write(typing, b"a 1\nd 1 dev-bbbb\na 1 dev-cccc\n")
+    assert two.done.wait(20)
+    screen.wait_for("error: no request 1 of run dev-cccc is waiting")
+    assert "error: request 1 waits in runs dev-aaaa, dev-bbbb: type ANSWER ID RUN" in screen.text
+    os.write(typing, b"a 1\n")  # now only one run holds a request 1
+    assert one.done.wait(20)
+    os.close(typing)
+    thread.join(10)
+    assert one.decided == [("1", "allow-once", "terminal")] and two.decided == [("1", "deny-once", "terminal")]
+
+
+def test_a_run_that_ends_leaves_the_board_and_one_that_starts_joins_it(
+        running: Callable[..., tuple[Screen, int, threading.Thread]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its watch's end takes a run's questions off the board and the board goes on with the others; a run that
+    starts while it is open is found and watched; the board ends with the last run."""
+    monkeypatch.setattr(approve, "LOOK_SECONDS", 0.2)
+    staying = FakeChannel([asked("1", "pypi.org")])
+    ending = FakeChannel([asked("1", "gone.example")])
+    ending.watch_command = lambda: [  # type: ignore[method-assign]
+        sys.executable, "-c", DROPPED_SCRIPT, json.dumps(asked("1", "gone.example"))]
+    ending.pending = lambda: (_ for _ in ()).throw(ConfigError("no gate"))  # type: ignore[method-assign]
+    later = FakeChannel([asked("7", "later.example")])
+    found: dict[str, Any] = {"dev-aaaa": staying}
+    screen, typing, thread = running({"dev-aaaa": staying, "dev-zzzz": ending}, False, look=lambda: dict(found))
+    screen.wait_for("asked 1 dev-zzzz gone.example:443")
+    found["dev-cccc"] = later
+    screen.wait_for("asked 7 dev-cccc later.example:443")
+    os.write(typing, b"a 1\nd 7\n")
+    assert staying.done.wait(20) and later.done.wait(20)
+    assert "error" not in screen.text, screen.text  # request 1 is dev-aaaa's alone: dev-zzzz left the board
+    found.clear()
+    os.close(typing)
+    thread.join(10)
+    assert not thread.is_alive()

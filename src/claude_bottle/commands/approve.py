@@ -3,10 +3,14 @@
 On a terminal it is a live list, single keys: a allow once (this run), A allow always (this run, and the
 agent's file once its diff is confirmed, as ``allow --save``), d deny once, D deny always (this run), j/k or
 the arrows to select, q to quit. Without a terminal it is a line mode for scripts: each question is printed
-as a line (``asked ID RUN HOST:PORT [METHOD PATH] waited N s``), each answer read as a line ``ANSWER ID``
-(ANSWER: a, A, d, D or the answer's name), until standard input ends.
+as a line (``asked ID RUN HOST:PORT [METHOD PATH] waited N s``), each answer read as a line ``ANSWER ID``, or
+``ANSWER ID RUN`` where runs share an id (ANSWER: a, A, d, D or the answer's name), until standard input ends.
 
-The questions come from the gate's ``watch`` (runtime/ask_watch.py), the answers go to its ``decide`` as
+One board answers every run of the agent on the workspace (parallel Agent SDK queries each have a run and a
+gate of their own), those that start while it is open included; ``--run`` picks one. A question is one run's:
+its answer goes to that run's gate only.
+
+The questions come from each gate's ``watch`` (runtime/ask_watch.py), the answers go to its ``decide`` as
 ``by = "terminal"``. Whoever answers first (this, another ``approve``, the hook, the timeout) decides; a
 question answered elsewhere leaves the list.
 """
@@ -14,6 +18,7 @@ question answered elsewhere leaves the list.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import sys
@@ -39,46 +44,65 @@ REDRAW_SECONDS = 1.0  # the waited times tick this often
 # after an answer is the bottle's choice: a key pressed twice, or held, must not answer it unseen.
 ANSWER_DELAY = 0.5
 MAX_PENDING_BYTES = 1 << 20  # a watch line is far shorter: more without a newline is not the gate's
+LOOK_SECONDS = 2.0  # how often the board looks for runs of the agent that started since
+
+
+Key = tuple[str, str]  # a question on the board: its run, and its id in that run's gate
 
 
 @dataclass
 class Board:
-    """What ``approve`` shows: the run's questions in the order they came (each with when it was seen here),
+    """What ``approve`` shows: the runs' questions in the order they came (each with when it was seen here),
     the selected one, and the last outcome. The selection stays on its question while others come and go; once
     that question leaves the list otherwise than by an answer from here (answered elsewhere, timed out, or
     withdrawn, which the bottle does when it likes), nothing is selected until the user moves (``lost``): a key
-    pressed for it must not answer the question that slid into its place."""
+    pressed for it must not answer the question that slid into its place. Questions are told apart by run and
+    id: each gate counts its own."""
 
-    run: str
     agent: str
-    questions: dict[str, tuple[Asked, float]] = field(default_factory=dict)
+    runs: list[str]  # on the board, in the order they joined it
+    questions: dict[Key, tuple[Asked, float]] = field(default_factory=dict)
     selected: int = 0
     status: str = ""
     lost: bool = False
-    shown: tuple[str, float] = ("", 0.0)  # the selected question's id as last drawn, and since when
+    shown: tuple[Key, float] = (("", ""), 0.0)  # the selected question as last drawn, and since when
 
-    def apply(self, event: dict[str, Any], now: float) -> Asked | None:
-        """Take one watch event in; the question it adds, if new."""
+    def apply(self, run: str, event: dict[str, Any], now: float) -> Asked | None:
+        """Take one of run ``run``'s watch events in; the question it adds, if new."""
         from claude_bottle.display import printable
         from claude_bottle.runtime.ask_watch import SHOWN, Asked
 
         if event.get("event") == "asked" and (asked := Asked.from_fields(event)) is not None:
-            if asked.id not in self.questions:
-                self.questions[asked.id] = (asked, now)
+            if (run, asked.id) not in self.questions:
+                self.questions[run, asked.id] = (asked, now)
                 return asked
-        elif event.get("event") == "decided" and str(event.get("id")) in self.questions:
-            asked = self._drop(str(event.get("id")))
+        elif event.get("event") == "decided" and (run, str(event.get("id"))) in self.questions:
+            asked = self._drop((run, str(event.get("id"))))
             self.status = printable(f"{asked.summary()}: {event.get('answer')} by {event.get('by')}", SHOWN)
         return None
 
-    def keep(self, pending: set[str]) -> None:
-        """Only the questions in ``pending`` stay (a new watch's view: the others were decided meanwhile)."""
-        for question in [q for q in self.questions if q not in pending]:
-            self._drop(question)
+    def keep(self, run: str, pending: set[str]) -> None:
+        """Of run ``run``'s questions only those in ``pending`` stay (a new watch's view: the others were
+        decided meanwhile)."""
+        for key in [key for key in self.questions if key[0] == run and key[1] not in pending]:
+            self._drop(key)
 
-    def _drop(self, question: str) -> Asked:
-        at = list(self.questions).index(question)
-        asked, _ = self.questions.pop(question)
+    def join(self, run: str) -> None:
+        if run not in self.runs:
+            self.runs.append(run)
+
+    def leave(self, run: str, why: str) -> None:
+        """Run ``run`` is off the board (its watch ended: the run is over), its questions with it."""
+        from claude_bottle.display import printable
+        from claude_bottle.runtime.ask_watch import SHOWN
+
+        self.keep(run, set())
+        self.runs.remove(run)
+        self.status = printable(f"run {run}: {why}", SHOWN)
+
+    def _drop(self, key: Key) -> Asked:
+        at = list(self.questions).index(key)
+        asked, _ = self.questions.pop(key)
         if at < self.selected:
             self.selected -= 1
         elif at == self.selected:
@@ -86,41 +110,53 @@ class Board:
         self.selected = min(self.selected, max(0, len(self.questions) - 1))
         return asked
 
-    def current(self) -> Asked | None:
-        ordered = list(self.questions.values())
-        return ordered[self.selected][0] if ordered and not self.lost else None
+    def answered(self, key: Key) -> None:
+        """``key`` answered from here: off the list, the selection on the one now in its place."""
+        self.questions.pop(key, None)
+        self.selected = min(self.selected, max(0, len(self.questions) - 1))
 
-    def answerable(self, now: float) -> Asked | None:
-        """The selected question, once it has been drawn selected for ``ANSWER_DELAY``."""
-        asked = self.current()
-        if asked is None or self.shown[0] != asked.id or now - self.shown[1] < ANSWER_DELAY:
+    def current(self) -> tuple[Key, Asked] | None:
+        ordered = list(self.questions.items())
+        if not ordered or self.lost:
             return None
-        return asked
+        key, (asked, _) = ordered[self.selected]
+        return key, asked
+
+    def answerable(self, now: float) -> tuple[Key, Asked] | None:
+        """The selected question, once it has been drawn selected for ``ANSWER_DELAY``."""
+        selected = self.current()
+        if selected is None or self.shown[0] != selected[0] or now - self.shown[1] < ANSWER_DELAY:
+            return None
+        return selected
 
     def move(self, delta: int) -> None:
         self.lost = False
         self.selected = max(0, min(len(self.questions) - 1, self.selected + delta))
 
-    def waited(self, asked: Asked, now: float) -> float:
-        return asked.waited + now - self.questions[asked.id][1]
+    def waited(self, key: Key, now: float) -> float:
+        asked, seen = self.questions[key]
+        return asked.waited + now - seen
 
     def render(self, now: float, width: int = 100) -> str:
-        """The screen: a header with the keys, one row per question (the selected one marked), the status. A
-        row longer than ``width`` has its method and path cut, never its destination (ask_watch.Asked)."""
+        """The screen: a header with the keys, one row per question (the selected one marked; its run's id first
+        when the board has several), the status. A row longer than ``width`` has its method and path cut, never
+        its destination (ask_watch.Asked)."""
         from claude_bottle.display import printable
 
-        lines = [f"claude-bottle approve: run {self.run} (agent {self.agent})",
+        several = len(self.runs) > 1
+        runs = f"{len(self.runs)} runs ({', '.join(self.runs)})" if several else f"run {''.join(self.runs)}"
+        lines = [printable(f"claude-bottle approve: {runs} (agent {self.agent})"),
                  "a allow once  A allow always  d deny once  D deny always  j/k select  q quit", ""]
         if not self.questions:
             lines.append("  no request is waiting")
-        for i, (asked, _) in enumerate(self.questions.values()):
+        for i, (key, (asked, _)) in enumerate(self.questions.items()):
             mark = ">" if i == self.selected and not self.lost else " "
-            target = printable(asked.target)
+            head = f"{mark} {printable(key[0]) + '  ' if several else ''}{printable(asked.target)}"
             tail = (f" ({asked.waiting} requests)" if asked.waiting > 1 else "") + \
-                f"  waited {self.waited(asked, now):.0f}s"
-            lines.append(f"{mark} {target}{asked.request(width - 2 - len(target) - len(tail))}{tail}")
-        if (selected := self.current()) is not None and selected.id != self.shown[0]:
-            self.shown = (selected.id, now)
+                f"  waited {self.waited(key, now):.0f}s"
+            lines.append(f"{head}{asked.request(width - len(head) - len(tail))}{tail}")
+        if (selected := self.current()) is not None and selected[0] != self.shown[0]:
+            self.shown = (selected[0], now)
         hint = "; j/k selects another request" if self.lost and self.questions else ""
         lines += ["", (self.status + hint)[:width]]
         return "\x1b[H\x1b[2J" + "\r\n".join(lines) + "\r\n"
@@ -149,17 +185,16 @@ def answer_of(word: str) -> str | None:
 Save = Callable[[str], str]
 
 
-def decide(channel: Channel, board: Board, asked: Asked, answer: str, save: Save) -> str:
-    """Send ``answer`` to ``asked`` from the terminal; the outcome's line. An allow-always is also offered to
-    the agent's file (``save`` with the entry: what it did)."""
+def decide(channel: Channel, board: Board, key: Key, asked: Asked, answer: str, save: Save) -> str:
+    """Send ``answer`` to ``asked`` (``key`` on the board) from the terminal, on its run's ``channel``; the
+    outcome's line. An allow-always is also offered to the agent's file (``save`` with the entry: what it did)."""
     try:
         reply = channel.decide(asked.id, answer, "terminal")
     except (OSError, ValueError, BottleError) as exc:
         return f"{asked.summary()}: not sent ({exc})"
     if not reply.get("ok"):
         return f"{asked.summary()}: {reply.get('error', 'refused by the gate')}"
-    board.questions.pop(asked.id, None)
-    board.selected = min(board.selected, max(0, len(board.questions) - 1))
+    board.answered(key)
     said = str(reply.get("message") or f"{answer} {asked.target}")
     if answer == "allow-always":
         try:
@@ -182,43 +217,86 @@ class Lines:
         return whole
 
 
-def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], terminal: bool,
-         save: Save, on_terminal: Callable[[], contextlib.AbstractContextManager[None]] | None = None) -> None:
-    """Show ``board``'s questions as they come from ``channel`` and answer them from ``fd`` (single keys when
-    ``terminal``, else lines), until q, the end of ``fd``, or the end of the gate's watch. ``on_terminal``:
-    leaves the terminal's key mode around ``save`` (its confirmation reads a whole line)."""
+@dataclass
+class Watched:
+    """One run's gate as the board watches it: its channel, its watch process, the lines read so far, and
+    whether an event came on this watch (it worked, so its end may be the gate dropping a slow watcher)."""
+
+    channel: Channel
+    process: WatchProcess
+    lines: Lines = field(default_factory=Lines)
+    heard: bool = False
+
+
+Look = Callable[[], "dict[str, Channel]"]  # the runs to answer now, by run id: those running and asking
+
+
+def loop(channels: dict[str, Channel], board: Board, fd: int, write: Callable[[str], None], terminal: bool,
+         save: Save, on_terminal: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+         look: Look | None = None) -> None:
+    """Show ``board``'s questions as they come from the runs' ``channels`` and answer them from ``fd`` (single
+    keys when ``terminal``, else lines), until q, the end of ``fd``, or the end of every run's watch. ``look``
+    (every ``LOOK_SECONDS``, and when the last watch ends) finds runs that started since: each joins the board.
+    ``on_terminal``: leaves the terminal's key mode around ``save`` (its confirmation reads a whole line)."""
     from claude_bottle.runtime.ask_watch import WatchProcess, parse_event, refused
 
-    watch = WatchProcess(channel)
-    events, typed = Lines(), Lines()
-    heard = False  # an event came on this watch: it worked, so its end may be the gate dropping it
+    watched: dict[str, Watched] = {}
+    done: set[str] = set()  # runs whose watch ended or was refused: not watched again
+    typed = Lines()
+
+    def watch(found: dict[str, Channel]) -> None:
+        for run, channel in found.items():
+            if run not in watched and run not in done:
+                watched[run] = Watched(channel, WatchProcess(channel))
+                board.join(run)
+
+    def end(run: str, why: str) -> bool:
+        """Run ``run`` off the board; whether the board ends with it (no run left to answer)."""
+        watched.pop(run).process.stop()
+        done.add(run)
+        board.leave(run, why)
+        if not watched and look is not None:
+            watch(look())
+        if not watched:
+            write(f"{why}\r\n")
+        return not watched
+
+    watch(channels)
+    looked = time.monotonic()
     try:
         while True:
             if terminal:
                 write(board.render(time.monotonic()))
-            ready, _, _ = select.select([fd, watch.fileno], [], [], REDRAW_SECONDS)
-            if watch.fileno in ready:
-                data = os.read(watch.fileno, 65536)
+            ready, _, _ = select.select([fd, *(w.process.fileno for w in watched.values())], [], [],
+                                        REDRAW_SECONDS)
+            for run, seen in list(watched.items()):
+                if seen.process.fileno not in ready:
+                    continue
+                data = os.read(seen.process.fileno, 65536)
                 if not data:
-                    if heard and (again := watched_again(channel, board)) is not None:
-                        watch.stop()
-                        watch, events, heard = again, Lines(), False
-                        continue
-                    write("the gate's watch ended: the run is over, or its gate has no ask mode\r\n")
-                    return
-                for line in events.feed(data):
+                    if seen.heard and (again := watched_again(seen.channel, board, run)) is not None:
+                        seen.process.stop()
+                        watched[run] = Watched(seen.channel, again)
+                    elif end(run, "the gate's watch ended: the run is over, or its gate has no ask mode"):
+                        return
+                    continue
+                for line in seen.lines.feed(data):
                     if (event := parse_event(line)) is None:
                         if refusal := refused(line):
-                            write(f"the gate refused to be watched: {refusal}\r\n")
-                            return
+                            if end(run, f"the gate refused to be watched: {refusal}"):
+                                return
+                            break
                         continue
-                    heard = True
-                    shown = event.get("event") == "decided" and str(event.get("id")) in board.questions
-                    added = board.apply(event, time.monotonic())
+                    seen.heard = True
+                    shown = event.get("event") == "decided" and (run, str(event.get("id"))) in board.questions
+                    added = board.apply(run, event, time.monotonic())
                     if not terminal and added is not None:
-                        write(asked_line(board, added))
+                        write(asked_line(run, added))
                     elif not terminal and shown:
                         write(f"decided {board.status}\n")
+            if look is not None and time.monotonic() - looked >= LOOK_SECONDS:
+                watch(look())
+                looked = time.monotonic()
             if fd not in ready:
                 continue
             data = os.read(fd, 4096)
@@ -230,24 +308,32 @@ def loop(channel: Channel, board: Board, fd: int, write: Callable[[str], None], 
                         return
                     if key in MOVES:
                         board.move(MOVES[key])
-                    elif key in KEYS and (asked := board.answerable(time.monotonic())) is not None:
+                    elif key in KEYS and (selected := board.answerable(time.monotonic())) is not None:
                         guard = on_terminal() if on_terminal is not None and key == "A" else contextlib.nullcontext()
                         with guard:
-                            board.status = decide(channel, board, asked, KEYS[key], save)
+                            board.status = answer_on(watched, board, *selected, KEYS[key], save)
                     elif key in KEYS and board.current() is not None:
                         board.status = f"{key}: not taken; look at the selected request, then press it again"
             else:
                 for line in typed.feed(data):
-                    write(typed_answer(channel, board, line.decode("utf-8", "replace"), save) + "\n")
+                    write(typed_answer(watched, board, line.decode("utf-8", "replace"), save) + "\n")
     finally:
-        watch.stop()
+        for seen in watched.values():
+            seen.process.stop()
 
 
-def watched_again(channel: Channel, board: Board) -> WatchProcess | None:
-    """A new watch, once the gate ended one that worked: a gate drops a watcher that falls behind (a bottle
-    asking in a flood while the user reads a diff), and the run goes on. The questions decided meanwhile leave
-    the board; the pending ones come again as the new watch's first events. None when the gate does not answer
-    (the run is over)."""
+def answer_on(watched: dict[str, Watched], board: Board, key: Key, asked: Asked, answer: str, save: Save) -> str:
+    """``decide`` on the channel of the question's run."""
+    if key[0] not in watched:  # its run left the board meanwhile
+        return f"{asked.summary()}: not sent (run {key[0]} is over)"
+    return decide(watched[key[0]].channel, board, key, asked, answer, save)
+
+
+def watched_again(channel: Channel, board: Board, run: str) -> WatchProcess | None:
+    """A new watch of run ``run``, once the gate ended one that worked: a gate drops a watcher that falls
+    behind (a bottle asking in a flood while the user reads a diff), and the run goes on. The run's questions
+    decided meanwhile leave the board; the pending ones come again as the new watch's first events. None when
+    the gate does not answer (the run is over)."""
     from claude_bottle.runtime.ask_watch import WatchProcess
 
     watch = WatchProcess(channel)
@@ -256,27 +342,32 @@ def watched_again(channel: Channel, board: Board) -> WatchProcess | None:
     except BottleError:
         watch.stop()
         return None
-    board.keep({asked.id for asked in pending})
+    board.keep(run, {asked.id for asked in pending})
     return watch
 
 
-def asked_line(board: Board, asked: Asked) -> str:
+def asked_line(run: str, asked: Asked) -> str:
     """A question in the line mode: its destination whole, its method and path cut (ask_watch.Asked)."""
     from claude_bottle.display import printable
 
-    return f"{printable(f'asked {asked.id} {board.run}')} {asked.summary()} waited {asked.waited:.0f}s\n"
+    return f"{printable(f'asked {asked.id} {run}')} {asked.summary()} waited {asked.waited:.0f}s\n"
 
 
-def typed_answer(channel: Channel, board: Board, line: str, save: Save) -> str:
-    """The outcome of one typed line ``ANSWER ID``."""
+def typed_answer(watched: dict[str, Watched], board: Board, line: str, save: Save) -> str:
+    """The outcome of one typed line ``ANSWER ID`` or ``ANSWER ID RUN``."""
     words = line.split()
     if not words:
         return ""
-    if len(words) != 2 or (answer := answer_of(words[0])) is None:
-        return "error: type ANSWER ID (ANSWER: a, A, d, D, allow-once, allow-always, deny-once, deny-always)"
-    if words[1] not in board.questions:
-        return f"error: no request {words[1]} is waiting"
-    return decide(channel, board, board.questions[words[1]][0], answer, save)
+    if len(words) not in (2, 3) or (answer := answer_of(words[0])) is None:
+        return "error: type ANSWER ID, or ANSWER ID RUN (ANSWER: a, A, d, D, allow-once, allow-always, deny-once, " \
+               "deny-always)"
+    keys = [key for key in board.questions if key[1] == words[1] and (len(words) == 2 or key[0] == words[2])]
+    if not keys:
+        return f"error: no request {' of run '.join(words[1:])} is waiting"
+    if len(keys) > 1:
+        runs = ", ".join(sorted(run for run, _ in keys))
+        return f"error: request {words[1]} waits in runs {runs}: type ANSWER ID RUN"
+    return answer_on(watched, board, keys[0], board.questions[keys[0]][0], answer, save)
 
 
 def saver(agent: str, yes: bool) -> Save:
@@ -320,20 +411,15 @@ def cbreak(fd: int) -> Iterator[Callable[[], contextlib.AbstractContextManager[N
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def gate_to_answer(engine: Engine, agent: str | None, workspace: Path, run: str | None) -> ContainerInfo:
-    """The gate of run ``run``, else of ``agent``'s running bottle (this workspace's, else anywhere; or the only
-    one). Runs of one agent on one workspace at once (parallel Agent SDK queries) each ask their own questions:
-    then the run must be named, as each run's notices name it."""
+def gates_to_answer(engine: Engine, agent: str | None, workspace: Path, run: str | None) -> list[ContainerInfo]:
+    """The gate of run ``run``, else the gates of ``agent``'s running bottles (this workspace's, else anywhere;
+    or the only bottle's): runs of one agent on one workspace at once (parallel Agent SDK queries) each ask their
+    own questions, and one board answers them all."""
     from claude_bottle.runtime.listing import gates_of, runs
-    from claude_bottle.runtime.names import RunNames, run_of
+    from claude_bottle.runtime.names import RunNames
 
     if run is None:
-        gates = gates_of(engine, agent, workspace)
-        if len(gates) > 1:
-            raise DockerError(f"{len(gates)} runs of agent {agent} are running, each with its own questions: "
-                              f"{', '.join(run_of(g.name) for g in gates)}; answer one with `claude-bottle "
-                              "approve --run RUN` (a terminal each)")
-        return gates[0]
+        return gates_of(engine, agent, workspace)
     found = next((r for r in runs(engine) if r["run"] == run), None)
     if found is None:
         raise DockerError(f"no run {run} is running; see `claude-bottle ls`")
@@ -342,26 +428,45 @@ def gate_to_answer(engine: Engine, agent: str | None, workspace: Path, run: str 
     gate = engine.container(RunNames(run).gate)
     if gate is None:
         raise DockerError(f"run {run} has no gate container; remove it with `claude-bottle stop`")
-    return gate
+    return [gate]
+
+
+def runs_asking(engine: Engine, agent: str, workspaces: set[str]) -> dict[str, Channel]:
+    """The channels of ``agent``'s runs on ``workspaces`` now, by run id (a run without its gate is left out)."""
+    from claude_bottle.runtime.ask_watch import GateChannel
+    from claude_bottle.runtime.listing import runs
+    from claude_bottle.runtime.names import RunNames
+
+    found: dict[str, Channel] = {}
+    for entry in runs(engine):
+        if entry["agent"] == agent and entry["workspace"] in workspaces and \
+                (gate := engine.container(RunNames(entry["run"]).gate)) is not None:
+            found[entry["run"]] = GateChannel(engine, gate)
+    return found
 
 
 def approve(agent: str | None, workspace: str | None, yes: bool, run: str | None = None) -> None:
-    """Answer the held requests of run ``run``, else of ``agent``'s running bottle (``gate_to_answer``)."""
+    """Answer the held requests of run ``run``, else of ``agent``'s running bottles (``gates_to_answer``), and
+    of those that start while the board is open."""
     from claude_bottle.runtime.ask_watch import GateChannel
     from claude_bottle.runtime.engines import open_engine
+    from claude_bottle.runtime.listing import runs
 
     engine = open_engine()
-    gate = gate_to_answer(engine, agent, Path(workspace or os.getcwd()).expanduser().resolve(), run)
-    channel = GateChannel(engine, gate)
-    name = channel.agent or agent or ""
-    board = Board(channel.run, name)
+    gates = gates_to_answer(engine, agent, Path(workspace or os.getcwd()).expanduser().resolve(), run)
+    opened = [GateChannel(engine, gate) for gate in gates]
+    channels: dict[str, Channel] = {channel.run: channel for channel in opened}
+    name = opened[0].agent or agent or ""
+    places = {entry["workspace"] for entry in runs(engine) if entry["run"] in channels}
+    look = None if run else functools.partial(runs_asking, engine, name, places)
+    board = Board(name, [])
     save = saver(name, yes)
     fd = sys.stdin.fileno()
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        loop(channel, board, fd, out, False, save)
+        loop(channels, board, fd, out, False, save, look=look)
         return
     with cbreak(fd) as cooked:
-        loop(channel, board, fd, out, True, save, cooked)
+        loop(channels, board, fd, out, True, save, cooked, look)
     click.echo(board.status)
 
 
