@@ -243,6 +243,11 @@ class FakeEngine(Engine):
         if self.volumes.pop(name, None) is not None:
             self.events.append(("remove volume", name))
 
+    def volumes_labelled(self, label: str) -> dict[str, dict[str, str]]:
+        key, _, value = label.partition("=")
+        return {name: dict(labels) for name, labels in self.volumes.items()
+                if key in labels and (not value or labels[key] == value)}
+
     def image_ids(self, repository: str) -> list[str]:
         return list(self.images.get(repository, []))
 

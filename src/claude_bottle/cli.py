@@ -267,6 +267,19 @@ def stop(agent: str | None, stop_all: bool) -> None:
 
 @cli.command(context_settings=CONTEXT)
 @_agent_argument
+@click.option("--workspace", metavar="DIR", help="The workspace whose Claude state to remove (default: here).")
+@click.option("--yes", is_flag=True, help="Remove it without asking.")
+def forget(agent: str | None, workspace: str | None, yes: bool) -> None:
+    """Remove an agent's Claude state for a workspace (without AGENT: every agent's), so its next run there
+    starts afresh: ~/.claude in its bottles, with their conversations, history and Claude Code's memory, and
+    anything a run left there for later runs. Refused while a bottle of it runs there."""
+    from claude_bottle.commands import forget as command
+
+    command.forget(agent, workspace, yes)
+
+
+@cli.command(context_settings=CONTEXT)
+@_agent_argument
 @click.option("--workspace", metavar="DIR", help="The workspace whose bottle or last run to show (default: here).")
 @click.option("--run", "run_id", metavar="ID", help="This run, running or recorded (see --runs).")
 @click.option("--runs", "list_recorded", is_flag=True, help="List the recorded runs, oldest first.")

@@ -244,6 +244,12 @@ def test_claude_state_persists_per_agent_and_holds_no_token(
     assert "/home/agent/.claude/projects/" in in_volume("find /home/agent/.claude -type f"), "no session kept"
     assert in_volume('grep -rlsF -e "$TOKEN" /home/agent/.claude; true').strip() == "", "the token was stored"
 
+    # forgotten on request: the volume goes, and nothing else of the agent's
+    forgotten = subprocess.run([*CLI, "forget", "stateful", "--yes"], capture_output=True, text=True, timeout=60,
+                               cwd=workspace)
+    assert forgotten.returncode == 0 and "removed 1 volume" in forgotten.stdout, forgotten.stderr
+    assert client.volumes.list(filters={"name": state_volume("stateful", workspace)}) == []
+
 
 def test_ls_logs_exec_and_stop(running: Run, upstream: Upstream, workspace: Path) -> None:
     assert inside(running, "curl -sS -m 10 -o /dev/null http://denied.example/")[0] == 0

@@ -272,6 +272,13 @@ class DockerEngine(Engine):
         except docker.errors.APIError as exc:
             raise api_failed(exc) from None
 
+    def volumes_labelled(self, label: str) -> dict[str, dict[str, str]]:
+        try:
+            found = self.client.api.volumes(filters={"label": label}).get("Volumes") or []
+        except docker.errors.APIError as exc:
+            raise api_failed(exc) from None
+        return {str(volume["Name"]): dict(volume.get("Labels") or {}) for volume in found}
+
     def image_ids(self, repository: str) -> list[str]:
         try:
             return [str(image.id) for image in self.client.images.list(name=repository)]

@@ -262,6 +262,10 @@ class Engine(ABC):
     def remove_volume(self, name: str) -> None:
         """Remove it; nothing when it is gone already."""
 
+    @abstractmethod
+    def volumes_labelled(self, label: str) -> dict[str, dict[str, str]]:
+        """The volumes with ``label`` (``key`` or ``key=value``), each name with its labels."""
+
     # ---- images ---------------------------------------------------------------------------------------
 
     @abstractmethod
