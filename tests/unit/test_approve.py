@@ -390,3 +390,22 @@ def test_a_run_that_ends_leaves_the_board_and_one_that_starts_joins_it(
     os.close(typing)
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_an_engine_that_does_not_answer_a_look_for_new_runs_leaves_the_board_open(
+        running: Callable[..., tuple[Screen, int, threading.Thread]], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(approve, "LOOK_SECONDS", 0.2)
+    looks = iter([DockerError("the engine did not answer")])
+
+    def look() -> dict[str, Any]:
+        failure = next(looks, None)
+        if failure is not None:
+            raise failure
+        return {"dev-cccc": FakeChannel([asked("7", "later.example")])}
+
+    screen, typing, thread = running({"dev-aaaa": FakeChannel([asked("1", "pypi.org")])}, True, look=look)
+    screen.wait_for("could not look for runs that started since: the engine did not answer")
+    screen.wait_for("dev-cccc  later.example:443")
+    os.write(typing, b"q")
+    thread.join(10)
+    assert not thread.is_alive()

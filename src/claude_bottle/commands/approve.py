@@ -250,19 +250,27 @@ def loop(channels: dict[str, Channel], board: Board, fd: int, write: Callable[[s
                 watched[run] = Watched(channel, WatchProcess(channel))
                 board.join(run)
 
+    def looked() -> dict[str, Channel]:
+        """The runs ``look`` finds; none, said on the board, when the engine does not answer this time."""
+        try:
+            return look() if look is not None else {}
+        except BottleError as exc:
+            board.status = f"could not look for runs that started since: {exc}"
+            return {}
+
     def end(run: str, why: str) -> bool:
         """Run ``run`` off the board; whether the board ends with it (no run left to answer)."""
         watched.pop(run).process.stop()
         done.add(run)
         board.leave(run, why)
-        if not watched and look is not None:
-            watch(look())
+        if not watched:
+            watch(looked())
         if not watched:
             write(f"{why}\r\n")
         return not watched
 
     watch(channels)
-    looked = time.monotonic()
+    last_look = time.monotonic()
     try:
         while True:
             if terminal:
@@ -294,9 +302,9 @@ def loop(channels: dict[str, Channel], board: Board, fd: int, write: Callable[[s
                         write(asked_line(run, added))
                     elif not terminal and shown:
                         write(f"decided {board.status}\n")
-            if look is not None and time.monotonic() - looked >= LOOK_SECONDS:
-                watch(look())
-                looked = time.monotonic()
+            if look is not None and time.monotonic() - last_look >= LOOK_SECONDS:
+                watch(looked())
+                last_look = time.monotonic()
             if fd not in ready:
                 continue
             data = os.read(fd, 4096)
