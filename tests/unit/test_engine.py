@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.models.containers
 import pytest
+import requests
 
 from claude_bottle.errors import DockerError
 from claude_bottle.runtime import docker_api, docker_engine, engine, engines, podman_engine
@@ -281,3 +283,36 @@ def test_a_stale_endpoint_of_a_removed_container_is_forced_off_before_its_networ
                                           r"`docker network rm run-outside`"):
         DockerEngine(client).remove_network("run-outside", ["run-stub"])
     assert api.asked.count(("remove", "run-outside")) == docker_engine.STALE_ENDPOINT_TRIES
+
+
+class PausedContainer:
+    """A container the engine reports paused for its first ``paused`` execs (409, as Docker words it)."""
+
+    def __init__(self, paused: int) -> None:
+        self.paused, self.tries = paused, 0
+
+    def exec_run(self, argv: list[str], **kwargs: Any) -> Any:
+        self.tries += 1
+        if self.tries <= self.paused:
+            response = requests.Response()
+            response.status_code = 409
+            raise docker.errors.APIError("409 Client Error", response=response,
+                                         explanation="Container abc is paused, unpause the container before exec")
+        return docker.models.containers.ExecResult(0, b"ran")
+
+
+def test_an_exec_waits_for_a_container_held_paused_and_gives_up_after_some_seconds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another start on an overlapping folder holds a bottle paused until its own has started: an exec then
+    (``claude-bottle exec``, verify's scripts) waits for the resume instead of failing."""
+    monkeypatch.setattr(docker_engine, "PAUSED_EXEC_POLL", 0.01)
+    seam = DockerEngine(docker_client())
+    container = PausedContainer(paused=3)
+    collection = docker.models.containers.ContainerCollection
+    monkeypatch.setattr(collection, "get", lambda self, name: container)
+    assert seam.exec("bottle", ["true"]) == (0, b"ran") and container.tries == 4
+    monkeypatch.setattr(docker_engine, "PAUSED_EXEC_SECONDS", 0.1)
+    stuck = PausedContainer(paused=10**6)
+    monkeypatch.setattr(collection, "get", lambda self, name: stuck)
+    with pytest.raises(DockerError, match="is paused"):
+        seam.exec("bottle", ["true"])

@@ -35,6 +35,10 @@ from claude_bottle.runtime.seam import (
 # tried (each time after forcing those endpoints off), and the pause after the first try (growing by as much).
 STALE_ENDPOINT_TRIES = 4
 STALE_ENDPOINT_PAUSE = 0.25
+# A bottle is held paused while another on an overlapping folder starts (runtime/stillness.py), and resumed
+# once that one has started, a moment later (longer on gVisor): an exec meanwhile waits for it.
+PAUSED_EXEC_SECONDS = 10
+PAUSED_EXEC_POLL = 0.1
 
 
 @contextlib.contextmanager
@@ -48,6 +52,11 @@ def _unless_gone(conflict_is_done: bool = False) -> Iterator[None]:
     except docker.errors.APIError as exc:
         if not (conflict_is_done and exc.status_code == 409):
             raise api_failed(exc) from None
+
+
+def _paused(exc: docker.errors.APIError) -> bool:
+    """Whether the engine refused a call because the container is paused (409, "... is paused ...")."""
+    return exc.status_code == 409 and "paused" in str(exc.explanation or exc).lower()
 
 
 class DockerEngine(Engine):
@@ -176,11 +185,16 @@ class DockerEngine(Engine):
         return outcome[0]
 
     def _exec(self, name: str, argv: list[str]) -> tuple[int, bytes]:
-        try:
-            result = self.client.containers.get(name).exec_run(argv, stdout=True, stderr=True)
-        except docker.errors.APIError as exc:
-            raise api_failed(exc) from None
-        return int(result.exit_code if result.exit_code is not None else -1), bytes(result.output or b"")
+        deadline = time.monotonic() + PAUSED_EXEC_SECONDS
+        while True:
+            try:
+                result = self.client.containers.get(name).exec_run(argv, stdout=True, stderr=True)
+            except docker.errors.APIError as exc:
+                if _paused(exc) and time.monotonic() < deadline:
+                    time.sleep(PAUSED_EXEC_POLL)
+                    continue
+                raise api_failed(exc) from None
+            return int(result.exit_code if result.exit_code is not None else -1), bytes(result.output or b"")
 
     def wait(self, name: str, timeout: float | None = None) -> int:
         try:

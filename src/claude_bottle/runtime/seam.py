@@ -210,6 +210,7 @@ class Engine(ABC):
     @abstractmethod
     def exec(self, name: str, argv: list[str], timeout: float | None = None) -> tuple[int, bytes]:
         """Run ``argv`` in the running container as its own user: its exit code and output (both streams).
+        A container held paused (while a bottle on an overlapping folder starts) is waited for, some seconds.
         With ``timeout``, a DockerError when it has not finished within that many seconds: a runtime whose
         sandbox dies under an exec may never end its stream (measured: runsc 2022 on the ptrace platform)."""
 
