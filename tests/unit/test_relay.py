@@ -20,14 +20,22 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 # The stand-in: its terminal's size, a clipboard write among its text, a line it reads, the resizes it is told
-# of, and an exit code of its own once a last line is typed.
+# of, and an exit code of its own once a last line is typed. It waits for a line in a loop that wakes, as a
+# terminal program's event loop does: in input(), a SIGWINCH that arrives just before the read begins is
+# handled only once a line comes.
 CLIENT = r"""
-import os, signal, sys
+import os, select, signal, sys
 signal.signal(signal.SIGWINCH, lambda *_: print("resized to %dx%d" % os.get_terminal_size()[::-1], flush=True))
+def line():
+    typed = b""
+    while not typed.endswith(b"\n"):
+        if select.select([0], [], [], 0.2)[0]:
+            typed += os.read(0, 1024)
+    return typed.decode().strip()
 print("size %dx%d" % os.get_terminal_size()[::-1], flush=True)
 sys.stdout.write("before \x1b]52;c;cHduZWQ=\x07\x1b[1mafter\x1b[0m\n"); sys.stdout.flush()
-print("got", input(), flush=True)
-input()
+print("got", line(), flush=True)
+line()
 sys.exit(7)
 """
 
