@@ -3,7 +3,8 @@
 - Approvals of project files: ``<config dir>/trusted-projects.json`` maps a workspace's resolved path to
   the SHA-256 of the ``.claude-bottle.toml`` the user approved there (``claude-bottle trust``).
 - Per workspace, under ``paths.workspace_state_dir``: ``runs/<run id>.json`` holds the fingerprint of the
-  protected files a run began from (taken when it started, or the one of a run in progress then), locked by
+  protected files a run began from (taken when it started, or that of runs in progress then on the workspace,
+  on a folder holding it or on one inside it), locked by
   the running process, so a run that ended without its after-check (killed) is still compared at the next
   start; ``review.json`` lists the changes runs made to protected files. While it exists, ``start`` and
   ``run`` refuse the workspace until ``claude-bottle trust``. ``links-out.json`` lists the symlinks there that
@@ -22,7 +23,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from claude_bottle import workspace as ws
 from claude_bottle.display import printable
@@ -132,7 +133,7 @@ def _remember_approved(workspace: Path, reviewed: list[ws.Change]) -> None:
     """Note each reviewed change as approved now, for the runs in progress (those that began before now); kept
     only as long as one of them runs. Under the review's lock."""
     path = workspace_state_dir(workspace) / APPROVED
-    oldest = min((since for since, _ in _in_progress(workspace)), default=None)
+    oldest = min((run.since for run in _in_progress(workspace)), default=None)
     if oldest is None:
         path.unlink(missing_ok=True)
         return
@@ -173,10 +174,11 @@ def listing(changes: list[ws.Change], shown: int | None = SHOWN_CHANGES) -> str:
 def _remove_created_git(workspace: Path, git_was_absent: bool, record: Path) -> None:
     """A workspace without .git gets an empty read-only mount there, for which the engine creates an empty
     directory on the host: remove it, if it is still that, once no run but the one of ``record`` is in progress
-    on the workspace. A running bottle has that directory as a mount point, and the kernel takes a mount off a
-    directory removed under it: that bottle's .git would no longer be read-only, and it could make one."""
-    others = [path for path in record.parent.glob("*.json") if path != record]
-    if git_was_absent and not any(map(_running, others)):
+    on the workspace or a folder holding it (whose bottle mounts it as a nested repository). A running bottle
+    has that directory as a mount point, and the kernel takes a mount off a directory removed under it: that
+    bottle's .git would no longer be read-only, and it could make one."""
+    if git_was_absent and not any(run.record != record and (run.workspace == workspace or run.workspace in
+                                                             workspace.parents) for run in _in_progress(workspace)):
         with contextlib.suppress(OSError):
             (workspace / ws.GIT).rmdir()  # only ever succeeds on an empty directory (never follows a link)
 
@@ -209,33 +211,52 @@ def _stale_runs(workspace: Path) -> list[ws.Change]:
     return found
 
 
-def _in_progress(workspace: Path) -> list[tuple[float, dict[str, str]]]:
-    """Of every run still in progress on ``workspace`` (its record locked by its process): when the start it
-    compares with was, and that start's fingerprint."""
-    runs = workspace_state_dir(workspace) / "runs"
-    found: list[tuple[float, dict[str, str]]] = []
-    for path in sorted(runs.glob("*.json")) if runs.is_dir() else []:
+class _Run(NamedTuple):
+    """A run in progress: its ``Watch`` record, its workspace, when the start it compares with was, and that
+    start's fingerprint."""
+
+    record: Path
+    workspace: Path
+    since: float
+    fingerprint: dict[str, str]
+
+
+def _in_progress(workspace: Path) -> list[_Run]:
+    """Every run in progress (its record locked by its process) on ``workspace``, on a folder holding it or on
+    one inside it: their bottles write the same files."""
+    found: list[_Run] = []
+    for path in sorted((state_dir() / "workspaces").glob("*/runs/*.json")):
         with _if_running(path) as f:  # else its run ended (having checked itself), or was killed (see check)
             if f is None:
                 continue
             with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
                 record = json.loads(f.read())
-                since, fingerprint = float(record.get("since", record["started"])), record["fingerprint"]
-                if isinstance(fingerprint, dict):
-                    found.append((since, {str(k): str(v) for k, v in fingerprint.items()}))
+                theirs, fingerprint = Path(record["workspace"]), record["fingerprint"]
+                if isinstance(fingerprint, dict) and (theirs == workspace or theirs in workspace.parents
+                                                      or workspace in theirs.parents):
+                    found.append(_Run(path, theirs, float(record.get("since", record["started"])),
+                                      {str(k): str(v) for k, v in fingerprint.items()}))
     return found
 
 
-def _in_progress_start(workspace: Path) -> tuple[float, dict[str, str]] | None:
-    """When the earliest run still in progress on ``workspace`` began, as it compares, and its fingerprint then;
-    None when no run is in progress.
+def _start(workspace: Path, found: ws.Protected) -> tuple[float, dict[str, str], bool]:
+    """What a run starting now on ``workspace`` compares with at its end: when that start was, its fingerprint,
+    and whether it is another run's (the run began beside others).
 
-    Its bottle may have changed protected files since, and a second bottle started now would take them as they
-    are for its own start. Hijacked together (parallel queries on one workspace read the same injection), the
-    first would undo the change before its own check and the second redo it before its own: neither would see
-    one. So a run that starts beside another begins from that run's start, which it records as its own: a
-    chain of overlapping runs all compare with the workspace before the first of them."""
-    return min(_in_progress(workspace), key=lambda item: item[0], default=None)
+    Runs in progress may have changed protected files since they began, and a run started now would take them
+    as they are for its own start. Hijacked together (parallel queries read the same injection), the first
+    would undo the change before its own check and the second redo it before its own: neither would see one.
+    So a run that starts beside another on its workspace begins from that run's start, which it records as its
+    own: a chain of overlapping runs all compare with the workspace before the first of them. Beside runs on a
+    folder holding it or inside it, each path both watch takes its value from the earliest of their starts."""
+    runs = sorted(_in_progress(workspace), key=lambda run: run.since)
+    same = next((run for run in runs if run.workspace == workspace), None)
+    since, before = (same.since, dict(same.fingerprint)) if same else (time.time(), ws.fingerprint(workspace, found))
+    taken: set[str] = set()
+    earlier = [run for run in runs if run.workspace != workspace and run.since < since]
+    for run in earlier:
+        ws.take_earlier_start(before, run.fingerprint, workspace, run.workspace, taken)
+    return min([since, *(run.since for run in earlier)]), before, bool(same or earlier)
 
 
 def unreviewed(workspace: Path) -> list[ws.Change]:
@@ -345,11 +366,10 @@ class Watch:
 
     def begin(self, found: ws.Protected | None = None) -> None:
         """``found``: ``workspace.protected_paths`` of this workspace, if the caller has it. A run that starts
-        while another runs here begins from that run's start (``_in_progress_start``), not from now."""
+        while others run here, or on a folder holding this one or inside it, begins from their start
+        (``_start``), not from now."""
         found = found or ws.protected_paths(self.workspace)
-        earlier = _in_progress_start(self.workspace)
-        self.beside = earlier is not None
-        self.since, self.before = earlier or (time.time(), ws.fingerprint(self.workspace, found))
+        self.since, self.before, self.beside = _start(self.workspace, found)
         record_links_out(self.workspace, found.links)
         made_state_dir()
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -370,8 +390,8 @@ class Watch:
         record_links_out(self.workspace, now.links)
         if found:
             _add_review(self.workspace, found)
-            during = ("during the run, or before it during another run here that it started beside" if self.beside
-                      else "during the run")
+            during = ("during the run, or before it during another run that it started beside (on this folder, "
+                      "one holding it or one inside it)" if self.beside else "during the run")
             report(f"these files can run code on your machine and were changed {during}:\n{listing(found)}\n"
                    f"Review them before you open the project with git, an editor or direnv; the next start "
                    f"waits for `{trust_command(self.workspace)}`")

