@@ -47,6 +47,16 @@ def agents_dir() -> Path:
     return config_dir() / "agents"
 
 
+def holds(folder: Path, path: Path) -> bool:
+    """Whether ``folder`` is ``path`` or holds it."""
+    return folder == path or folder in path.parents
+
+
+def overlapping(one: Path, other: Path) -> bool:
+    """Whether either folder holds the other (or they are the same)."""
+    return holds(one, other) or holds(other, one)
+
+
 def workspace_key(workspace: Path) -> str:
     """A short stable name for a workspace (its resolved path), for volume names and record folders."""
     return hashlib.sha256(str(workspace).encode()).hexdigest()[:12]

@@ -28,7 +28,7 @@ from typing import IO, Any, NamedTuple
 from claude_bottle import workspace as ws
 from claude_bottle.display import printable
 from claude_bottle.errors import ConfigError
-from claude_bottle.paths import config_dir, made_state_dir, state_dir, workspace_state_dir
+from claude_bottle.paths import config_dir, holds, made_state_dir, overlapping, state_dir, workspace_state_dir
 
 APPROVALS = "trusted-projects.json"
 REVIEW = "review.json"
@@ -177,8 +177,8 @@ def _remove_created_git(workspace: Path, git_was_absent: bool, record: Path) -> 
     on the workspace or a folder holding it (whose bottle mounts it as a nested repository). A running bottle
     has that directory as a mount point, and the kernel takes a mount off a directory removed under it: that
     bottle's .git would no longer be read-only, and it could make one."""
-    if git_was_absent and not any(run.record != record and (run.workspace == workspace or run.workspace in
-                                                             workspace.parents) for run in _in_progress(workspace)):
+    if git_was_absent and not any(run.record != record and holds(run.workspace, workspace)
+                                  for run in _in_progress(workspace)):
         with contextlib.suppress(OSError):
             (workspace / ws.GIT).rmdir()  # only ever succeeds on an empty directory (never follows a link)
 
@@ -232,8 +232,7 @@ def _in_progress(workspace: Path) -> list[_Run]:
             with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
                 record = json.loads(f.read())
                 theirs, fingerprint = Path(record["workspace"]), record["fingerprint"]
-                if isinstance(fingerprint, dict) and (theirs == workspace or theirs in workspace.parents
-                                                      or workspace in theirs.parents):
+                if isinstance(fingerprint, dict) and overlapping(theirs, workspace):
                     found.append(_Run(path, theirs, float(record.get("since", record["started"])),
                                       {str(k): str(v) for k, v in fingerprint.items()}))
     return found

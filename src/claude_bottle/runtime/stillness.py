@@ -22,17 +22,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from claude_bottle.errors import DockerError
-from claude_bottle.paths import made_state_dir
+from claude_bottle.paths import made_state_dir, overlapping
 from claude_bottle.runtime.names import LABEL, role_of
 from claude_bottle.runtime.seam import ContainerInfo, Engine
 
 TURN_SECONDS = 120.0  # a start waits this long for another's turn (its gate's boot, at worst) before it gives up
 PAUSED_FILE = "paused-for-a-start"
-
-
-def overlapping(one: Path, other: Path) -> bool:
-    """Whether either folder holds the other (or they are the same)."""
-    return one == other or one in other.parents or other in one.parents
 
 
 def neighbours(engine: Engine, sources: Iterable[Path]) -> list[ContainerInfo]:
